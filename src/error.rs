@@ -1,0 +1,126 @@
+//! The library's one error type.
+
+use std::io;
+use std::path::PathBuf;
+
+/// Everything that can go wrong in keycache, with enough context for an
+/// operator to act on it: which file, which id, what was expected.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// An operating-system call on a bank file failed.
+    #[error("{path}: {op}: {source}")]
+    Io {
+        /// The file or directory the call was made on.
+        path: PathBuf,
+        /// What keycache was doing (`open`, `read`, `fsync`, ...).
+        op: &'static str,
+        /// The underlying error.
+        #[source]
+        source: io::Error,
+    },
+
+    /// The layout parameters cannot describe a Salt table.
+    #[error("invalid layout parameters: {0}")]
+    InvalidParams(String),
+
+    /// A bank file does not match the layout parameters it was opened with.
+    #[error("{path}: {what}: expected {expected}, found {found}")]
+    Mismatch {
+        /// The file that does not match.
+        path: PathBuf,
+        /// What was checked.
+        what: &'static str,
+        /// What the parameters call for.
+        expected: String,
+        /// What the file holds.
+        found: String,
+    },
+
+    /// A bank file is not a regular file (a symlink, a directory, a device).
+    #[error("{path}: refusing to use: {why}")]
+    NotARegularFile {
+        /// The offending path.
+        path: PathBuf,
+        /// What it is instead.
+        why: &'static str,
+    },
+
+    /// A minion id that Salt would refuse.
+    #[error("invalid minion id {id:?}: {why}")]
+    InvalidId {
+        /// The id as given (lossily decoded when not UTF-8).
+        id: String,
+        /// Which of Salt's rules it breaks.
+        why: &'static str,
+    },
+
+    /// An id longer than the table's id field; Salt would silently truncate
+    /// it into another id, keycache refuses it.
+    #[error(
+        "minion id {id:?} is {len} bytes, longer than the id size of {id_size} bytes; \
+         Salt would truncate it (set mmap_key_id_size: {len} and mmap_key_slot_size: {slot} \
+         or more in the master config, and --id-size/--slot-size here)"
+    )]
+    IdTooLong {
+        /// The id.
+        id: String,
+        /// Its length in bytes.
+        len: usize,
+        /// The table's id size.
+        id_size: usize,
+        /// The smallest slot size that holds an id of that length.
+        slot: usize,
+    },
+
+    /// Every data slot is taken.
+    #[error("{path}: the table is full ({capacity} data slots); compact into a larger table (keycache compact --size N) and raise mmap_key_size")]
+    TableFull {
+        /// The index file.
+        path: PathBuf,
+        /// Number of data slots.
+        capacity: u64,
+    },
+
+    /// A stored entry cannot be read back intact.
+    #[error("{path}: corrupt entry{}: {why}", id.as_ref().map(|i| format!(" for {i:?}")).unwrap_or_default())]
+    Corrupt {
+        /// The file where the damage is.
+        path: PathBuf,
+        /// The id concerned, when known.
+        id: Option<String>,
+        /// What is wrong, with the offset where it helps.
+        why: String,
+    },
+
+    /// A value that does not fit the layout (larger than a u32 length).
+    #[error("value for {id:?} is {len} bytes; the layout's length field holds at most 4294967295")]
+    ValueTooLarge {
+        /// The id.
+        id: String,
+        /// The value length.
+        len: usize,
+    },
+
+    /// A key-bank value with a state byte Salt does not know.
+    #[error("unknown key state {0:?} (expected accepted, pending or rejected)")]
+    UnknownState(String),
+}
+
+impl Error {
+    /// Wraps an `io::Error` with the path and the operation.
+    pub(crate) fn io(path: impl Into<PathBuf>, op: &'static str, source: io::Error) -> Self {
+        Error::Io {
+            path: path.into(),
+            op,
+            source,
+        }
+    }
+
+    /// True for errors that describe damaged data rather than a failed call.
+    pub fn is_corrupt(&self) -> bool {
+        matches!(self, Error::Corrupt { .. })
+    }
+}
+
+/// The library's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,175 @@
+//! Heap segments: append-only files of checksummed records.
+//!
+//! A reader maps each segment with address space reserved past its current
+//! end (at least the segment cap), so appends by any writer become readable
+//! without remapping. Before touching bytes past the length it last saw, a
+//! reader re-reads the file's length, so a record that points past the end
+//! of its segment is reported as corrupt instead of faulting.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::error::{Error, Result};
+use crate::layout::{self, CHECKSUM_LEN};
+use crate::map::Mapping;
+
+/// Granularity of the address space reserved for a segment.
+const RESERVE_ALIGN: u64 = 1 << 20;
+
+/// Path of heap segment `n` of the bank whose index is `index`.
+pub(crate) fn segment_path(index: &Path, n: u16) -> PathBuf {
+    let mut s = index.as_os_str().to_owned();
+    if n == 0 {
+        s.push(".heap");
+    } else {
+        s.push(format!(".heap.{n}"));
+    }
+    PathBuf::from(s)
+}
+
+/// One mapped heap segment.
+#[derive(Debug)]
+pub(crate) struct Segment {
+    pub(crate) path: PathBuf,
+    pub(crate) file: File,
+    /// Identity of the file, to notice it was replaced.
+    pub(crate) ino: u64,
+    map: Mapping,
+    /// The file length last observed; only grows.
+    known_len: AtomicU64,
+}
+
+/// What a read of a record found.
+pub(crate) enum Read {
+    /// The record's value, checksum verified.
+    Value(Vec<u8>),
+    /// The record's bytes do not match their checksum (torn or corrupt).
+    Mismatch,
+    /// The record lies past the reserved mapping: remap and retry.
+    Remap,
+    /// The record runs past the end of the file.
+    PastEnd { file_len: u64 },
+}
+
+impl Segment {
+    /// Opens and maps a segment, reserving room for growth up to `cap`.
+    pub(crate) fn open(path: &Path, cap: u64, need: u64) -> Result<Segment> {
+        let file = crate::files::open_regular(path, false)?;
+        let meta = file.metadata().map_err(|e| Error::io(path, "stat", e))?;
+        let len = meta.len();
+        let reserve = len.max(cap).max(need).max(1).div_ceil(RESERVE_ALIGN) * RESERVE_ALIGN;
+        let reserve = usize::try_from(reserve).map_err(|_| Error::Corrupt {
+            path: path.into(),
+            id: None,
+            why: format!("segment of {len} bytes cannot be mapped on this platform"),
+        })?;
+        let map = Mapping::read_only(&file, reserve).map_err(|e| Error::io(path, "mmap", e))?;
+        Ok(Segment {
+            path: path.into(),
+            ino: std::os::unix::fs::MetadataExt::ino(&meta),
+            file,
+            map,
+            known_len: AtomicU64::new(len),
+        })
+    }
+
+    /// Bytes of address space mapped for this segment.
+    pub(crate) fn reserved(&self) -> u64 {
+        self.map.len() as u64
+    }
+
+    /// Current length of the segment file.
+    pub(crate) fn file_len(&self) -> Result<u64> {
+        let len = self
+            .file
+            .metadata()
+            .map_err(|e| Error::io(&self.path, "stat", e))?
+            .len();
+        self.known_len.fetch_max(len, Ordering::Relaxed);
+        Ok(len)
+    }
+
+    /// Reads the record of `len` value bytes at byte offset `off` and checks it.
+    pub(crate) fn read(&self, off: u64, len: u32) -> Result<Read> {
+        if len == 0 {
+            return Ok(Read::Value(Vec::new()));
+        }
+        let end = off.saturating_add(CHECKSUM_LEN as u64 + u64::from(len));
+        if end > self.known_len.load(Ordering::Relaxed) {
+            let file_len = self.file_len()?;
+            if end > file_len {
+                // The file may have been replaced or truncated; never touch it.
+                return Ok(Read::PastEnd { file_len });
+            }
+        }
+        if end > self.reserved() {
+            return Ok(Read::Remap);
+        }
+        let off = off as usize;
+        let mut sum = [0u8; CHECKSUM_LEN];
+        let mut value = vec![0u8; len as usize];
+        if !self.map.copy_out(off, &mut sum) || !self.map.copy_out(off + CHECKSUM_LEN, &mut value) {
+            return Ok(Read::Remap);
+        }
+        if layout::hash(&value) != u64::from_le_bytes(sum) {
+            return Ok(Read::Mismatch);
+        }
+        Ok(Read::Value(value))
+    }
+}
+
+/// Lists the segment files of a bank: `.heap`, `.heap.1`, ... up to the
+/// first missing number.
+pub(crate) fn discover(index: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for n in 0..=u16::MAX {
+        let p = segment_path(index, n);
+        if std::fs::symlink_metadata(&p).is_err() {
+            break;
+        }
+        out.push(p);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    #[test]
+    fn segment_names_follow_salt() {
+        let i = Path::new("/d/.mmap_keys.idx");
+        assert_eq!(segment_path(i, 0), Path::new("/d/.mmap_keys.idx.heap"));
+        assert_eq!(segment_path(i, 2), Path::new("/d/.mmap_keys.idx.heap.2"));
+    }
+
+    #[test]
+    fn reads_check_bounds_checksum_and_growth() {
+        let dir = tempfile::tempdir().unwrap();
+        let idx = dir.path().join("t.idx");
+        let p = segment_path(&idx, 0);
+        let mut f = std::fs::File::create(&p).unwrap();
+        let mut rec = Vec::new();
+        layout::encode_record(b"hello", &mut rec);
+        f.write_all(&rec).unwrap();
+        let seg = Segment::open(&p, 4096, 0).unwrap();
+        assert!(matches!(seg.read(0, 5).unwrap(), Read::Value(v) if v == b"hello"));
+        assert!(matches!(seg.read(0, 4).unwrap(), Read::Mismatch));
+        assert!(matches!(
+            seg.read(1, 5).unwrap(),
+            Read::PastEnd { file_len: 13 }
+        ));
+        assert!(matches!(
+            seg.read(u64::MAX - 3, 5).unwrap(),
+            Read::PastEnd { .. }
+        ));
+        // Growth after mapping is seen without remapping.
+        let mut rec2 = Vec::new();
+        layout::encode_record(b"world!", &mut rec2);
+        f.write_all(&rec2).unwrap();
+        assert!(matches!(seg.read(13, 6).unwrap(), Read::Value(v) if v == b"world!"));
+        assert_eq!(discover(&idx), vec![p]);
+    }
+}

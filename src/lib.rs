@@ -1,0 +1,17 @@
+//! keycache: a Rust engine for Salt 3008's `mmap_key` minion-key store.
+pub mod error;
+pub mod files;
+mod heap;
+pub mod id;
+pub mod layout;
+mod map;
+pub mod rebuild;
+mod roster;
+pub mod store;
+pub mod table;
+
+pub use error::{Error, Result};
+pub use id::MinionId;
+pub use layout::Params;
+pub use store::{Counts, KeyEntry, KeyState, Store};
+pub use table::OpenOptions;

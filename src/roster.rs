@@ -1,0 +1,104 @@
+//! The roster: a packed array of u32 slot numbers of live entries, in
+//! insertion order, with removed entries overwritten by a tombstone.
+
+use std::fs::File;
+use std::io::Read;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+use crate::error::{Error, Result};
+use crate::layout::ROSTER_TOMBSTONE;
+
+/// Reads a roster file whole. A missing roster is empty; a trailing partial
+/// entry (a torn append) is ignored, as Salt ignores it.
+pub(crate) fn read(path: &Path) -> Result<Vec<u32>> {
+    let mut f = match crate::files::open_regular(path, false) {
+        Ok(f) => f,
+        Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+            return Ok(Vec::new())
+        }
+        Err(e) => return Err(e),
+    };
+    let mut buf = Vec::new();
+    f.read_to_end(&mut buf)
+        .map_err(|e| Error::io(path, "read", e))?;
+    Ok(decode(&buf))
+}
+
+/// Decodes roster bytes into entries, tombstones included.
+pub(crate) fn decode(buf: &[u8]) -> Vec<u32> {
+    buf.chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+/// Encodes entries as roster bytes.
+pub(crate) fn encode(slots: &[u32]) -> Vec<u8> {
+    slots.iter().flat_map(|s| s.to_le_bytes()).collect()
+}
+
+/// Number of entries that are not tombstones (Salt's live count).
+pub(crate) fn live_count(entries: &[u32]) -> usize {
+    entries.iter().filter(|&&s| s != ROSTER_TOMBSTONE).count()
+}
+
+/// Applies tombstones and appends to an open roster file: every live entry
+/// naming a slot in `remove` becomes a tombstone, then `append` is written at
+/// the end. Does not sync.
+pub(crate) fn update(path: &Path, file: &File, remove: &[u32], append: &[u32]) -> Result<()> {
+    let mut len = file
+        .metadata()
+        .map_err(|e| Error::io(path, "stat", e))?
+        .len();
+    // A torn append leaves a partial entry: write after the last whole one.
+    len -= len % 4;
+    if !remove.is_empty() {
+        let mut buf = vec![0u8; len as usize];
+        file.read_exact_at(&mut buf, 0)
+            .map_err(|e| Error::io(path, "read", e))?;
+        let tomb = ROSTER_TOMBSTONE.to_le_bytes();
+        for (i, s) in decode(&buf).into_iter().enumerate() {
+            if s != ROSTER_TOMBSTONE && remove.contains(&s) {
+                file.write_all_at(&tomb, i as u64 * 4)
+                    .map_err(|e| Error::io(path, "write", e))?;
+            }
+        }
+    }
+    if !append.is_empty() {
+        file.write_all_at(&encode(append), len)
+            .map_err(|e| Error::io(path, "write", e))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tombstones_then_appends() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("r.roster");
+        std::fs::write(&p, encode(&[5, 7, 9])).unwrap();
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&p)
+            .unwrap();
+        update(&p, &f, &[7], &[7, 11]).unwrap();
+        let r = read(&p).unwrap();
+        assert_eq!(r, vec![5, ROSTER_TOMBSTONE, 9, 7, 11]);
+        assert_eq!(live_count(&r), 4);
+        // A torn trailing entry is ignored and overwritten by the next append.
+        let mut raw = std::fs::read(&p).unwrap();
+        raw.extend_from_slice(&[1, 2]);
+        std::fs::write(&p, &raw).unwrap();
+        assert_eq!(read(&p).unwrap().len(), 5);
+        update(&p, &f, &[], &[13]).unwrap();
+        assert_eq!(read(&p).unwrap(), vec![5, ROSTER_TOMBSTONE, 9, 7, 11, 13]);
+        assert_eq!(
+            read(&dir.path().join("missing")).unwrap(),
+            Vec::<u32>::new()
+        );
+    }
+}

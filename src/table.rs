@@ -1,0 +1,1206 @@
+//! The generic table: one bank (index, heap segments, roster, lock file) of
+//! Salt's `MmapCache`, with lock-free readers and a crash-safe writer.
+//!
+//! Nothing here knows about minion keys: ids and values are bytes. The key
+//! banks are built on top of it in [`crate::store`].
+//!
+//! # Readers
+//!
+//! A reader loads the current [`Generation`] (the mapped index and heap
+//! segments) from an `ArcSwap`, which takes no lock, and probes the index
+//! through atomic loads. It copies the slot, reads the record, re-copies the
+//! slot and checks the value's xxh3: a mismatch means a writer was busy on
+//! that entry (or the data is damaged), so it retries a bounded number of
+//! times, then reports the entry as corrupt. Every [`OpenOptions::refresh`]
+//! (250 ms by default, as Salt's own readers) a reader stats the index file
+//! and, when it was replaced (a rebuild renamed new files into place), maps
+//! the new files. In-place changes and heap growth need no refresh: the
+//! mappings are shared and reserve address space for growth.
+//!
+//! # Writers
+//!
+//! A write holds a mutex (against this process's other writers) and `flock`
+//! on the bank's `.lock` file (against other processes, Salt's included).
+//! It appends records to the heap and fsyncs them, then points slots at them
+//! (status byte last, with release ordering), updates the header, tombstones
+//! and appends roster entries and fsyncs the roster, and finally msyncs the
+//! index. A live record is never rewritten in place.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use parking_lot::Mutex;
+
+use crate::error::{Error, Result};
+use crate::files::{self, Ownership};
+use crate::heap::{self, Read, Segment};
+use crate::layout::{self, Params, SlotFields, DELETED, EMPTY, HEADER_MAGIC, OCCUPIED};
+use crate::map::{self, Mapping};
+use crate::roster;
+
+/// How many times a reader re-reads an entry that changed under it before
+/// reporting it corrupt. Between rounds it yields, and half-way it forces a
+/// refresh of its view of the files.
+const READ_ATTEMPTS: u32 = 64;
+
+/// Options of [`Table::open`].
+#[derive(Debug, Clone)]
+pub struct OpenOptions {
+    /// Layout parameters; they must match the files.
+    pub params: Params,
+    /// How often readers check whether the files were replaced.
+    pub refresh: Duration,
+    /// Owner and mode of files this handle creates.
+    pub ownership: Option<Ownership>,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        OpenOptions {
+            params: Params::default(),
+            refresh: Duration::from_millis(250),
+            ownership: None,
+        }
+    }
+}
+
+/// One live entry of a table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    /// The id as stored.
+    pub id: Vec<u8>,
+    /// The value, checksum verified.
+    pub value: Vec<u8>,
+    /// Unix nanoseconds of the last write.
+    pub mtime: u64,
+    /// The data slot that holds it.
+    pub slot: u64,
+}
+
+/// The mapped index file.
+#[derive(Debug)]
+pub(crate) struct Index {
+    pub(crate) map: Mapping,
+    pub(crate) dev_ino: (u64, u64),
+}
+
+/// A consistent view of the bank's files: the index and the heap segments
+/// that were in place when it was loaded. Files replaced later stay mapped
+/// (and readable) through this view until readers move on.
+#[derive(Debug)]
+pub(crate) struct Generation {
+    pub(crate) index: Option<Arc<Index>>,
+    pub(crate) segments: Vec<Arc<Segment>>,
+}
+
+/// A bank: index file plus companions.
+#[derive(Debug)]
+pub struct Table {
+    path: PathBuf,
+    dir: PathBuf,
+    params: Params,
+    refresh_ns: u64,
+    ownership: Ownership,
+    gen: ArcSwap<Generation>,
+    next_check: AtomicU64,
+    writer: Mutex<WriterState>,
+}
+
+/// What a write changed.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Applied {
+    /// New ids.
+    pub inserted: u64,
+    /// Existing ids given a new value.
+    pub updated: u64,
+    /// Ids removed.
+    pub removed: u64,
+}
+
+/// Header counters and sizes of a table.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Serialize)]
+pub struct TableStats {
+    /// Data slots.
+    pub capacity: u64,
+    /// Header: occupied slots.
+    pub occupied: u64,
+    /// Header: deleted slots (tombstones still on probe chains).
+    pub deleted: u64,
+    /// Header: highest data slot ever written.
+    pub high_water: u64,
+    /// `(occupied + deleted) / capacity`, what probing pays for.
+    pub load_factor: f64,
+    /// Bytes of heap records that live entries point at.
+    pub heap_live_bytes: u64,
+    /// Bytes of all heap segments.
+    pub heap_total_bytes: u64,
+    /// Number of heap segments.
+    pub segments: u64,
+}
+
+use serde::Serialize;
+
+/// The writer's lock file and mapping, reused while the index is not
+/// replaced nor written by another process.
+#[derive(Debug, Default)]
+struct WriterState {
+    lock: Option<File>,
+    index: Option<Index>,
+    /// The index's (dev, ino, mtime, mtime_nsec) after this process's last write.
+    seen: Option<(u64, u64, i64, i64)>,
+}
+
+/// (dev, ino, mtime) of the index: changes when anyone writes or replaces it.
+fn index_stamp(path: &Path) -> Option<(u64, u64, i64, i64)> {
+    std::fs::symlink_metadata(path)
+        .ok()
+        .map(|m| (m.dev(), m.ino(), m.mtime(), m.mtime_nsec()))
+}
+
+fn is_not_found(e: &Error) -> bool {
+    matches!(e, Error::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound)
+}
+
+fn corrupt(path: &Path, id: Option<&[u8]>, why: String) -> Error {
+    Error::Corrupt {
+        path: path.into(),
+        id: id.map(|i| String::from_utf8_lossy(i).into_owned()),
+        why,
+    }
+}
+
+/// Outcome of one attempt at reading a slot's entry.
+enum Attempt {
+    Found(Record),
+    Absent,
+    /// The entry changed while it was read, or a file it needs is not (yet)
+    /// mapped: try again, refreshing the view when `refresh`.
+    Retry {
+        refresh: bool,
+        why: String,
+    },
+}
+
+impl Table {
+    /// Opens the bank whose index file is `path`. Nothing is created until
+    /// the first write; a bank without files reads as empty.
+    pub fn open(path: impl Into<PathBuf>, opts: &OpenOptions) -> Result<Table> {
+        let path: PathBuf = path.into();
+        opts.params.validate()?;
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        let ownership = match opts.ownership {
+            Some(o) => o,
+            None => Ownership::for_dir(&dir)?,
+        };
+        let gen = load_generation(&path, &opts.params, None)?;
+        Ok(Table {
+            path,
+            dir,
+            params: opts.params,
+            refresh_ns: opts.refresh.as_nanos().min(u128::from(u64::MAX)) as u64,
+            ownership,
+            gen: ArcSwap::from_pointee(gen),
+            next_check: AtomicU64::new(
+                map::coarse_now_ns().saturating_add(opts.refresh.as_nanos() as u64),
+            ),
+            writer: Mutex::new(WriterState::default()),
+        })
+    }
+
+    /// The index file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The layout parameters.
+    pub fn params(&self) -> &Params {
+        &self.params
+    }
+
+    /// Checks an id against what the layout can hold exactly.
+    pub fn check_id(&self, id: &[u8]) -> Result<()> {
+        let lossy = || String::from_utf8_lossy(id).into_owned();
+        if id.is_empty() {
+            return Err(Error::InvalidId {
+                id: lossy(),
+                why: "it is empty",
+            });
+        }
+        if id.contains(&0) {
+            return Err(Error::InvalidId {
+                id: lossy(),
+                why: "it contains NUL",
+            });
+        }
+        if id.len() > self.params.id_size {
+            return Err(Error::IdTooLong {
+                id: lossy(),
+                len: id.len(),
+                id_size: self.params.id_size,
+                slot: layout::min_slot_size(id.len()).max(self.params.slot_size),
+            });
+        }
+        Ok(())
+    }
+
+    /// The current view, refreshed when the refresh interval has passed and
+    /// the index file was replaced.
+    fn current(&self) -> Result<arc_swap::Guard<Arc<Generation>>> {
+        let now = map::coarse_now_ns();
+        if now >= self.next_check.load(Ordering::Relaxed) {
+            self.next_check
+                .store(now.saturating_add(self.refresh_ns), Ordering::Relaxed);
+            self.refresh(false)?;
+        }
+        Ok(self.gen.load())
+    }
+
+    /// Re-stats the index and maps the files again when it was replaced (or
+    /// always, with `force`, to pick up new segments).
+    pub(crate) fn refresh(&self, force: bool) -> Result<()> {
+        let cur = self.gen.load_full();
+        let mapped = cur.index.as_ref().map(|i| i.dev_ino);
+        if files::file_id(&self.path) != mapped {
+            self.gen
+                .store(Arc::new(load_generation(&self.path, &self.params, None)?));
+        } else if force {
+            self.gen.store(Arc::new(load_generation(
+                &self.path,
+                &self.params,
+                Some(&cur),
+            )?));
+        }
+        Ok(())
+    }
+
+    /// Reads the entry for `id`, or `None` when there is none.
+    pub fn get(&self, id: &[u8]) -> Result<Option<Record>> {
+        self.check_id(id)?;
+        let mut why = String::new();
+        for attempt in 0..READ_ATTEMPTS {
+            let g = self.current()?;
+            match self.lookup_once(&g, id)? {
+                Attempt::Found(r) => return Ok(Some(r)),
+                Attempt::Absent => return Ok(None),
+                Attempt::Retry { refresh, why: w } => {
+                    why = w;
+                    if refresh || attempt == READ_ATTEMPTS / 2 {
+                        self.refresh(true)?;
+                    } else {
+                        std::thread::yield_now();
+                    }
+                }
+            }
+        }
+        Err(corrupt(&self.path, Some(id), why))
+    }
+
+    /// Whether `id` has an entry. Reads (and checks) its value, like Salt.
+    pub fn contains(&self, id: &[u8]) -> Result<bool> {
+        Ok(self.get(id)?.is_some())
+    }
+
+    fn lookup_once(&self, g: &Generation, id: &[u8]) -> Result<Attempt> {
+        let Some(ix) = g.index.as_deref() else {
+            return Ok(Attempt::Absent);
+        };
+        let p = &self.params;
+        let home = p.home(id);
+        let mut stack = [0u8; 256];
+        let mut heap_buf;
+        let buf: &mut [u8] = if p.slot_used() <= stack.len() {
+            &mut stack[..p.slot_used()]
+        } else {
+            heap_buf = vec![0u8; p.slot_used()];
+            &mut heap_buf
+        };
+        for step in 0..p.capacity() {
+            let slot = p.probe(home, step);
+            let off = p.slot_offset(slot);
+            let status = ix.map.load_u8(off).ok_or_else(|| {
+                corrupt(
+                    &self.path,
+                    Some(id),
+                    format!("slot {slot} lies outside the index"),
+                )
+            })?;
+            match status {
+                EMPTY => return Ok(Attempt::Absent),
+                DELETED => continue,
+                _ => {}
+            }
+            ix.map.copy_out(off, buf);
+            if !layout::slot_id_eq(p, buf, id) {
+                continue;
+            }
+            return self.read_entry(g, ix, slot, buf);
+        }
+        Ok(Attempt::Absent)
+    }
+
+    /// Reads the record of the slot whose copy is `buf`, then validates that
+    /// the slot did not change meanwhile.
+    fn read_entry(&self, g: &Generation, ix: &Index, slot: u64, buf: &[u8]) -> Result<Attempt> {
+        let p = &self.params;
+        let f = SlotFields::decode(p, buf);
+        let id = layout::slot_id(p, buf);
+        let (seg_no, off) = layout::unpack_offset(f.offset);
+        let value = if f.len == 0 {
+            Vec::new()
+        } else {
+            let Some(seg) = g.segments.get(usize::from(seg_no)) else {
+                return Ok(Attempt::Retry {
+                    refresh: true,
+                    why: format!(
+                        "slot {slot} points into heap segment {seg_no}, which does not exist"
+                    ),
+                });
+            };
+            match seg.read(off, f.len)? {
+                Read::Value(v) => v,
+                Read::Mismatch => {
+                    return Ok(Attempt::Retry {
+                        refresh: false,
+                        why: format!(
+                            "{}: record at offset {off} ({} bytes) fails its xxh3 checksum",
+                            seg.path.display(),
+                            f.len
+                        ),
+                    })
+                }
+                Read::Remap => {
+                    return Ok(Attempt::Retry {
+                        refresh: true,
+                        why: format!("{}: record at offset {off} not mapped", seg.path.display()),
+                    })
+                }
+                Read::PastEnd { file_len } => {
+                    return Ok(Attempt::Retry {
+                        refresh: true,
+                        why: format!(
+                            "{}: record at offset {off} ({} bytes) runs past the end of the segment ({file_len} bytes)",
+                            seg.path.display(),
+                            f.len
+                        ),
+                    })
+                }
+            }
+        };
+        std::sync::atomic::fence(Ordering::Acquire);
+        let mut again = [0u8; 256];
+        let mut again_vec;
+        let again: &mut [u8] = if buf.len() <= again.len() {
+            &mut again[..buf.len()]
+        } else {
+            again_vec = vec![0u8; buf.len()];
+            &mut again_vec
+        };
+        ix.map.copy_out(p.slot_offset(slot), again);
+        if again != buf {
+            return Ok(Attempt::Retry {
+                refresh: false,
+                why: format!("slot {slot} kept changing while it was read"),
+            });
+        }
+        if buf[0] != OCCUPIED {
+            // Salt compares ids in slots of any status but EMPTY/DELETED;
+            // only OCCUPIED entries are live.
+            return Ok(Attempt::Absent);
+        }
+        Ok(Attempt::Found(Record {
+            id: id.to_vec(),
+            value,
+            mtime: f.mtime,
+            slot,
+        }))
+    }
+
+    /// Reads the entry in data slot `slot`, if it is occupied.
+    pub(crate) fn read_slot(&self, slot: u64) -> Result<Option<Record>> {
+        let p = &self.params;
+        if slot == 0 || slot >= p.size {
+            return Ok(None);
+        }
+        let mut buf = vec![0u8; p.slot_used()];
+        let mut why = String::new();
+        for attempt in 0..READ_ATTEMPTS {
+            let g = self.gen.load();
+            let Some(ix) = g.index.as_deref() else {
+                return Ok(None);
+            };
+            let off = p.slot_offset(slot);
+            match ix.map.load_u8(off) {
+                Some(OCCUPIED) => {}
+                _ => return Ok(None),
+            }
+            ix.map.copy_out(off, &mut buf);
+            let id = layout::slot_id(p, &buf).to_vec();
+            match self.read_entry(&g, ix, slot, &buf)? {
+                Attempt::Found(r) => return Ok(Some(r)),
+                Attempt::Absent => return Ok(None),
+                Attempt::Retry { refresh, why: w } => {
+                    why = w;
+                    if attempt + 1 == READ_ATTEMPTS {
+                        return Err(corrupt(&self.path, Some(&id), why));
+                    }
+                    if refresh || attempt == READ_ATTEMPTS / 2 {
+                        self.refresh(true)?;
+                    } else {
+                        std::thread::yield_now();
+                    }
+                }
+            }
+        }
+        Err(corrupt(&self.path, None, why))
+    }
+
+    /// The live entries in roster order, as Salt lists them: tombstones,
+    /// slot 0, slots past the table and slots not OCCUPIED are skipped, and a
+    /// slot listed twice is yielded once. An entry that cannot be read back
+    /// intact is yielded as an error, and iteration goes on.
+    pub fn iter(&self) -> Result<Iter<'_>> {
+        self.refresh(false)?;
+        let entries = roster::read(&files::with_suffix(&self.path, ".roster"))?;
+        Ok(Iter {
+            table: self,
+            entries,
+            pos: 0,
+            seen: vec![0u64; (self.params.size as usize).div_ceil(64)],
+        })
+    }
+
+    /// Header counters and heap sizes.
+    pub fn stats(&self) -> Result<TableStats> {
+        self.refresh(true)?;
+        let g = self.gen.load();
+        let p = &self.params;
+        let mut s = TableStats {
+            capacity: p.capacity(),
+            ..TableStats::default()
+        };
+        if let Some(ix) = g.index.as_deref() {
+            let (occ, del, hwm) = read_header(&ix.map);
+            s.occupied = occ;
+            s.deleted = del;
+            s.high_water = hwm;
+        }
+        s.load_factor = (s.occupied + s.deleted) as f64 / p.capacity() as f64;
+        for seg in &g.segments {
+            s.heap_total_bytes += seg.file_len()?;
+        }
+        s.segments = g.segments.len() as u64;
+        for r in self.iter()?.flatten() {
+            s.heap_live_bytes += layout::record_len(r.value.len());
+        }
+        Ok(s)
+    }
+
+    // ------------------------------------------------------------------
+    // Writing
+    // ------------------------------------------------------------------
+
+    /// Path of a companion file (`.lock`, `.roster`, ...).
+    pub(crate) fn companion(&self, suffix: &str) -> PathBuf {
+        files::with_suffix(&self.path, suffix)
+    }
+
+    /// Ownership of new files.
+    pub(crate) fn ownership(&self) -> Ownership {
+        self.ownership
+    }
+
+    /// Runs `f` holding the bank's write lock (this process's mutex, then
+    /// `flock` on the `.lock` file). `f` gets the index mapped for writing,
+    /// (re)opened on the current file, creating the bank when `create`.
+    fn with_lock<T>(&self, create: bool, f: impl FnOnce(Option<&Index>) -> Result<T>) -> Result<T> {
+        self.locked(|ws| {
+            let r = self
+                .open_writer(&mut ws.index, &mut ws.seen, create)
+                .and_then(|()| f(ws.index.as_ref()));
+            if ws.index.is_some() {
+                ws.seen = index_stamp(&self.path);
+            }
+            r
+        })
+    }
+
+    /// Runs `f` holding this process's writer mutex and `flock` on the
+    /// bank's `.lock` file. A rebuild that a crash interrupted is finished
+    /// first.
+    fn locked<T>(&self, f: impl FnOnce(&mut WriterState) -> Result<T>) -> Result<T> {
+        let mut guard = self.writer.lock();
+        let ws = &mut *guard;
+        if ws.lock.is_none() {
+            ws.lock = Some(self.open_lock_file()?);
+        }
+        let lock_path = || self.companion(".lock");
+        let Some(lock) = ws.lock.take() else {
+            return Err(Error::io(
+                lock_path(),
+                "open",
+                std::io::ErrorKind::NotFound.into(),
+            ));
+        };
+        lock.lock()
+            .map_err(|e| Error::io(lock_path(), "flock", e))?;
+        let result =
+            crate::rebuild::roll_forward(&self.dir, Some(&lock_path())).and_then(|()| f(ws));
+        let unlock = lock
+            .unlock()
+            .map_err(|e| Error::io(lock_path(), "unlock", e));
+        ws.lock = Some(lock);
+        let out = result?;
+        unlock?;
+        Ok(out)
+    }
+
+    /// Runs `f` under the bank's write lock with the writer's cached mapping
+    /// dropped (the files are about to be replaced); readers are moved to
+    /// the new files afterwards.
+    pub(crate) fn exclusive<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        let r = self.locked(|ws| {
+            ws.index = None;
+            ws.seen = None;
+            f()
+        });
+        // After a compaction into another size this handle no longer
+        // matches the files; its readers keep the old view until reopened.
+        let _ = self.refresh(true);
+        r
+    }
+
+    /// Finishes a rebuild that a crash interrupted, if any.
+    pub(crate) fn settle(&self) -> Result<()> {
+        self.locked(|_| Ok(()))
+    }
+
+    fn open_lock_file(&self) -> Result<File> {
+        let path = self.companion(".lock");
+        match files::open_regular(&path, true) {
+            Ok(f) => Ok(f),
+            Err(e) if is_not_found(&e) => match files::create_new(&path, &self.ownership) {
+                Ok(f) => Ok(f),
+                // Another process created it meanwhile.
+                Err(Error::Io { source, .. })
+                    if source.kind() == std::io::ErrorKind::AlreadyExists =>
+                {
+                    files::open_regular(&path, true)
+                }
+                Err(e) => Err(e),
+            },
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Under the lock: maps the current index for writing (creating the
+    /// bank when `create`), stamps the magic, and, when another process
+    /// wrote since this one last did, repairs a roster that a crash left
+    /// behind (as Salt's writers do on open).
+    fn open_writer(
+        &self,
+        cached: &mut Option<Index>,
+        seen: &mut Option<(u64, u64, i64, i64)>,
+        create: bool,
+    ) -> Result<()> {
+        let p = &self.params;
+        let on_disk = files::file_id(&self.path);
+        if on_disk.is_none() {
+            *cached = None;
+            if !create {
+                return Ok(());
+            }
+            self.create_bank()?;
+        }
+        let stamp = index_stamp(&self.path);
+        if let Some(ix) = cached.as_ref() {
+            if Some(ix.dev_ino) == files::file_id(&self.path) && stamp == *seen {
+                return Ok(());
+            }
+        }
+        let file = files::open_regular(&self.path, true)?;
+        let meta = file
+            .metadata()
+            .map_err(|e| Error::io(&self.path, "stat", e))?;
+        check_index_len(&self.path, p, meta.len())?;
+        let dev_ino = (meta.dev(), meta.ino());
+        let map = Mapping::read_write(&file, meta.len() as usize)
+            .map_err(|e| Error::io(&self.path, "mmap", e))?;
+        let index = Index { map, dev_ino };
+        if index.map.load_u8(0) != Some(HEADER_MAGIC) {
+            index.map.store_u8(0, HEADER_MAGIC);
+            index
+                .map
+                .flush_range(0, p.slot_size)
+                .map_err(|e| Error::io(&self.path, "msync", e))?;
+        }
+        self.recover_roster(&index)?;
+        *cached = Some(index);
+        if self.gen.load().index.as_ref().map(|i| i.dev_ino) != Some(dev_ino) {
+            self.refresh(true)?;
+        }
+        Ok(())
+    }
+
+    /// Creates a zero-filled index (magic stamped) and an empty heap, through
+    /// a temporary name so that no one ever sees a short index.
+    fn create_bank(&self) -> Result<()> {
+        let p = &self.params;
+        let heap0 = heap::segment_path(&self.path, 0);
+        if files::file_id(&heap0).is_none() {
+            let f = files::create_new(&heap0, &self.ownership)?;
+            files::sync_data(&f, &heap0)?;
+        }
+        let tmp = files::with_suffix(&self.path, &format!(".keycache-new.{}", std::process::id()));
+        files::remove_if_exists(&tmp)?;
+        let f = files::create_new(&tmp, &self.ownership)?;
+        let len = p.index_len().unwrap_or(0);
+        files::allocate(&f, &tmp, len)?;
+        f.write_all_at(&[HEADER_MAGIC], 0)
+            .map_err(|e| Error::io(&tmp, "write", e))?;
+        files::sync_data(&f, &tmp)?;
+        files::rename(&tmp, &self.path)?;
+        files::sync_dir(&self.dir)
+    }
+
+    /// Salt's `_roster_recover`: when the roster's live count differs from
+    /// the header's occupied count, rebuild the roster from the slots.
+    fn recover_roster(&self, ix: &Index) -> Result<()> {
+        let p = &self.params;
+        let rpath = self.companion(".roster");
+        let entries = roster::read(&rpath)?;
+        let (occupied, _, hwm) = read_header(&ix.map);
+        if roster::live_count(&entries) as u64 == occupied {
+            return Ok(());
+        }
+        let end = hwm.saturating_add(2).min(p.size);
+        let mut slots = Vec::new();
+        for s in 1..end {
+            if ix.map.load_u8(p.slot_offset(s)) == Some(OCCUPIED) {
+                slots.push(s as u32);
+            }
+        }
+        // Keep the roster's order for the entries it has right.
+        let live: std::collections::HashSet<u32> = slots.iter().copied().collect();
+        let mut seen = std::collections::HashSet::new();
+        let mut order: Vec<u32> = entries
+            .iter()
+            .copied()
+            .filter(|s| live.contains(s) && seen.insert(*s))
+            .collect();
+        order.extend(slots.iter().copied().filter(|s| seen.insert(*s)));
+        self.replace_roster(&order)?;
+        write_u64(&ix.map, layout::HDR_OCCUPIED, order.len() as u64);
+        ix.map
+            .flush_range(0, p.slot_size)
+            .map_err(|e| Error::io(&self.path, "msync", e))
+    }
+
+    /// Writes a new roster through a temporary file and a rename.
+    pub(crate) fn replace_roster(&self, slots: &[u32]) -> Result<()> {
+        let rpath = self.companion(".roster");
+        let own = self.ownership.replacing(&rpath);
+        let tmp = files::with_suffix(&rpath, &format!(".keycache-new.{}", std::process::id()));
+        files::remove_if_exists(&tmp)?;
+        let f = files::create_new(&tmp, &own)?;
+        f.write_all_at(&roster::encode(slots), 0)
+            .map_err(|e| Error::io(&tmp, "write", e))?;
+        files::sync_data(&f, &tmp)?;
+        files::rename(&tmp, &rpath)?;
+        files::sync_dir(&self.dir)
+    }
+
+    /// Applies `f`'s writes atomically with respect to other writers and
+    /// makes them durable with one round of fsyncs at the end.
+    pub fn transaction<T>(
+        &self,
+        f: impl FnOnce(&mut Txn<'_>) -> Result<T>,
+    ) -> Result<(T, Applied)> {
+        self.with_lock(true, |w| {
+            let ix =
+                w.ok_or_else(|| corrupt(&self.path, None, "bank vanished while locked".into()))?;
+            let mut tx = Txn {
+                table: self,
+                order: Vec::new(),
+                staged: HashMap::new(),
+            };
+            let out = f(&mut tx)?;
+            let applied = self.commit(ix, tx)?;
+            Ok((out, applied))
+        })
+    }
+
+    /// Puts one entry, durably.
+    pub fn put(&self, id: &[u8], value: &[u8]) -> Result<Applied> {
+        self.transaction(|tx| tx.put(id, value)).map(|(_, a)| a)
+    }
+
+    /// Removes one entry, durably. Returns whether it existed.
+    pub fn remove(&self, id: &[u8]) -> Result<bool> {
+        self.check_id(id)?;
+        if files::file_id(&self.path).is_none() {
+            return Ok(false);
+        }
+        self.transaction(|tx| tx.remove(id))
+            .map(|(_, a)| a.removed > 0)
+    }
+
+    /// Finds `id` in the locked index: `Ok(slot)` when present, `Err(slot)`
+    /// with the slot a new entry would take (None when full).
+    fn find_locked(
+        &self,
+        ix: &Index,
+        id: &[u8],
+        claimed: &HashMap<u64, ()>,
+    ) -> std::result::Result<u64, Option<u64>> {
+        let p = &self.params;
+        let home = p.home(id);
+        let mut first_free = None;
+        let mut buf = vec![0u8; p.slot_used()];
+        for step in 0..p.capacity() {
+            let slot = p.probe(home, step);
+            let off = p.slot_offset(slot);
+            let status = ix.map.load_u8(off).unwrap_or(EMPTY);
+            if claimed.contains_key(&slot) {
+                continue;
+            }
+            match status {
+                OCCUPIED => {
+                    ix.map.copy_out(off, &mut buf);
+                    if layout::slot_id_eq(p, &buf, id) {
+                        return Ok(slot);
+                    }
+                }
+                DELETED => {
+                    if first_free.is_none() {
+                        first_free = Some(slot);
+                    }
+                }
+                _ => return Err(Some(first_free.unwrap_or(slot))),
+            }
+        }
+        Err(first_free)
+    }
+
+    fn commit(&self, ix: &Index, tx: Txn<'_>) -> Result<Applied> {
+        let p = &self.params;
+        let mtime = files::now_ns();
+        // 1. Plan: where every staged id goes.
+        struct Plan {
+            slot: u64,
+            insert: bool,
+            was_deleted: bool,
+            value: Option<Vec<u8>>, // None: remove
+            id: Vec<u8>,
+        }
+        let mut claimed: HashMap<u64, ()> = HashMap::new();
+        let mut plans = Vec::with_capacity(tx.order.len());
+        for id in tx.order {
+            let Some(value) = tx.staged.get(&id).cloned() else {
+                continue;
+            };
+            match (self.find_locked(ix, &id, &claimed), value) {
+                (Ok(slot), v) => {
+                    claimed.insert(slot, ());
+                    plans.push(Plan {
+                        slot,
+                        insert: false,
+                        was_deleted: false,
+                        value: v,
+                        id,
+                    });
+                }
+                (Err(_), None) => {}
+                (Err(None), Some(_)) => {
+                    return Err(Error::TableFull {
+                        path: self.path.clone(),
+                        capacity: p.capacity(),
+                    });
+                }
+                (Err(Some(slot)), Some(v)) => {
+                    claimed.insert(slot, ());
+                    let was_deleted = ix.map.load_u8(p.slot_offset(slot)) == Some(DELETED);
+                    plans.push(Plan {
+                        slot,
+                        insert: true,
+                        was_deleted,
+                        value: Some(v),
+                        id,
+                    });
+                }
+            }
+        }
+        if plans.is_empty() {
+            return Ok(Applied::default());
+        }
+        // 2. Append every record and make the heap durable.
+        let mut offsets = Vec::with_capacity(plans.len());
+        {
+            let mut app = Appender::open(self)?;
+            for pl in &plans {
+                offsets.push(match &pl.value {
+                    Some(v) if !v.is_empty() => app.append(v, &pl.id)?,
+                    Some(_) => app.empty_offset(),
+                    None => 0,
+                });
+            }
+            app.finish()?;
+        }
+        // 3. Slots, status last; then the header.
+        let mut applied = Applied::default();
+        let (mut occ, mut del, mut hwm) = read_header(&ix.map);
+        let mut removed_slots = Vec::new();
+        let mut inserted_slots = Vec::new();
+        let (mut lo, mut hi) = (usize::MAX, 0usize);
+        for (pl, packed) in plans.iter().zip(&offsets) {
+            let off = p.slot_offset(pl.slot);
+            lo = lo.min(off);
+            hi = hi.max(off + p.slot_size);
+            match &pl.value {
+                None => {
+                    ix.map.store_u8(off, DELETED);
+                    occ = occ.saturating_sub(1);
+                    del += 1;
+                    removed_slots.push(pl.slot as u32);
+                    applied.removed += 1;
+                }
+                Some(v) => {
+                    let mut fields = vec![0u8; p.slot_used() - 1];
+                    fields[..pl.id.len()].copy_from_slice(&pl.id);
+                    let k = p.id_size;
+                    fields[k..k + 8].copy_from_slice(&packed.to_le_bytes());
+                    fields[k + 8..k + 12].copy_from_slice(&(v.len() as u32).to_le_bytes());
+                    fields[k + 12..k + 20].copy_from_slice(&mtime.to_le_bytes());
+                    ix.map.copy_in(off + 1, &fields);
+                    ix.map.store_u8(off, OCCUPIED);
+                    hwm = hwm.max(pl.slot);
+                    if pl.insert {
+                        occ += 1;
+                        if pl.was_deleted {
+                            del = del.saturating_sub(1);
+                        }
+                        inserted_slots.push(pl.slot as u32);
+                        applied.inserted += 1;
+                    } else {
+                        applied.updated += 1;
+                    }
+                }
+            }
+        }
+        write_u64(&ix.map, layout::HDR_OCCUPIED, occ);
+        write_u64(&ix.map, layout::HDR_DELETED, del);
+        write_u64(&ix.map, layout::HDR_HWM, hwm);
+        // 4. Roster, then the index.
+        if !removed_slots.is_empty() || !inserted_slots.is_empty() {
+            let rpath = self.companion(".roster");
+            let rf = match files::open_regular(&rpath, true) {
+                Ok(f) => f,
+                Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+                    files::create_new(&rpath, &self.ownership)?
+                }
+                Err(e) => return Err(e),
+            };
+            roster::update(&rpath, &rf, &removed_slots, &inserted_slots)?;
+            files::sync_data(&rf, &rpath)?;
+        }
+        ix.map
+            .flush_range(0, p.slot_size)
+            .map_err(|e| Error::io(&self.path, "msync", e))?;
+        ix.map
+            .flush_range(lo, hi - lo)
+            .map_err(|e| Error::io(&self.path, "msync", e))?;
+        Ok(applied)
+    }
+}
+
+/// Staged writes of a [`Table::transaction`]. Reads see the staged writes.
+pub struct Txn<'a> {
+    table: &'a Table,
+    order: Vec<Vec<u8>>,
+    staged: HashMap<Vec<u8>, Option<Vec<u8>>>,
+}
+
+impl Txn<'_> {
+    /// The value of `id` as this transaction would leave it.
+    pub fn get(&self, id: &[u8]) -> Result<Option<Vec<u8>>> {
+        if let Some(v) = self.staged.get(id) {
+            return Ok(v.clone());
+        }
+        Ok(self.table.get(id)?.map(|r| r.value))
+    }
+
+    /// The table this transaction writes to.
+    pub fn table(&self) -> &Table {
+        self.table
+    }
+
+    /// Stages a put.
+    pub fn put(&mut self, id: &[u8], value: &[u8]) -> Result<()> {
+        self.table.check_id(id)?;
+        if u32::try_from(value.len()).is_err() {
+            return Err(Error::ValueTooLarge {
+                id: String::from_utf8_lossy(id).into_owned(),
+                len: value.len(),
+            });
+        }
+        self.stage(id, Some(value.to_vec()));
+        Ok(())
+    }
+
+    /// Stages a removal.
+    pub fn remove(&mut self, id: &[u8]) -> Result<()> {
+        self.table.check_id(id)?;
+        self.stage(id, None);
+        Ok(())
+    }
+
+    fn stage(&mut self, id: &[u8], v: Option<Vec<u8>>) {
+        if self.staged.insert(id.to_vec(), v).is_none() {
+            self.order.push(id.to_vec());
+        }
+    }
+
+    /// Number of ids staged.
+    pub fn len(&self) -> usize {
+        self.order.len()
+    }
+
+    /// Whether nothing is staged.
+    pub fn is_empty(&self) -> bool {
+        self.order.is_empty()
+    }
+}
+
+/// Appends records to the active heap segment, rolling to a new one at the cap.
+struct Appender<'a> {
+    table: &'a Table,
+    seg_no: u16,
+    path: PathBuf,
+    file: File,
+    len: u64,
+    pending: Vec<u8>,
+    dirty: Vec<(PathBuf, File)>,
+    new_segment: bool,
+}
+
+impl<'a> Appender<'a> {
+    fn open(table: &'a Table) -> Result<Appender<'a>> {
+        let segs = heap::discover(&table.path);
+        let (seg_no, path) = match segs.len() {
+            0 => (0u16, heap::segment_path(&table.path, 0)),
+            n => ((n - 1) as u16, segs[n - 1].clone()),
+        };
+        let (file, new_segment) = match files::open_regular(&path, true) {
+            Ok(f) => (f, false),
+            Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+                (files::create_new(&path, &table.ownership)?, true)
+            }
+            Err(e) => return Err(e),
+        };
+        let len = file
+            .metadata()
+            .map_err(|e| Error::io(&path, "stat", e))?
+            .len();
+        Ok(Appender {
+            table,
+            seg_no,
+            path,
+            file,
+            len,
+            pending: Vec::new(),
+            dirty: Vec::new(),
+            new_segment,
+        })
+    }
+
+    fn flush_pending(&mut self) -> Result<()> {
+        if !self.pending.is_empty() {
+            let at = self.len - self.pending.len() as u64;
+            self.file
+                .write_all_at(&self.pending, at)
+                .map_err(|e| Error::io(&self.path, "write", e))?;
+            self.pending.clear();
+        }
+        Ok(())
+    }
+
+    /// The packed offset Salt gives a zero-length value.
+    fn empty_offset(&self) -> u64 {
+        layout::pack_offset(self.seg_no, self.len)
+    }
+
+    fn append(&mut self, value: &[u8], id: &[u8]) -> Result<u64> {
+        let p = &self.table.params;
+        let rec = layout::record_len(value.len());
+        if self.len > 0 && self.len + rec > p.max_segment_bytes {
+            self.flush_pending()?;
+            let next = self.seg_no.checked_add(1).ok_or_else(|| {
+                corrupt(
+                    &self.table.path,
+                    Some(id),
+                    "the heap has 65536 segments; compact the bank".into(),
+                )
+            })?;
+            let path = heap::segment_path(&self.table.path, next);
+            let file = files::create_new(&path, &self.table.ownership)?;
+            let old_path = std::mem::replace(&mut self.path, path);
+            let old_file = std::mem::replace(&mut self.file, file);
+            self.dirty.push((old_path, old_file));
+            self.seg_no = next;
+            self.len = 0;
+            self.new_segment = true;
+        }
+        let at = layout::pack_offset(self.seg_no, self.len);
+        layout::encode_record(value, &mut self.pending);
+        self.len += rec;
+        if self.pending.len() >= 1 << 20 {
+            self.flush_pending()?;
+        }
+        Ok(at)
+    }
+
+    fn finish(mut self) -> Result<()> {
+        self.flush_pending()?;
+        for (path, f) in &self.dirty {
+            files::sync_data(f, path)?;
+        }
+        files::sync_data(&self.file, &self.path)?;
+        if self.new_segment {
+            files::sync_dir(&self.table.dir)?;
+        }
+        Ok(())
+    }
+}
+
+/// Iterator over a table's live entries in roster order.
+pub struct Iter<'a> {
+    table: &'a Table,
+    entries: Vec<u32>,
+    pos: usize,
+    seen: Vec<u64>,
+}
+
+impl Iterator for Iter<'_> {
+    type Item = Result<Record>;
+
+    fn next(&mut self) -> Option<Result<Record>> {
+        while self.pos < self.entries.len() {
+            let s = self.entries[self.pos];
+            self.pos += 1;
+            let slot = u64::from(s);
+            if s == layout::ROSTER_TOMBSTONE || slot == 0 || slot >= self.table.params.size {
+                continue;
+            }
+            let (w, b) = ((slot / 64) as usize, slot % 64);
+            if self.seen[w] & (1 << b) != 0 {
+                continue;
+            }
+            self.seen[w] |= 1 << b;
+            match self.table.read_slot(slot) {
+                Ok(Some(r)) => return Some(Ok(r)),
+                Ok(None) => continue,
+                Err(e) => return Some(Err(e)),
+            }
+        }
+        None
+    }
+}
+
+/// Reads (occupied, deleted, high-water mark) from the header.
+pub(crate) fn read_header(m: &Mapping) -> (u64, u64, u64) {
+    let mut h = [0u8; layout::HDR_LEN];
+    m.copy_out(0, &mut h);
+    (
+        layout::le_u64(&h[layout::HDR_OCCUPIED..]),
+        layout::le_u64(&h[layout::HDR_DELETED..]),
+        layout::le_u64(&h[layout::HDR_HWM..]),
+    )
+}
+
+fn write_u64(m: &Mapping, off: usize, v: u64) {
+    m.copy_in(off, &v.to_le_bytes());
+}
+
+/// Refuses an index whose length does not match the parameters.
+pub(crate) fn check_index_len(path: &Path, p: &Params, len: u64) -> Result<()> {
+    let expected = p.index_len().unwrap_or(0);
+    if len != expected {
+        let hint = if len.is_multiple_of(p.slot_size as u64) {
+            format!(
+                " (that is {} slots of {} bytes: set mmap_key_size/--size to match)",
+                len / p.slot_size as u64,
+                p.slot_size
+            )
+        } else {
+            String::new()
+        };
+        return Err(Error::Mismatch {
+            path: path.into(),
+            what: "index length (size x slot size)",
+            expected: format!("{expected} bytes ({} x {})", p.size, p.slot_size),
+            found: format!("{len} bytes{hint}"),
+        });
+    }
+    Ok(())
+}
+
+/// Maps the bank's current files read-only, reusing the mappings of `prev`
+/// for files that were not replaced.
+pub(crate) fn load_generation(
+    path: &Path,
+    p: &Params,
+    prev: Option<&Generation>,
+) -> Result<Generation> {
+    let file = match files::open_regular(path, false) {
+        Ok(f) => f,
+        Err(e) if is_not_found(&e) => {
+            return Ok(Generation {
+                index: None,
+                segments: Vec::new(),
+            })
+        }
+        Err(e) => return Err(e),
+    };
+    let meta = file.metadata().map_err(|e| Error::io(path, "stat", e))?;
+    let dev_ino = (meta.dev(), meta.ino());
+    let index = match prev.and_then(|g| g.index.clone()) {
+        Some(ix) if ix.dev_ino == dev_ino => ix,
+        _ => {
+            check_index_len(path, p, meta.len())?;
+            let map = Mapping::read_only(&file, meta.len() as usize)
+                .map_err(|e| Error::io(path, "mmap", e))?;
+            Arc::new(Index { map, dev_ino })
+        }
+    };
+    let reuse = prev.filter(|g| g.index.as_ref().map(|i| i.dev_ino) == Some(dev_ino));
+    let mut segments = Vec::new();
+    for (n, sp) in heap::discover(path).into_iter().enumerate() {
+        if let Some(old) = reuse.and_then(|g| g.segments.get(n)) {
+            let same = std::fs::symlink_metadata(&sp)
+                .map(|m| m.ino() == old.ino && m.len() <= old.reserved());
+            if matches!(same, Ok(true)) {
+                segments.push(old.clone());
+                continue;
+            }
+        }
+        match Segment::open(&sp, p.max_segment_bytes, 0) {
+            Ok(s) => segments.push(Arc::new(s)),
+            // A segment that vanished between discovery and open (a rebuild
+            // in progress): stop there; readers retry.
+            Err(e) if is_not_found(&e) => break,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(Generation {
+        index: Some(index),
+        segments,
+    })
+}

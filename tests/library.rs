@@ -1,0 +1,309 @@
+//! The library's behaviour on small tables: puts, state changes, denies,
+//! removes, probing with wrap-around, deleted-slot reuse, segment rolls,
+//! roster order and tombstones, compaction, refusals.
+
+use std::path::Path;
+use std::time::Duration;
+
+use keycache::layout::{self, Params};
+use keycache::store::{DENIED_INDEX, KEYS_INDEX};
+use keycache::{Error, KeyState, MinionId, OpenOptions, Store};
+
+fn id(s: &str) -> MinionId {
+    MinionId::new(s).unwrap()
+}
+
+fn small(size: u64, seg: u64) -> OpenOptions {
+    OpenOptions {
+        params: Params {
+            size,
+            max_segment_bytes: seg,
+            ..Params::default()
+        },
+        refresh: Duration::from_millis(0),
+        ownership: None,
+    }
+}
+
+fn pem(n: usize) -> Vec<u8> {
+    format!("-----BEGIN PUBLIC KEY-----\nkey{n:04}\n-----END PUBLIC KEY-----\n").into_bytes()
+}
+
+fn roster(dir: &Path, index: &str) -> Vec<u32> {
+    std::fs::read(dir.join(format!("{index}.roster")))
+        .unwrap_or_default()
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+#[test]
+fn put_get_state_deny_remove() {
+    let d = tempfile::tempdir().unwrap();
+    let s = Store::open_with(d.path(), &small(17, 1 << 20)).unwrap();
+    assert_eq!(s.get(&id("a")).unwrap(), None);
+    assert!(!d.path().join(KEYS_INDEX).exists(), "reads create nothing");
+    s.put(&id("a"), KeyState::Pending, &pem(1)).unwrap();
+    let e = s.get(&id("a")).unwrap().unwrap();
+    assert_eq!((e.state, e.public_key.clone()), (KeyState::Pending, pem(1)));
+    assert!(e.mtime > 0);
+    assert!(s.set_state(&id("a"), KeyState::Accepted).unwrap());
+    assert_eq!(s.get(&id("a")).unwrap().unwrap().state, KeyState::Accepted);
+    assert!(!s.set_state(&id("zz"), KeyState::Accepted).unwrap());
+    s.deny(&id("a"), &pem(2)).unwrap();
+    assert_eq!(s.denied(&id("a")).unwrap(), Some(pem(2)));
+    assert_eq!(s.get(&id("a")).unwrap().unwrap().public_key, pem(1));
+    let c = s.counts().unwrap();
+    assert_eq!((c.accepted, c.pending, c.rejected, c.denied), (1, 0, 0, 1));
+    assert!(s.remove(&id("a")).unwrap());
+    assert!(!s.remove(&id("a")).unwrap());
+    assert_eq!(s.get(&id("a")).unwrap(), None);
+    assert!(s.is_denied(&id("a")).unwrap());
+    assert!(s.remove_denied(&id("a")).unwrap());
+    assert!(!s.is_denied(&id("a")).unwrap());
+    let st = s.stats().unwrap();
+    assert_eq!((st.keys.occupied, st.keys.deleted), (0, 1));
+    assert_eq!((st.denied_keys.occupied, st.denied_keys.deleted), (0, 1));
+    // Salt's header magic is stamped.
+    assert_eq!(std::fs::read(d.path().join(KEYS_INDEX)).unwrap()[0], 0xAB);
+    assert_eq!(
+        std::fs::metadata(d.path().join(DENIED_INDEX))
+            .unwrap()
+            .len(),
+        17 * 96
+    );
+}
+
+#[test]
+fn probing_wraps_and_deleted_slots_are_reused() {
+    let d = tempfile::tempdir().unwrap();
+    let p = Params {
+        size: 5,
+        ..Params::default()
+    };
+    let s = Store::open_with(d.path(), &small(5, 1 << 20)).unwrap();
+    let ids: Vec<MinionId> = (0..4).map(|i| id(&format!("m{i}"))).collect();
+    for (i, m) in ids.iter().enumerate() {
+        s.put(m, KeyState::Accepted, &pem(i)).unwrap();
+    }
+    // Four data slots, all full: one more is refused, nothing changes.
+    let err = s
+        .put(&id("extra"), KeyState::Accepted, &pem(9))
+        .unwrap_err();
+    assert!(matches!(err, Error::TableFull { .. }), "{err}");
+    for (i, m) in ids.iter().enumerate() {
+        assert_eq!(s.get(m).unwrap().unwrap().public_key, pem(i));
+    }
+    // Some id's chain must wrap past the last slot.
+    let homes: Vec<u64> = ids.iter().map(|m| p.home(m.as_str().as_bytes())).collect();
+    assert!(homes.iter().any(|&h| h > 1), "{homes:?}");
+    // Remove one: its slot becomes DELETED and the next insert takes it.
+    s.remove(&ids[2]).unwrap();
+    assert_eq!(s.stats().unwrap().keys.deleted, 1);
+    s.put(&id("extra"), KeyState::Rejected, &pem(9)).unwrap();
+    let st = s.stats().unwrap().keys;
+    assert_eq!((st.occupied, st.deleted), (4, 0));
+    assert_eq!(
+        s.get(&id("extra")).unwrap().unwrap().state,
+        KeyState::Rejected
+    );
+    for (i, m) in ids.iter().enumerate().filter(|(i, _)| *i != 2) {
+        assert_eq!(s.get(m).unwrap().unwrap().public_key, pem(i));
+    }
+    // Roster: the removed id's entry is a tombstone, the new one appended.
+    let r = roster(d.path(), KEYS_INDEX);
+    assert_eq!(r.len(), 5);
+    assert_eq!(r[2], layout::ROSTER_TOMBSTONE);
+    let order: Vec<String> = s.keys(None).unwrap().map(|e| e.unwrap().0).collect();
+    assert_eq!(order, vec!["m0", "m1", "m3", "extra"]);
+}
+
+#[test]
+fn segments_roll_at_the_cap_and_stay_readable() {
+    let d = tempfile::tempdir().unwrap();
+    let s = Store::open_with(d.path(), &small(101, 200)).unwrap();
+    for i in 0..20 {
+        s.put(&id(&format!("m{i}")), KeyState::Accepted, &pem(i))
+            .unwrap();
+    }
+    let st = s.stats().unwrap().keys;
+    assert!(st.segments >= 10, "{st:?}");
+    assert!(d.path().join(format!("{KEYS_INDEX}.heap.3")).exists());
+    for i in 0..20 {
+        assert_eq!(
+            s.get(&id(&format!("m{i}"))).unwrap().unwrap().public_key,
+            pem(i)
+        );
+    }
+    // A second handle opened before the growth sees the new segments too.
+    let s2 = Store::open_with(d.path(), &small(101, 200)).unwrap();
+    s.put(&id("late"), KeyState::Pending, &pem(99)).unwrap();
+    assert_eq!(s2.get(&id("late")).unwrap().unwrap().public_key, pem(99));
+}
+
+#[test]
+fn overwrites_append_and_compaction_drops_garbage() {
+    let d = tempfile::tempdir().unwrap();
+    let s = Store::open_with(d.path(), &small(31, 1 << 20)).unwrap();
+    for i in 0..10 {
+        s.put(&id(&format!("m{i}")), KeyState::Pending, &pem(i))
+            .unwrap();
+    }
+    for i in 0..10 {
+        s.set_state(&id(&format!("m{i}")), KeyState::Accepted)
+            .unwrap();
+    }
+    s.remove(&id("m3")).unwrap();
+    let before = s.stats().unwrap().keys;
+    assert!(
+        before.heap_total_bytes >= 2 * before.heap_live_bytes,
+        "{before:?}"
+    );
+    let order_before: Vec<_> = s.keys(None).unwrap().map(|e| e.unwrap()).collect();
+    s.compact(None).unwrap();
+    let after = s.stats().unwrap().keys;
+    assert_eq!(after.heap_total_bytes, after.heap_live_bytes);
+    assert_eq!((after.occupied, after.deleted), (9, 0));
+    let order_after: Vec<_> = s.keys(None).unwrap().map(|e| e.unwrap()).collect();
+    assert_eq!(order_before, order_after, "order, keys and mtimes survive");
+    // No temporary files or journal are left behind.
+    for e in std::fs::read_dir(d.path()).unwrap() {
+        let n = e.unwrap().file_name().into_string().unwrap();
+        assert!(n.starts_with(".mmap_"), "stray file {n}");
+    }
+    // Compaction into a bigger table.
+    s.compact(Some(61)).unwrap();
+    let s61 = Store::open_with(d.path(), &small(61, 1 << 20)).unwrap();
+    let order61: Vec<_> = s61.keys(None).unwrap().map(|e| e.unwrap()).collect();
+    assert_eq!(order_before, order61);
+    let err = Store::open_with(d.path(), &small(31, 1 << 20)).unwrap_err();
+    assert!(matches!(err, Error::Mismatch { .. }), "{err}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains(KEYS_INDEX) && msg.contains("2976") && msg.contains("5856"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn ids_are_checked_never_truncated() {
+    let d = tempfile::tempdir().unwrap();
+    let s = Store::open_with(d.path(), &small(17, 1 << 20)).unwrap();
+    let exact = "x".repeat(64);
+    s.put(&id(&exact), KeyState::Accepted, &pem(1)).unwrap();
+    assert_eq!(s.get(&id(&exact)).unwrap().unwrap().public_key, pem(1));
+    let long = format!("{exact}y");
+    let err = s.put(&id(&long), KeyState::Accepted, &pem(2)).unwrap_err();
+    assert!(matches!(err, Error::IdTooLong { len: 65, .. }), "{err}");
+    assert!(err.to_string().contains("mmap_key_id_size"), "{err}");
+    assert!(s.get(&id(&long)).is_err());
+    assert_eq!(s.get(&id(&exact)).unwrap().unwrap().public_key, pem(1));
+    let utf8 = "nœud-é";
+    s.put(&id(utf8), KeyState::Pending, &pem(3)).unwrap();
+    assert_eq!(s.get(&id(utf8)).unwrap().unwrap().state, KeyState::Pending);
+    for bad in ["", ".", "..", "a/b", "a\\b", "a\0b"] {
+        assert!(MinionId::new(bad).is_err(), "{bad:?}");
+    }
+    assert!(s.put(&id("empty-key"), KeyState::Accepted, b"").is_err());
+}
+
+#[test]
+fn batches_apply_together() {
+    let d = tempfile::tempdir().unwrap();
+    let s = Store::open_with(d.path(), &small(101, 1 << 20)).unwrap();
+    let (_, applied) = s
+        .batch(|b| {
+            for i in 0..50 {
+                b.put(&id(&format!("m{i}")), KeyState::Pending, &pem(i))?;
+            }
+            b.set_state(&id("m7"), KeyState::Accepted)?;
+            b.deny(&id("m8"), &pem(800))?;
+            b.remove(&id("m9"))
+        })
+        .unwrap();
+    assert_eq!(applied.inserted, 49 + 1);
+    let c = s.counts().unwrap();
+    assert_eq!((c.accepted, c.pending, c.denied), (1, 48, 1));
+    // A batch that fails writes nothing.
+    let err = s.batch(|b| {
+        b.put(&id("ok"), KeyState::Accepted, &pem(1))?;
+        b.put(&id(&"z".repeat(80)), KeyState::Accepted, &pem(1))
+    });
+    assert!(err.is_err());
+    assert_eq!(s.get(&id("ok")).unwrap(), None);
+}
+
+#[test]
+fn mismatched_files_are_refused_with_names() {
+    let d = tempfile::tempdir().unwrap();
+    std::fs::write(d.path().join(KEYS_INDEX), vec![0u8; 1000]).unwrap();
+    let msg = Store::open(d.path()).unwrap_err().to_string();
+    assert!(
+        msg.contains(KEYS_INDEX) && msg.contains("96000000") && msg.contains("1000"),
+        "{msg}"
+    );
+    let bad = OpenOptions {
+        params: Params {
+            slot_size: 50,
+            ..Params::default()
+        },
+        ..OpenOptions::default()
+    };
+    let msg = Store::open_with(d.path(), &bad).unwrap_err().to_string();
+    assert!(msg.contains("slot size 50") && msg.contains("85"), "{msg}");
+    // Symlinked and directory bank files are refused.
+    let d2 = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink("/etc/passwd", d2.path().join(KEYS_INDEX)).unwrap();
+    let msg = Store::open(d2.path()).unwrap_err().to_string();
+    assert!(msg.contains("symlink"), "{msg}");
+    let d3 = tempfile::tempdir().unwrap();
+    std::fs::create_dir(d3.path().join(DENIED_INDEX)).unwrap();
+    let msg = Store::open(d3.path()).unwrap_err().to_string();
+    assert!(msg.contains("directory"), "{msg}");
+}
+
+#[test]
+fn new_files_are_owner_only() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = tempfile::tempdir().unwrap();
+    let s = Store::open_with(d.path(), &small(17, 1 << 20)).unwrap();
+    s.put(&id("a"), KeyState::Accepted, &pem(1)).unwrap();
+    s.deny(&id("a"), &pem(2)).unwrap();
+    s.compact(None).unwrap();
+    for e in std::fs::read_dir(d.path()).unwrap() {
+        let e = e.unwrap();
+        let mode = e.metadata().unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{:?}", e.file_name());
+    }
+}
+
+#[test]
+fn a_reader_sees_another_handles_writes_and_rebuilds() {
+    let d = tempfile::tempdir().unwrap();
+    let opts = OpenOptions {
+        refresh: Duration::from_millis(20),
+        ..small(31, 1 << 20)
+    };
+    let reader = Store::open_with(d.path(), &opts).unwrap();
+    let writer = Store::open_with(d.path(), &opts).unwrap();
+    writer.put(&id("a"), KeyState::Pending, &pem(1)).unwrap();
+    // A bank created after the reader opened: visible within the refresh bound.
+    std::thread::sleep(Duration::from_millis(40));
+    assert_eq!(
+        reader.get(&id("a")).unwrap().unwrap().state,
+        KeyState::Pending
+    );
+    // In-place changes: at once.
+    writer.set_state(&id("a"), KeyState::Accepted).unwrap();
+    assert_eq!(
+        reader.get(&id("a")).unwrap().unwrap().state,
+        KeyState::Accepted
+    );
+    // A compaction that swaps the files: within the bound.
+    writer.put(&id("b"), KeyState::Pending, &pem(2)).unwrap();
+    writer.compact(None).unwrap();
+    writer.put(&id("c"), KeyState::Pending, &pem(3)).unwrap();
+    std::thread::sleep(Duration::from_millis(40));
+    assert_eq!(reader.get(&id("c")).unwrap().unwrap().public_key, pem(3));
+    assert_eq!(reader.get(&id("b")).unwrap().unwrap().public_key, pem(2));
+}
