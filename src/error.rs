@@ -101,6 +101,37 @@ pub enum Error {
         len: usize,
     },
 
+    /// A `localfs_key` tree that cannot be migrated.
+    #[error("{path}: {why}")]
+    PkiDir {
+        /// The tree or the directory of it concerned.
+        path: PathBuf,
+        /// What is wrong.
+        why: String,
+    },
+
+    /// A migration or compaction would fill a table past the load factor
+    /// keycache allows.
+    #[error(
+        "{path}: {entries} entries would fill {:.0}% of a table of size {size} (keycache refuses above {:.0}%); \
+         use --size {suggested} and add `mmap_key_size: {suggested}` to the Salt master config",
+        load * 100.0, max_load * 100.0
+    )]
+    Overfull {
+        /// The bank's index file.
+        path: PathBuf,
+        /// Entries the bank would hold.
+        entries: u64,
+        /// The table size given.
+        size: u64,
+        /// The load factor that would result.
+        load: f64,
+        /// The limit.
+        max_load: f64,
+        /// A size that holds the entries comfortably.
+        suggested: u64,
+    },
+
     /// A key-bank value with a state byte Salt does not know.
     #[error("unknown key state {0:?} (expected accepted, pending or rejected)")]
     UnknownState(String),

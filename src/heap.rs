@@ -90,6 +90,12 @@ impl Segment {
         Ok(len)
     }
 
+    /// Starts loading the record at `off` into the cache.
+    #[inline]
+    pub(crate) fn prefetch(&self, off: u64) {
+        self.map.prefetch(off as usize);
+    }
+
     /// Reads the record of `len` value bytes at byte offset `off` and checks it.
     pub(crate) fn read(&self, off: u64, len: u32) -> Result<Read> {
         if len == 0 {

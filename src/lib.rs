@@ -1,14 +1,19 @@
 //! keycache: a Rust engine for Salt 3008's `mmap_key` minion-key store.
+mod bench;
+pub mod cli;
 pub mod error;
+pub mod export;
 pub mod files;
 mod heap;
 pub mod id;
 pub mod layout;
 mod map;
+pub mod migrate;
 pub mod rebuild;
 mod roster;
 pub mod store;
 pub mod table;
+pub mod verify;
 
 pub use error::{Error, Result};
 pub use id::MinionId;

@@ -1,1 +1,4 @@
-fn main() {}
+//! The `keycache` binary; see `keycache --help`.
+fn main() -> std::process::ExitCode {
+    keycache::cli::main()
+}

@@ -162,6 +162,22 @@ fn write_file(path: &Path, bytes: &[u8], own: &Ownership) -> Result<()> {
     files::sync_data(&f, path)
 }
 
+/// Writes a mostly-zero file: the blocks are reserved (so later writes
+/// through a mapping cannot fail for want of space) and only the chunks
+/// holding non-zero bytes are written.
+fn write_sparse(path: &Path, bytes: &[u8], own: &Ownership) -> Result<()> {
+    const CHUNK: usize = 64 * 1024;
+    let f: File = files::create_new(path, own)?;
+    files::allocate(&f, path, bytes.len() as u64)?;
+    for (i, c) in bytes.chunks(CHUNK).enumerate() {
+        if c.iter().any(|&b| b != 0) {
+            f.write_all_at(c, (i * CHUNK) as u64)
+                .map_err(|e| Error::io(path, "write", e))?;
+        }
+    }
+    files::sync_data(&f, path)
+}
+
 impl Commit {
     /// Writes `image` for the bank whose index is `index` under temporary
     /// names (fsynced), to be renamed into place by [`Commit::apply`].
@@ -190,7 +206,7 @@ impl Commit {
         write_file(&t, &image.segments[0], &own.replacing(&heap0))?;
         renames.push((t, heap0));
         let t = tmp("");
-        write_file(&t, &image.index, &own.replacing(index))?;
+        write_sparse(&t, &image.index, &own.replacing(index))?;
         renames.push((t, index.to_path_buf()));
         let rpath = files::with_suffix(index, ".roster");
         let t = tmp(".roster");
@@ -326,15 +342,12 @@ pub fn compact(table: &Table, size: Option<u64>) -> Result<()> {
     if let Some(s) = size {
         params.size = s;
     }
-    table.exclusive(|| {
-        remove_temps_of(table.path())?;
+    table.replace_with(|t| {
         let mut image = Image::new(params)?;
-        for r in table.iter()? {
+        for r in t.iter()? {
             let r = r?;
-            image.insert(&r.id, &r.value, r.mtime, table.path())?;
+            image.insert(&r.id, &r.value, r.mtime, t.path())?;
         }
-        let mut c = Commit::default();
-        c.stage(table.path(), image, &table.ownership())?;
-        c.apply()
+        Ok(image)
     })
 }

@@ -232,6 +232,18 @@ impl Store {
         }
     }
 
+    /// The entries of many ids, looked up with overlapped memory accesses
+    /// (see [`Table::get_many`]): for the burst of authentications after a
+    /// master restart.
+    pub fn get_many(&self, ids: &[MinionId]) -> Result<Vec<Option<KeyEntry>>> {
+        let raw: Vec<&[u8]> = ids.iter().map(|i| i.as_str().as_bytes()).collect();
+        self.keys
+            .get_many(&raw)?
+            .into_iter()
+            .map(|r| r.map(|r| entry_of(&self.keys, r)).transpose())
+            .collect()
+    }
+
     /// Whether `id` is in the `keys` bank (in any state).
     pub fn contains(&self, id: &MinionId) -> Result<bool> {
         Ok(self.get(id)?.is_some())

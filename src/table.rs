@@ -304,6 +304,72 @@ impl Table {
         Err(corrupt(&self.path, Some(id), why))
     }
 
+    /// Looks up many ids at once, overlapping their memory accesses: the
+    /// home slots of a group are prefetched before any is probed, and the
+    /// heap records of the group before any is read. Same results as
+    /// [`Table::get`] on each id, in order.
+    pub fn get_many<I: AsRef<[u8]>>(&self, ids: &[I]) -> Result<Vec<Option<Record>>> {
+        const GROUP: usize = 16;
+        let p = &self.params;
+        let mut out = Vec::with_capacity(ids.len());
+        let g = self.current()?;
+        let Some(ix) = g.index.as_deref() else {
+            for id in ids {
+                self.check_id(id.as_ref())?;
+                out.push(None);
+            }
+            return Ok(out);
+        };
+        let used = p.slot_used();
+        let mut bufs = vec![0u8; GROUP * used];
+        for group in ids.chunks(GROUP) {
+            let mut homes = [0u64; GROUP];
+            for (i, id) in group.iter().enumerate() {
+                self.check_id(id.as_ref())?;
+                homes[i] = p.home(id.as_ref());
+                ix.map.prefetch(p.slot_offset(homes[i]));
+            }
+            // Probe every id; remember where its slot is.
+            let mut found = [0u64; GROUP];
+            for (i, id) in group.iter().enumerate() {
+                let id = id.as_ref();
+                let buf = &mut bufs[i * used..(i + 1) * used];
+                for step in 0..p.capacity() {
+                    let slot = p.probe(homes[i], step);
+                    let off = p.slot_offset(slot);
+                    match ix.map.load_u8(off) {
+                        Some(EMPTY) | None => break,
+                        Some(DELETED) => continue,
+                        _ => {}
+                    }
+                    ix.map.copy_out(off, buf);
+                    if layout::slot_id_eq(p, buf, id) {
+                        found[i] = slot;
+                        let f = SlotFields::decode(p, buf);
+                        let (seg, o) = layout::unpack_offset(f.offset);
+                        if let Some(s) = g.segments.get(usize::from(seg)) {
+                            s.prefetch(o);
+                        }
+                        break;
+                    }
+                }
+            }
+            for (i, id) in group.iter().enumerate() {
+                if found[i] == 0 {
+                    out.push(None);
+                    continue;
+                }
+                let buf = &bufs[i * used..(i + 1) * used];
+                match self.read_entry(&g, ix, found[i], buf)? {
+                    Attempt::Found(r) => out.push(Some(r)),
+                    // Changed under us: take the careful path.
+                    _ => out.push(self.get(id.as_ref())?),
+                }
+            }
+        }
+        Ok(out)
+    }
+
     /// Whether `id` has an entry. Reads (and checks) its value, like Salt.
     pub fn contains(&self, id: &[u8]) -> Result<bool> {
         Ok(self.get(id)?.is_some())
@@ -461,6 +527,67 @@ impl Table {
             }
         }
         Err(corrupt(&self.path, None, why))
+    }
+
+    /// Copies every slot's status, and the id and fields of every slot that
+    /// is not EMPTY, from the current files (for verify and stats).
+    pub fn scan(&self) -> Result<Scan> {
+        self.refresh(true)?;
+        let g = self.gen.load();
+        let p = &self.params;
+        let mut scan = Scan {
+            status: vec![EMPTY; p.size as usize],
+            slots: Vec::new(),
+            header: (0, 0, 0),
+            magic: false,
+            exists: g.index.is_some(),
+        };
+        let Some(ix) = g.index.as_deref() else {
+            return Ok(scan);
+        };
+        scan.header = read_header(&ix.map);
+        scan.magic = ix.map.load_u8(0) == Some(HEADER_MAGIC);
+        let mut buf = vec![0u8; p.slot_used()];
+        for slot in 1..p.size {
+            let off = p.slot_offset(slot);
+            let st = ix.map.load_u8(off).unwrap_or(EMPTY);
+            scan.status[slot as usize] = st;
+            if st != EMPTY {
+                ix.map.copy_out(off, &mut buf);
+                scan.slots.push(ScannedSlot {
+                    slot,
+                    status: st,
+                    id: layout::slot_id(p, &buf).to_vec(),
+                    fields: SlotFields::decode(p, &buf),
+                });
+            }
+        }
+        Ok(scan)
+    }
+
+    /// The roster's entries as stored, tombstones included.
+    pub fn roster(&self) -> Result<Vec<u32>> {
+        roster::read(&self.companion(".roster"))
+    }
+
+    /// Reads the entry in data slot `slot` (checksum verified), if it is occupied.
+    pub fn entry_at(&self, slot: u64) -> Result<Option<Record>> {
+        self.read_slot(slot)
+    }
+
+    /// Replaces the bank by `image` atomically, under the bank's lock, with
+    /// `check` run first under the lock (to read what the image is built from).
+    pub fn replace_with(
+        &self,
+        build: impl FnOnce(&Table) -> Result<crate::rebuild::Image>,
+    ) -> Result<()> {
+        self.exclusive(|| {
+            crate::rebuild::remove_temps_of(&self.path)?;
+            let image = build(self)?;
+            let mut c = crate::rebuild::Commit::default();
+            c.stage(&self.path, image, &self.ownership)?;
+            c.apply()
+        })
     }
 
     /// The live entries in roster order, as Salt lists them: tombstones,
@@ -1112,6 +1239,34 @@ impl Iterator for Iter<'_> {
         }
         None
     }
+}
+
+/// A copy of a table's slots; see [`Table::scan`].
+#[derive(Debug)]
+pub struct Scan {
+    /// Status byte of every slot (index = slot number; slot 0 unused).
+    pub status: Vec<u8>,
+    /// Every slot that is not EMPTY.
+    pub slots: Vec<ScannedSlot>,
+    /// Header: (occupied, deleted, high-water mark).
+    pub header: (u64, u64, u64),
+    /// Whether the header magic is stamped.
+    pub magic: bool,
+    /// Whether the index file exists.
+    pub exists: bool,
+}
+
+/// One non-EMPTY slot of a [`Scan`].
+#[derive(Debug, Clone)]
+pub struct ScannedSlot {
+    /// Slot number.
+    pub slot: u64,
+    /// Status byte.
+    pub status: u8,
+    /// Stored id, cut at the first NUL.
+    pub id: Vec<u8>,
+    /// Pointer fields.
+    pub fields: SlotFields,
 }
 
 /// Reads (occupied, deleted, high-water mark) from the header.

@@ -1,0 +1,186 @@
+//! `keycache bench`: lookup throughput of an existing store on this machine.
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use crate::store::Store;
+use crate::MinionId;
+
+/// A small xorshift generator: deterministic shuffles without a dependency.
+pub(crate) struct Rng(u64);
+
+impl Rng {
+    pub(crate) fn new(seed: u64) -> Rng {
+        Rng(seed.max(1))
+    }
+    pub(crate) fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    pub(crate) fn shuffle<T>(&mut self, v: &mut [T]) {
+        for i in (1..v.len()).rev() {
+            let j = (self.next() % (i as u64 + 1)) as usize;
+            v.swap(i, j);
+        }
+    }
+}
+
+/// Throughput of one kind of lookup.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct Rate {
+    /// Lookups per second, all threads together.
+    pub lookups_per_s: f64,
+    /// Wall-clock nanoseconds per lookup and thread.
+    pub ns_per_lookup: f64,
+}
+
+/// Runs `threads` threads for `seconds`, each calling `f(thread, i)` for
+/// i = 0, 1, ... in batches of `per_call` lookups; returns the rate.
+fn measure(
+    threads: usize,
+    seconds: f64,
+    per_call: usize,
+    f: &(dyn Fn(usize, usize) -> u64 + Sync),
+) -> (Rate, u64) {
+    let deadline = Duration::from_secs_f64(seconds);
+    let start = Instant::now();
+    let results: Vec<(u64, u64, f64)> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..threads)
+            .map(|t| {
+                s.spawn(move || {
+                    let t0 = Instant::now();
+                    let (mut n, mut sum, mut i) = (0u64, 0u64, 0usize);
+                    while t0.elapsed() < deadline {
+                        for _ in 0..64 {
+                            sum = sum.wrapping_add(f(t, i));
+                            i += 1;
+                            n += per_call as u64;
+                        }
+                    }
+                    (n, sum, t0.elapsed().as_secs_f64())
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().unwrap_or((0, 0, 1.0)))
+            .collect()
+    });
+    let wall = start.elapsed().as_secs_f64();
+    let n: u64 = results.iter().map(|r| r.0).sum();
+    let per_thread_ns = results
+        .iter()
+        .map(|r| r.2 * 1e9 / r.0.max(1) as f64)
+        .sum::<f64>()
+        / threads as f64;
+    (
+        Rate {
+            lookups_per_s: n as f64 / wall,
+            ns_per_lookup: per_thread_ns,
+        },
+        results.iter().fold(0, |a, r| a.wrapping_add(r.1)),
+    )
+}
+
+pub(crate) fn cmd_bench(
+    store: &Store,
+    threads: usize,
+    seconds: f64,
+    json_out: bool,
+) -> Result<ExitCode, crate::cli::Fail> {
+    let threads = threads.max(1);
+    let mut ids: Vec<MinionId> = Vec::new();
+    for r in store.keys(None)? {
+        let (id, _) = r?;
+        if let Ok(m) = MinionId::new(id) {
+            ids.push(m);
+        }
+    }
+    if ids.is_empty() {
+        return Err(crate::cli::Fail(
+            2,
+            format!(
+                "{}: the keys bank is empty; nothing to look up",
+                store.dir().display()
+            ),
+        ));
+    }
+    let mut rng = Rng::new(0x5eed);
+    rng.shuffle(&mut ids);
+    let id_size = store.keys_table().params().id_size;
+    let misses: Vec<MinionId> = ids
+        .iter()
+        .enumerate()
+        .filter_map(|(n, i)| {
+            let s = format!("{}.absent{n}", i.as_str());
+            let s = if s.len() > id_size {
+                format!("absent-{n}")
+            } else {
+                s
+            };
+            MinionId::new(s).ok()
+        })
+        .collect();
+    let n = ids.len();
+    let hit = |t: usize, i: usize| -> u64 {
+        let id = &ids[(i * threads + t) % n];
+        match store.get(id) {
+            Ok(Some(e)) => e.public_key.iter().map(|&b| u64::from(b)).sum(),
+            _ => 0,
+        }
+    };
+    let miss = |t: usize, i: usize| -> u64 {
+        let id = &misses[(i * threads + t) % misses.len()];
+        u64::from(matches!(store.get(id), Ok(None)))
+    };
+    const BATCH: usize = 64;
+    let batches: Vec<&[MinionId]> = ids.chunks(BATCH).filter(|c| c.len() == BATCH).collect();
+    let many = |t: usize, i: usize| -> u64 {
+        if batches.is_empty() {
+            return 0;
+        }
+        let b = batches[(i * threads + t) % batches.len()];
+        match store.get_many(b) {
+            Ok(v) => v
+                .iter()
+                .flatten()
+                .map(|e| e.public_key.iter().map(|&b| u64::from(b)).sum::<u64>())
+                .sum(),
+            _ => 0,
+        }
+    };
+    let (h, check) = measure(threads, seconds, 1, &hit);
+    let (m, _) = measure(threads, seconds, 1, &miss);
+    let (b, _) = if batches.is_empty() {
+        (h, 0)
+    } else {
+        measure(threads, seconds, BATCH, &many)
+    };
+    let v = json!({
+        "threads": threads,
+        "keys": n,
+        "hit": h,
+        "miss": m,
+        "get_many": b,
+        "checksum": check,
+    });
+    if json_out {
+        println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+    } else {
+        println!(
+            "{} keys, {threads} thread(s), {seconds} s per measurement",
+            n
+        );
+        println!("{:<10} {:>16} {:>14}", "lookup", "lookups/s", "ns/lookup");
+        for (name, r) in [("hit", h), ("miss", m), ("get_many", b)] {
+            println!(
+                "{:<10} {:>16.0} {:>14.1}",
+                name, r.lookups_per_s, r.ns_per_lookup
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
