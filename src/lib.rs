@@ -1,4 +1,5 @@
-//! keycache: a Rust engine for Salt 3008's `mmap_key` minion-key store.
+#![doc = include_str!("../README.md")]
+#![warn(missing_docs)]
 mod bench;
 pub mod cli;
 pub mod error;

@@ -1,0 +1,181 @@
+//! Helpers shared by the integration tests: the real Salt 3008.5 driver,
+//! the keycache binary, a seeded RNG and PEM-like values.
+#![allow(dead_code)]
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use serde_json::Value;
+
+/// The repository root.
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The venv python with salt==3008.5, as `tools/setup-venv.sh` installs it.
+pub fn python() -> PathBuf {
+    if let Some(p) = std::env::var_os("KEYCACHE_PYTHON") {
+        return PathBuf::from(p);
+    }
+    let p = repo().join(".venv/bin/python");
+    assert!(
+        p.exists(),
+        "no Python with Salt 3008.5: run the test command of README.md (tools/test.sh), \
+         which installs it with tools/setup-venv.sh, or set KEYCACHE_PYTHON"
+    );
+    p
+}
+
+/// Layout options for both the driver and the CLI.
+#[derive(Clone, Copy, Debug)]
+pub struct Layout {
+    pub size: u64,
+    pub max_segment_bytes: u64,
+    pub id_size: usize,
+    pub slot_size: usize,
+}
+
+impl Layout {
+    pub fn small(size: u64, seg: u64) -> Layout {
+        Layout {
+            size,
+            max_segment_bytes: seg,
+            id_size: 64,
+            slot_size: 96,
+        }
+    }
+
+    pub fn args(&self) -> Vec<String> {
+        vec![
+            "--size".into(),
+            self.size.to_string(),
+            "--max-segment-bytes".into(),
+            self.max_segment_bytes.to_string(),
+            "--id-size".into(),
+            self.id_size.to_string(),
+            "--slot-size".into(),
+            self.slot_size.to_string(),
+        ]
+    }
+
+    pub fn params(&self) -> keycache::Params {
+        keycache::Params {
+            size: self.size,
+            slot_size: self.slot_size,
+            id_size: self.id_size,
+            max_segment_bytes: self.max_segment_bytes,
+        }
+    }
+
+    pub fn options(&self) -> keycache::OpenOptions {
+        keycache::OpenOptions {
+            params: self.params(),
+            refresh: std::time::Duration::from_millis(0),
+            ownership: None,
+        }
+    }
+}
+
+/// Runs the Salt driver: `salt_driver.py --dir DIR <layout> ARGS`, feeding
+/// `stdin`; panics with its stderr unless it succeeds; returns its JSON.
+pub fn salt(dir: &Path, layout: &Layout, args: &[&str], stdin: Option<&Value>) -> Value {
+    let mut cmd = Command::new(python());
+    cmd.arg(repo().join("tests/py/salt_driver.py"))
+        .arg("--dir")
+        .arg(dir)
+        .args(layout.args())
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("start the Salt driver");
+    {
+        let mut sin = child.stdin.take().expect("stdin");
+        if let Some(v) = stdin {
+            sin.write_all(v.to_string().as_bytes()).expect("write ops");
+        }
+    }
+    let out = child.wait_with_output().expect("run the Salt driver");
+    assert!(
+        out.status.success(),
+        "salt_driver {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "salt_driver output is not JSON ({e}): {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
+}
+
+/// Runs the keycache binary.
+pub fn keycache(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_keycache"))
+        .args(args)
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("run keycache")
+}
+
+/// Runs the keycache binary and parses its stdout as JSON.
+pub fn keycache_json(args: &[&str]) -> (Output, Value) {
+    let out = keycache(args);
+    let v = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "keycache {args:?}: stdout is not JSON ({e}): {}\nstderr: {}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (out, v)
+}
+
+/// xorshift64: deterministic test data without a dependency.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+    pub fn pick<'a, T>(&mut self, v: &'a [T]) -> &'a T {
+        &v[self.below(v.len() as u64) as usize]
+    }
+}
+
+/// A PEM-looking public key of about `len` bytes, unique to `tag`.
+pub fn pem(tag: &str, len: usize) -> String {
+    let tag: String = tag
+        .bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() {
+                b as char
+            } else {
+                '+'
+            }
+        })
+        .collect();
+    let mut body = String::new();
+    let mut n = 0u64;
+    while body.len() < len {
+        body.push_str(&format!("{tag}{n:x}"));
+        n += 1;
+    }
+    body.truncate(len.max(1));
+    let lines: Vec<String> = body
+        .as_bytes()
+        .chunks(64)
+        .map(|c| String::from_utf8_lossy(c).into_owned())
+        .collect();
+    format!(
+        "-----BEGIN PUBLIC KEY-----\n{}\n-----END PUBLIC KEY-----\n",
+        lines.join("\n")
+    )
+}
