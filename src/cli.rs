@@ -469,7 +469,7 @@ fn cmd_migrate(pki_dir: &Path, opts: &MigrateOptions, json: bool) -> Out {
             .ok()
             .and_then(|v| v.as_str().map(str::to_owned))
             .unwrap_or_default();
-        println!("skipped: {} ({reason}: {})", s.path.display(), s.detail);
+        println!("skipped: {} ({reason}: {})", s.path, s.detail);
     }
     println!(
         "table size {} ({:.2}% full), {:.3} s",

@@ -87,8 +87,8 @@ pub enum SkipReason {
 /// One skipped entry.
 #[derive(Debug, Clone, Serialize)]
 pub struct Skipped {
-    /// The path in the tree.
-    pub path: PathBuf,
+    /// The path in the tree (lossily decoded when not UTF-8).
+    pub path: String,
     /// Why.
     pub reason: SkipReason,
     /// Details (the OS error, the rule broken).
@@ -384,7 +384,7 @@ pub fn migrate(
                     });
                 }
                 Err((reason, detail)) => skipped.push(Skipped {
-                    path,
+                    path: path.to_string_lossy().into_owned(),
                     reason,
                     detail,
                 }),
@@ -539,6 +539,8 @@ pub fn migrate(
         report.load_factor = entries.len() as f64 / opts.params.capacity() as f64;
         Ok((kimg, dimg))
     };
+    // Validate (ids, load factor) before taking any lock or creating a file.
+    build(&mut report.clone())?;
     match (&store, opts.dry_run) {
         (Some(store), false) => {
             let kt = store.keys_table();
