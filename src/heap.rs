@@ -65,6 +65,7 @@ impl Segment {
             why: format!("segment of {len} bytes cannot be mapped on this platform"),
         })?;
         let map = Mapping::read_only(&file, reserve).map_err(|e| Error::io(path, "mmap", e))?;
+        map.advise_huge();
         Ok(Segment {
             path: path.into(),
             ino: std::os::unix::fs::MetadataExt::ino(&meta),

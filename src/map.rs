@@ -47,6 +47,13 @@ impl Mapping {
         })
     }
 
+    /// Asks the kernel to back the mapping with huge pages where it can
+    /// (file-backed large folios): lookups in a table of a million slots
+    /// spend most of their time in TLB misses otherwise. Best effort.
+    pub(crate) fn advise_huge(&self) {
+        let _ = self.raw.advise(memmap2::Advice::HugePage);
+    }
+
     /// Maps `len` bytes of `file` for reading and writing; the file must be
     /// opened read-write and be at least `len` bytes long.
     pub(crate) fn read_write(file: &File, len: usize) -> io::Result<Mapping> {

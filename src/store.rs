@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use crate::error::{Error, Result};
 use crate::id::MinionId;
-use crate::table::{self, Applied, OpenOptions, Record, Table, TableStats, Txn};
+use crate::table::{self, Applied, Entry, OpenOptions, Table, TableStats, Txn};
 
 /// Index file of the `keys` bank, in the store directory.
 pub const KEYS_INDEX: &str = ".mmap_keys.idx";
@@ -150,20 +150,26 @@ fn strip_nuls(mut v: Vec<u8>) -> Vec<u8> {
     v
 }
 
-fn entry_of(t: &Table, r: Record) -> Result<KeyEntry> {
-    match decode_key_value(&r.value) {
-        Some((state, pem)) => Ok(KeyEntry {
-            state,
-            public_key: pem.to_vec(),
-            mtime: r.mtime,
-        }),
+/// Turns a `keys` bank value into an entry, reusing its buffer.
+fn entry_of(t: &Table, id: &[u8], r: Entry) -> Result<KeyEntry> {
+    let mut v = r.value;
+    match decode_key_value(&v).map(|(s, _)| s) {
+        Some(state) => {
+            v.copy_within(1.., 0);
+            v.pop();
+            Ok(KeyEntry {
+                state,
+                public_key: v,
+                mtime: r.mtime,
+            })
+        }
         None => Err(Error::Corrupt {
             path: t.path().into(),
-            id: Some(String::from_utf8_lossy(&r.id).into_owned()),
+            id: Some(String::from_utf8_lossy(id).into_owned()),
             why: format!(
                 "slot {}: value of {} bytes is not [state 1..3][public key]",
                 r.slot,
-                r.value.len()
+                v.len()
             ),
         }),
     }
@@ -227,7 +233,7 @@ impl Store {
     /// The entry of `id` in the `keys` bank.
     pub fn get(&self, id: &MinionId) -> Result<Option<KeyEntry>> {
         match self.keys.get(id.as_str().as_bytes())? {
-            Some(r) => entry_of(&self.keys, r).map(Some),
+            Some(r) => entry_of(&self.keys, id.as_str().as_bytes(), r).map(Some),
             None => Ok(None),
         }
     }
@@ -240,7 +246,8 @@ impl Store {
         self.keys
             .get_many(&raw)?
             .into_iter()
-            .map(|r| r.map(|r| entry_of(&self.keys, r)).transpose())
+            .zip(&raw)
+            .map(|(r, id)| r.map(|r| entry_of(&self.keys, id, r)).transpose())
             .collect()
     }
 
@@ -276,7 +283,12 @@ impl Store {
                 Err(e) => return Some(Err(e)),
             };
             let id = String::from_utf8_lossy(&r.id).into_owned();
-            match entry_of(&self.keys, r) {
+            let e = Entry {
+                value: r.value,
+                mtime: r.mtime,
+                slot: r.slot,
+            };
+            match entry_of(&self.keys, &r.id, e) {
                 Ok(e) if state.is_none_or(|s| s == e.state) => Some(Ok((id, e))),
                 Ok(_) => None,
                 Err(e) => Some(Err(e)),

@@ -70,7 +70,18 @@ impl Default for OpenOptions {
     }
 }
 
-/// One live entry of a table.
+/// The value of an id, as a lookup returns it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    /// The value, checksum verified.
+    pub value: Vec<u8>,
+    /// Unix nanoseconds of the last write.
+    pub mtime: u64,
+    /// The data slot that holds it.
+    pub slot: u64,
+}
+
+/// One live entry of a table, with its id, as iteration returns it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Record {
     /// The id as stored.
@@ -177,7 +188,7 @@ fn corrupt(path: &Path, id: Option<&[u8]>, why: String) -> Error {
 
 /// Outcome of one attempt at reading a slot's entry.
 enum Attempt {
-    Found(Record),
+    Found(Entry),
     Absent,
     /// The entry changed while it was read, or a file it needs is not (yet)
     /// mapped: try again, refreshing the view when `refresh`.
@@ -283,7 +294,7 @@ impl Table {
     }
 
     /// Reads the entry for `id`, or `None` when there is none.
-    pub fn get(&self, id: &[u8]) -> Result<Option<Record>> {
+    pub fn get(&self, id: &[u8]) -> Result<Option<Entry>> {
         self.check_id(id)?;
         let mut why = String::new();
         for attempt in 0..READ_ATTEMPTS {
@@ -308,7 +319,7 @@ impl Table {
     /// home slots of a group are prefetched before any is probed, and the
     /// heap records of the group before any is read. Same results as
     /// [`Table::get`] on each id, in order.
-    pub fn get_many<I: AsRef<[u8]>>(&self, ids: &[I]) -> Result<Vec<Option<Record>>> {
+    pub fn get_many<I: AsRef<[u8]>>(&self, ids: &[I]) -> Result<Vec<Option<Entry>>> {
         const GROUP: usize = 16;
         let p = &self.params;
         let mut out = Vec::with_capacity(ids.len());
@@ -418,7 +429,6 @@ impl Table {
     fn read_entry(&self, g: &Generation, ix: &Index, slot: u64, buf: &[u8]) -> Result<Attempt> {
         let p = &self.params;
         let f = SlotFields::decode(p, buf);
-        let id = layout::slot_id(p, buf);
         let (seg_no, off) = layout::unpack_offset(f.offset);
         let value = if f.len == 0 {
             Vec::new()
@@ -482,8 +492,7 @@ impl Table {
             // only OCCUPIED entries are live.
             return Ok(Attempt::Absent);
         }
-        Ok(Attempt::Found(Record {
-            id: id.to_vec(),
+        Ok(Attempt::Found(Entry {
             value,
             mtime: f.mtime,
             slot,
@@ -511,7 +520,14 @@ impl Table {
             ix.map.copy_out(off, &mut buf);
             let id = layout::slot_id(p, &buf).to_vec();
             match self.read_entry(&g, ix, slot, &buf)? {
-                Attempt::Found(r) => return Ok(Some(r)),
+                Attempt::Found(e) => {
+                    return Ok(Some(Record {
+                        id,
+                        value: e.value,
+                        mtime: e.mtime,
+                        slot,
+                    }))
+                }
                 Attempt::Absent => return Ok(None),
                 Attempt::Retry { refresh, why: w } => {
                     why = w;
@@ -1332,6 +1348,7 @@ pub(crate) fn load_generation(
             check_index_len(path, p, meta.len())?;
             let map = Mapping::read_only(&file, meta.len() as usize)
                 .map_err(|e| Error::io(path, "mmap", e))?;
+            map.advise_huge();
             Arc::new(Index { map, dev_ino })
         }
     };
