@@ -106,6 +106,10 @@ enum Command {
         /// Skip ids longer than --id-size instead of refusing the tree.
         #[arg(long)]
         skip_long_ids: bool,
+        /// Owner of the files written (user name or UID[:GID]), e.g. the
+        /// Salt master's `user`. Default: the owner of the target directory.
+        #[arg(long, value_name = "USER")]
+        user: Option<String>,
         /// Print the report as one JSON document on stdout.
         #[arg(long)]
         json: bool,
@@ -180,6 +184,10 @@ enum Command {
         /// New table size; the Salt master config then needs `mmap_key_size: N`.
         #[arg(long = "to-size", value_name = "N")]
         to_size: Option<u64>,
+        /// Owner of the files written (user name or UID[:GID]). Default: the
+        /// owner of the files replaced.
+        #[arg(long, value_name = "USER")]
+        user: Option<String>,
         /// JSON output.
         #[arg(long)]
         json: bool,
@@ -305,6 +313,7 @@ fn run(cmd: Command) -> Out {
             dry_run,
             replace,
             skip_long_ids,
+            user,
             json,
             layout,
         } => {
@@ -315,7 +324,10 @@ fn run(cmd: Command) -> Out {
                 dry_run,
                 replace,
                 skip_long_ids,
-                ownership: None,
+                ownership: user
+                    .as_deref()
+                    .map(crate::files::Ownership::for_user)
+                    .transpose()?,
             };
             cmd_migrate(&pki_dir, &opts, json)
         }
@@ -345,10 +357,22 @@ fn run(cmd: Command) -> Out {
         Command::Compact {
             dir,
             to_size,
+            user,
             json,
             layout,
         } => {
-            let store = layout.open(&dir)?;
+            let ownership = user
+                .as_deref()
+                .map(crate::files::Ownership::for_user)
+                .transpose()?;
+            let store = Store::open_with(
+                &dir,
+                &OpenOptions {
+                    params: layout.params(&dir),
+                    ownership,
+                    ..OpenOptions::default()
+                },
+            )?;
             let before = store.stats()?;
             store.compact(to_size)?;
             let size = to_size.unwrap_or(store.keys_table().params().size);

@@ -248,6 +248,7 @@ impl Commit {
             &Ownership {
                 owner: None,
                 mode: files::DEFAULT_MODE,
+                explicit: false,
             },
         )?;
         files::sync_dir(&dir)?;

@@ -338,7 +338,9 @@ impl Table {
             for (i, id) in group.iter().enumerate() {
                 self.check_id(id.as_ref())?;
                 homes[i] = p.home(id.as_ref());
-                ix.map.prefetch(p.slot_offset(homes[i]));
+                let off = p.slot_offset(homes[i]);
+                ix.map.prefetch(off);
+                ix.map.prefetch(off + used - 1);
             }
             // Probe every id; remember where its slot is.
             let mut found = [0u64; GROUP];
@@ -359,7 +361,12 @@ impl Table {
                         let f = SlotFields::decode(p, buf);
                         let (seg, o) = layout::unpack_offset(f.offset);
                         if let Some(s) = g.segments.get(usize::from(seg)) {
-                            s.prefetch(o);
+                            let end = o + layout::record_len(f.len as usize);
+                            let mut line = o & !63;
+                            while line < end {
+                                s.prefetch(line);
+                                line += 64;
+                            }
                         }
                         break;
                     }

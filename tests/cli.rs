@@ -723,3 +723,55 @@ fn bench_reports_rates() {
         assert!(v[k]["ns_per_lookup"].as_f64().unwrap() > 0.0);
     }
 }
+
+#[test]
+fn migrate_and_compact_as_root_give_files_to_the_masters_user() {
+    use std::os::unix::fs::MetadataExt;
+    if unsafe_free_is_root() {
+        let t = tempfile::tempdir().unwrap();
+        let out = t.path().join("store");
+        std::fs::create_dir(&out).unwrap();
+        // The directory belongs to the master's user: files follow it.
+        std::os::unix::fs::chown(&out, Some(65534), Some(65534)).unwrap();
+        assert!(
+            keycache(&["migrate", s(&sample()), "--out", s(&out), "--size", "1009"])
+                .status
+                .success()
+        );
+        for f in bank_files(&out) {
+            let m = std::fs::metadata(out.join(&f)).unwrap();
+            assert_eq!(
+                (m.uid(), m.gid(), m.mode() & 0o777),
+                (65534, 65534, 0o600),
+                "{f}"
+            );
+        }
+        // --user overrides, for compaction too.
+        assert!(keycache(&["compact", s(&out), "--user", "4242:4343"])
+            .status
+            .success());
+        for f in bank_files(&out).iter().filter(|f| !f.ends_with(".lock")) {
+            let m = std::fs::metadata(out.join(f)).unwrap();
+            assert_eq!((m.uid(), m.gid()), (4242, 4343), "{f}");
+        }
+        let bad = keycache(&[
+            "migrate",
+            s(&sample()),
+            "--out",
+            s(&out),
+            "--user",
+            "no-such-user-xyz",
+        ]);
+        assert_eq!(bad.status.code(), Some(2));
+        assert!(String::from_utf8_lossy(&bad.stderr).contains("no such user"));
+    } else {
+        eprintln!("not root: ownership test skipped");
+    }
+}
+
+fn unsafe_free_is_root() -> bool {
+    use std::os::unix::fs::MetadataExt;
+    // A file we create is owned by our effective uid.
+    let f = tempfile::NamedTempFile::new().unwrap();
+    f.as_file().metadata().unwrap().uid() == 0
+}
