@@ -1,6 +1,7 @@
 //! The way back: a store written out as a `localfs_key` tree, with the files
 //! and modes Salt's `localfs_key` creates (key files 0600 through a
-//! temporary file and a rename; new directories 0700).
+//! temporary file and a rename, as Salt 3008 writes them; a new pki dir
+//! 0700 and new state directories 0755, as Salt's `verify_env` makes them).
 
 use std::fs::File;
 use std::io::Write;
@@ -25,7 +26,7 @@ pub struct Exported {
     pub conflicts: Vec<String>,
 }
 
-fn ensure_dir(path: &Path, own: &Ownership) -> Result<()> {
+fn ensure_dir(path: &Path, mode: u32, own: &Ownership) -> Result<()> {
     match std::fs::symlink_metadata(path) {
         Ok(m) if m.is_dir() => Ok(()),
         Ok(_) => Err(Error::NotARegularFile {

@@ -288,11 +288,8 @@ def main(argv=None):
     t0 = time.monotonic()
     os.umask(0o022)
     out = a.out
-    if os.path.lexists(out):
-        if not os.path.isdir(out) or os.listdir(out):
-            p.error(f"{out} exists and is not an empty directory")
-    else:
-        os.makedirs(out, DIR_MODE)
+    if os.path.lexists(out) and (not os.path.isdir(out) or os.listdir(out)):
+        p.error(f"{out} exists and is not an empty directory")
 
     n = a.minions
     rng = random.Random(a.seed)
@@ -330,6 +327,7 @@ def main(argv=None):
     for i in sorted(rng.sample(range(n), ndup)):
         second[i] = rng.choice([d for d in STATE_DIRS if d != primary[i]])
 
+    os.makedirs(out, DIR_MODE, exist_ok=True)
     w = Writer(out)
     pems = make_pems(rng, 2 * n + 16)  # lazily drawn; the cap is never reached
     counts = dict.fromkeys(STATE_DIRS, 0)
@@ -373,8 +371,12 @@ def main(argv=None):
         "ids_over_64_bytes": too_long,
         "seconds": round(time.monotonic() - t0, 3),
     }
-    json.dump(summary, sys.stdout, indent=1, ensure_ascii=False)
-    sys.stdout.write("\n")
+    try:
+        json.dump(summary, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
 
 
