@@ -35,7 +35,7 @@ fn ensure_dir(path: &Path, mode: u32, own: &Ownership) -> Result<()> {
         }),
         Err(_) => {
             std::fs::DirBuilder::new()
-                .mode(0o700)
+                .mode(mode)
                 .create(path)
                 .map_err(|e| Error::io(path, "create directory", e))?;
             if let Some((uid, gid)) = own.owner {
@@ -75,6 +75,11 @@ fn write_key(
         }
         Err(_) => {}
     }
+    // A file replacing another keeps its owner, and its mode narrowed to
+    // 0600 at most: never wider than what it replaces.
+    let mut own = own.replacing(&path);
+    own.mode &= 0o600;
+    let own = &own;
     let tmp = dir.join(format!(".keycache-export.{}.{id}", std::process::id()));
     files::remove_if_exists(&tmp)?;
     let mut f: File = std::fs::OpenOptions::new()
@@ -97,11 +102,12 @@ pub fn export(store: &Store, pki_dir: &Path, force: bool) -> Result<Exported> {
     let mut out = Exported::default();
     ensure_dir(
         pki_dir,
+        0o700,
         &Ownership::for_dir(pki_dir.parent().unwrap_or(Path::new(".")))?,
     )?;
     let own = Ownership::for_dir(pki_dir)?;
     for d in crate::migrate::TREE_DIRS {
-        ensure_dir(&pki_dir.join(d), &own)?;
+        ensure_dir(&pki_dir.join(d), 0o755, &own)?;
     }
     for r in store.keys(None)? {
         let (id, e) = r?;

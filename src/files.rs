@@ -13,12 +13,13 @@ use crate::error::{Error, Result};
 pub const DEFAULT_MODE: u32 = 0o600;
 
 /// Opens an existing bank file, refusing symlinks and anything that is not a
-/// regular file.
+/// regular file. `O_NONBLOCK` keeps a FIFO planted under a bank file's name
+/// from blocking the open (it has no effect on regular files).
 pub(crate) fn open_regular(path: &Path, write: bool) -> Result<File> {
     let f = OpenOptions::new()
         .read(true)
         .write(write)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
         .open(path)
         .map_err(|e| {
             if e.raw_os_error() == Some(libc::ELOOP) {
@@ -30,6 +31,12 @@ pub(crate) fn open_regular(path: &Path, write: bool) -> Result<File> {
                 Error::NotARegularFile {
                     path: path.into(),
                     why: "it is a directory",
+                }
+            } else if e.raw_os_error() == Some(libc::ENXIO) {
+                // A socket, or a FIFO opened for writing without a reader.
+                Error::NotARegularFile {
+                    path: path.into(),
+                    why: "it is not a regular file",
                 }
             } else {
                 Error::io(path, "open", e)
@@ -146,8 +153,24 @@ impl Ownership {
     }
 }
 
-/// Creates a new file (failing if it exists) with the given ownership.
+/// Creates a new file (failing if it exists) with the given ownership, and
+/// makes its directory entry durable: a writer creates the roster, a heap
+/// segment or the lock file and then only fsyncs the file itself, and an
+/// entry acknowledged after that must not lose its roster (or segment) to a
+/// power loss.
 pub(crate) fn create_new(path: &Path, own: &Ownership) -> Result<File> {
+    let f = create_new_unsynced(path, own)?;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    sync_dir(dir)?;
+    Ok(f)
+}
+
+/// [`create_new`] without the directory fsync, for callers that sync the
+/// directory themselves before anything depends on the new name (rebuilds).
+pub(crate) fn create_new_unsynced(path: &Path, own: &Ownership) -> Result<File> {
     let f = OpenOptions::new()
         .read(true)
         .write(true)

@@ -36,7 +36,7 @@ pub(crate) struct Segment {
     /// Identity of the file, to notice it was replaced.
     pub(crate) ino: u64,
     map: Mapping,
-    /// The file length last observed; only grows.
+    /// The file length last observed.
     known_len: AtomicU64,
 }
 
@@ -87,7 +87,10 @@ impl Segment {
             .metadata()
             .map_err(|e| Error::io(&self.path, "stat", e))?
             .len();
-        self.known_len.fetch_max(len, Ordering::Relaxed);
+        // The length as last seen, not the largest ever seen: a file cut
+        // short by someone else is then noticed before its missing pages
+        // are touched (which would raise SIGBUS).
+        self.known_len.store(len, Ordering::Relaxed);
         Ok(len)
     }
 
@@ -120,6 +123,12 @@ impl Segment {
             return Ok(Read::Remap);
         }
         if layout::hash(&value) != u64::from_le_bytes(sum) {
+            // A file truncated under us reads as zeros up to the end of its
+            // last page: say so, and remember the new length.
+            let file_len = self.file_len()?;
+            if end > file_len {
+                return Ok(Read::PastEnd { file_len });
+            }
             return Ok(Read::Mismatch);
         }
         Ok(Read::Value(value))

@@ -5,6 +5,8 @@ pub mod cli;
 pub mod error;
 pub mod export;
 pub mod files;
+#[doc(hidden)]
+pub mod fuzzing;
 mod heap;
 pub mod id;
 pub mod layout;

@@ -115,11 +115,29 @@ pub fn verify(t: &Table, check: Option<ValueCheck>) -> Result<Vec<Finding>> {
     let p = *t.params();
     let scan = t.scan()?;
     let mut out = Vec::new();
-    if !scan.exists {
-        return Ok(out);
-    }
     let index = t.path().to_path_buf();
     let roster_path = crate::files::with_suffix(&index, ".roster");
+    if !scan.exists {
+        // No index: the bank reads as empty. Say so when its companions
+        // show that it held entries (the ids live only in the index).
+        let live = t
+            .roster()
+            .map(|r| r.iter().filter(|&&e| e != ROSTER_TOMBSTONE).count())
+            .unwrap_or(0);
+        if live > 0 {
+            out.push(Finding {
+                file: index,
+                slot: None,
+                offset: None,
+                id: None,
+                what: format!(
+                    "the index file is missing, but the roster lists {live} live entries: they are lost"
+                ),
+                repairable: false,
+            });
+        }
+        return Ok(out);
+    }
     let mut find = |file: &PathBuf,
                     slot: Option<u64>,
                     offset: Option<u64>,
@@ -330,6 +348,18 @@ pub fn repair(t: &Table, check: Option<ValueCheck>) -> Result<Repaired> {
     let mut rep = Repaired::default();
     t.replace_with(|t| {
         let scan = t.scan()?;
+        if !scan.exists {
+            let live = t
+                .roster()
+                .map(|r| r.iter().filter(|&&e| e != ROSTER_TOMBSTONE).count())
+                .unwrap_or(0);
+            if live > 0 {
+                rep.lost.push((
+                    format!("{live} entries"),
+                    "the index file is missing; only it holds their ids".into(),
+                ));
+            }
+        }
         let mut order: Vec<u64> = Vec::new();
         let mut seen = HashSet::new();
         for e in t.roster()? {

@@ -179,3 +179,101 @@ pub fn pem(tag: &str, len: usize) -> String {
         lines.join("\n")
     )
 }
+
+/// Salt's own view (`salt_driver.py dump`: `list_all` of both banks) of many
+/// store directories with one Python process. Returns, per directory, the
+/// dump and the Salt log lines (`salt: LEVEL ...`) it printed on stderr.
+pub fn salt_dump_many(dirs: &[PathBuf], layout: &Layout) -> Vec<(Value, Vec<String>)> {
+    // Salt keeps every bank it opened open: a few dozen stores per process.
+    if dirs.len() > 40 {
+        return dirs
+            .chunks(40)
+            .flat_map(|c| salt_dump_many(c, layout))
+            .collect();
+    }
+    if dirs.is_empty() {
+        return Vec::new();
+    }
+    let script = r#"
+import argparse, json, sys
+sys.path.insert(0, sys.argv[1])
+import salt_driver as sd
+size, slot, ids, seg = (int(x) for x in sys.argv[2:6])
+for line in sys.stdin:
+    d = line.rstrip("\n")
+    if not d:
+        continue
+    args = argparse.Namespace(dir=d, size=size, slot_size=slot, id_size=ids, max_segment_bytes=seg)
+    sys.stderr.write("@@DIR " + d + "\n")
+    sys.stderr.flush()
+    try:
+        sd.cmd_dump(args)
+    except Exception as exc:
+        sys.stdout.write(json.dumps({"error": f"{type(exc).__name__}: {exc}"}) + "\n")
+        sys.stdout.flush()
+"#;
+    let mut cmd = Command::new(python());
+    cmd.arg("-c")
+        .arg(script)
+        .arg(repo().join("tests/py"))
+        .arg(layout.size.to_string())
+        .arg(layout.slot_size.to_string())
+        .arg(layout.id_size.to_string())
+        .arg(layout.max_segment_bytes.to_string())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("start python");
+    let mut input = String::new();
+    for d in dirs {
+        input.push_str(&d.to_string_lossy());
+        input.push('\n');
+    }
+    let mut sin = child.stdin.take().expect("stdin");
+    let writer = std::thread::spawn(move || {
+        let _ = sin.write_all(input.as_bytes());
+    });
+    let out = child.wait_with_output().expect("run python");
+    writer.join().expect("stdin writer");
+    assert!(
+        out.status.success(),
+        "salt dump failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dumps: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("dump JSON"))
+        .collect();
+    assert_eq!(dumps.len(), dirs.len(), "one dump per directory");
+    let mut logs: Vec<Vec<String>> = Vec::new();
+    for l in String::from_utf8_lossy(&out.stderr).lines() {
+        if l.starts_with("@@DIR ") {
+            logs.push(Vec::new());
+        } else if let Some(last) = logs.last_mut() {
+            last.push(l.to_owned());
+        }
+    }
+    logs.resize(dirs.len(), Vec::new());
+    dumps.into_iter().zip(logs).collect()
+}
+
+/// keycache's view of a store in the shape of the driver's dump: `keys`
+/// `{id: {"state", "pub"}}` and `denied_keys` `{id: [pem]}`.
+pub fn kc_dump(dir: &Path, layout: &Layout) -> Value {
+    let store = keycache::Store::open_with(dir, &layout.options()).expect("open");
+    let mut keys = serde_json::Map::new();
+    for r in store.keys(None).expect("list") {
+        let (id, e) = r.expect("entry");
+        keys.insert(
+            id,
+            serde_json::json!({"state": e.state.name(),
+                "pub": String::from_utf8_lossy(&e.public_key)}),
+        );
+    }
+    let mut denied = serde_json::Map::new();
+    for r in store.denied_keys().expect("list") {
+        let (id, pem) = r.expect("entry");
+        denied.insert(id, serde_json::json!([String::from_utf8_lossy(&pem)]));
+    }
+    serde_json::json!({"keys": keys, "denied_keys": denied})
+}

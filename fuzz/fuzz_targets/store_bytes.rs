@@ -1,0 +1,7 @@
+//! A store made of arbitrary bytes: opened, read, listed, verified, repaired and
+//! compacted, every answer checked against a reference reader (keycache::fuzzing::store_bytes).
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| {
+    keycache::fuzzing::store_bytes(data);
+});
