@@ -604,16 +604,20 @@ fn remove_matching(dir: &Path, f: impl Fn(&str) -> bool) -> Result<()> {
 /// Refuses (changing nothing) when an entry cannot be read intact: run
 /// `keycache verify --repair` first.
 pub fn compact(table: &Table, size: Option<u64>) -> Result<()> {
+    table.replace_with(|t| compacted(t, size))
+}
+
+/// The image of `table` compacted (see [`compact`]); the caller holds its
+/// lock.
+pub(crate) fn compacted(table: &Table, size: Option<u64>) -> Result<Image> {
     let mut params = *table.params();
     if let Some(s) = size {
         params.size = s;
     }
-    table.replace_with(|t| {
-        let mut image = Image::new(params)?;
-        for r in t.iter()? {
-            let r = r?;
-            image.insert(&r.id, &r.value, r.mtime, t.path())?;
-        }
-        Ok(image)
-    })
+    let mut image = Image::new(params)?;
+    for r in table.iter()? {
+        let r = r?;
+        image.insert(&r.id, &r.value, r.mtime, table.path())?;
+    }
+    Ok(image)
 }

@@ -42,6 +42,31 @@ pub(crate) fn live_count(entries: &[u32]) -> usize {
     entries.iter().filter(|&&s| s != ROSTER_TOMBSTONE).count()
 }
 
+/// Tombstones the entries at `positions` (entry indexes) and writes `append`
+/// at the end, in place: every other entry keeps its byte offset, which
+/// Salt's writers remember to tombstone their own entries later, through a
+/// file descriptor that must stay on this very file. Does not sync.
+pub(crate) fn patch(path: &Path, file: &File, positions: &[usize], append: &[u32]) -> Result<()> {
+    let mut len = file
+        .metadata()
+        .map_err(|e| Error::io(path, "stat", e))?
+        .len();
+    len -= len % 4;
+    let tomb = ROSTER_TOMBSTONE.to_le_bytes();
+    for &i in positions {
+        let at = i as u64 * 4;
+        if at + 4 <= len {
+            file.write_all_at(&tomb, at)
+                .map_err(|e| Error::io(path, "write", e))?;
+        }
+    }
+    if !append.is_empty() {
+        file.write_all_at(&encode(append), len)
+            .map_err(|e| Error::io(path, "write", e))?;
+    }
+    Ok(())
+}
+
 /// Applies tombstones and appends to an open roster file: every live entry
 /// naming a slot in `remove` becomes a tombstone, then `append` is written at
 /// the end. Does not sync.

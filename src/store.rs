@@ -358,43 +358,67 @@ impl Store {
     }
 
     /// Applies several writes under the banks' locks, made durable by one
-    /// round of fsyncs per bank at the end. Writes to the `keys` bank are
-    /// committed first, then those to `denied_keys`.
+    /// round of fsyncs per bank at the end. The `keys` lock is taken first,
+    /// then, only when the batch writes to it, the `denied_keys` one; both
+    /// banks' writes are planned before any is made, so a batch that fails
+    /// (an error from `f`, [`Error::TableFull`]) changes nothing. Inserts
+    /// may take the slots the batch's own removals free. Not atomic across
+    /// a crash: each id is then as before or as after.
     pub fn batch<T>(
         &self,
         f: impl FnOnce(&mut Batch<'_, '_>) -> Result<T>,
     ) -> Result<(T, Applied)> {
-        let mut denied_ops: Vec<(Vec<u8>, Option<Vec<u8>>)> = Vec::new();
-        let ((out, denied_ops), mut applied) = self.keys.transaction(|keys| {
-            let mut b = Batch {
-                keys,
+        self.keys.with_writer(|kix| {
+            let mut keys = Txn::new(&self.keys);
+            let mut denied_ops: Vec<(Vec<u8>, Option<Vec<u8>>)> = Vec::new();
+            let out = f(&mut Batch {
+                keys: &mut keys,
                 denied: &mut denied_ops,
-            };
-            let out = f(&mut b)?;
-            Ok((out, std::mem::take(b.denied)))
-        })?;
-        if !denied_ops.is_empty() {
-            let (_, a) = self.denied.transaction(|tx| {
+            })?;
+            if denied_ops.is_empty() {
+                let plan = self.keys.plan(kix, keys)?;
+                return Ok((out, self.keys.apply(kix, plan)?));
+            }
+            // Both banks locked (keys first, always), both planned before
+            // either is written: a batch that does not fit changes nothing.
+            self.denied.with_writer(|dix| {
+                let mut denied = Txn::new(&self.denied);
                 for (id, v) in &denied_ops {
                     match v {
-                        Some(v) => tx.put(id, v)?,
-                        None => tx.remove(id)?,
+                        Some(v) => denied.put(id, v)?,
+                        None => denied.remove(id)?,
                     }
                 }
-                Ok(())
-            })?;
-            applied.inserted += a.inserted;
-            applied.updated += a.updated;
-            applied.removed += a.removed;
-        }
-        Ok((out, applied))
+                let kplan = self.keys.plan(kix, keys)?;
+                let dplan = self.denied.plan(dix, denied)?;
+                let mut applied = self.keys.apply(kix, kplan)?;
+                let a = self.denied.apply(dix, dplan)?;
+                applied.inserted += a.inserted;
+                applied.updated += a.updated;
+                applied.removed += a.removed;
+                Ok((out, applied))
+            })
+        })
     }
 
-    /// Compacts both banks (see [`crate::rebuild`]).
+    /// Compacts both banks (see [`crate::rebuild::compact`]), optionally into
+    /// tables of `size` slots, in one atomic rebuild: both banks are locked
+    /// and rebuilt together, so a failure (an entry that cannot be read, a
+    /// size too small) or a crash leaves both as they were, or both new.
     pub fn compact(&self, size: Option<u64>) -> Result<()> {
-        crate::rebuild::compact(&self.keys, size)?;
-        crate::rebuild::compact(&self.denied, size)?;
-        Ok(())
+        let (kt, dt) = (&self.keys, &self.denied);
+        kt.exclusive(|| {
+            dt.exclusive(|| {
+                crate::rebuild::remove_temps_of(kt.path())?;
+                crate::rebuild::remove_temps_of(dt.path())?;
+                let kimg = crate::rebuild::compacted(kt, size)?;
+                let dimg = crate::rebuild::compacted(dt, size)?;
+                let mut c = crate::rebuild::Commit::default();
+                c.stage(kt.path(), kimg, &kt.ownership())?;
+                c.stage(dt.path(), dimg, &dt.ownership())?;
+                c.apply()
+            })
+        })
     }
 }
 

@@ -26,7 +26,7 @@
 //! and appends roster entries and fsyncs the roster, and finally msyncs the
 //! index. A live record is never rewritten in place.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
@@ -44,10 +44,103 @@ use crate::layout::{self, Params, SlotFields, DELETED, EMPTY, HEADER_MAGIC, OCCU
 use crate::map::{self, Mapping};
 use crate::roster;
 
-/// How many times a reader re-reads an entry that changed under it before
-/// reporting it corrupt. Between rounds it yields, and half-way it forces a
-/// refresh of its view of the files.
+/// How many times a reader re-reads an entry that fails its checks, yielding
+/// in between (half-way it forces a refresh of its view of the files),
+/// before it starts waiting for a writer to finish (see [`DEFAULT_READ_RETRY`]).
 const READ_ATTEMPTS: u32 = 64;
+
+/// How long, in all, a lookup keeps re-reading an entry that still fails its
+/// checksum after the quick rounds, before reporting it corrupt, unless set
+/// otherwise ([`set_read_retry_time`], or `KEYCACHE_READ_RETRY_MS`).
+///
+/// Salt's writer rewrites a record in place and fsyncs the heap *before* it
+/// stores the record's new length in the slot: for the length of that fsync
+/// (milliseconds, more on a slow disk) the entry fails its checksum. A
+/// reader that meets it waits, sleeping 50 µs to 1.6 ms between re-reads;
+/// it never takes a lock. After a lookup has given up on an entry, other
+/// reads of the same handle report corruption after the quick rounds only,
+/// for ten seconds, so that a damaged store is listed or verified at full
+/// speed.
+pub const DEFAULT_READ_RETRY: Duration = Duration::from_secs(1);
+
+/// How long after a lookup gave up other reads skip the wait.
+const GAVE_UP_COOLDOWN_NS: u64 = 10_000_000_000;
+
+static READ_RETRY_MS: AtomicU64 = AtomicU64::new(u64::MAX);
+
+/// Sets, for this process, how long readers wait for an entry that fails its
+/// checksum to be finished by a writer (see [`DEFAULT_READ_RETRY`]); zero
+/// keeps only the quick rounds (tests of damaged stores, fuzzing).
+pub fn set_read_retry_time(d: Duration) {
+    READ_RETRY_MS.store(
+        u64::try_from(d.as_millis()).unwrap_or(u64::MAX - 1),
+        Ordering::Relaxed,
+    );
+}
+
+fn read_retry_time() -> Duration {
+    let ms = READ_RETRY_MS.load(Ordering::Relaxed);
+    if ms != u64::MAX {
+        return Duration::from_millis(ms);
+    }
+    std::env::var("KEYCACHE_READ_RETRY_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map(Duration::from_millis)
+        .unwrap_or(DEFAULT_READ_RETRY)
+}
+
+/// The retry policy of one read: quick rounds, then a bounded wait.
+struct Retry<'t> {
+    table: &'t Table,
+    attempt: u32,
+    deadline: Option<std::time::Instant>,
+}
+
+impl<'t> Retry<'t> {
+    fn new(table: &'t Table) -> Self {
+        Retry {
+            table,
+            attempt: 0,
+            deadline: None,
+        }
+    }
+
+    /// Called after a failed attempt: `Ok(true)` to read again, `Ok(false)`
+    /// to give up and report the entry corrupt.
+    fn again(&mut self, refresh: bool) -> Result<bool> {
+        self.attempt += 1;
+        if self.attempt < READ_ATTEMPTS {
+            if refresh || self.attempt == READ_ATTEMPTS / 2 {
+                self.table.refresh(true)?;
+            } else {
+                std::thread::yield_now();
+            }
+            return Ok(true);
+        }
+        let now = std::time::Instant::now();
+        let deadline = *self.deadline.get_or_insert_with(|| {
+            let last = self.table.gave_up_at.load(Ordering::Relaxed);
+            let recent =
+                last != 0 && map::coarse_now_ns().saturating_sub(last) < GAVE_UP_COOLDOWN_NS;
+            now + if recent {
+                Duration::ZERO
+            } else {
+                read_retry_time()
+            }
+        });
+        if now >= deadline {
+            self.table
+                .gave_up_at
+                .store(map::coarse_now_ns().max(1), Ordering::Relaxed);
+            return Ok(false);
+        }
+        let shift = (self.attempt - READ_ATTEMPTS).min(5);
+        std::thread::sleep(Duration::from_micros(50 << shift).min(deadline - now));
+        self.table.refresh(true)?;
+        Ok(true)
+    }
+}
 
 /// Options of [`Table::open`].
 #[derive(Debug, Clone)]
@@ -120,6 +213,8 @@ pub struct Table {
     ownership: Ownership,
     gen: ArcSwap<Generation>,
     next_check: AtomicU64,
+    /// When a read last gave up on an entry (coarse clock, ns; 0: never).
+    gave_up_at: AtomicU64,
     writer: Mutex<WriterState>,
 }
 
@@ -223,6 +318,7 @@ impl Table {
             next_check: AtomicU64::new(
                 map::coarse_now_ns().saturating_add(opts.refresh.as_nanos() as u64),
             ),
+            gave_up_at: AtomicU64::new(0),
             writer: Mutex::new(WriterState::default()),
         })
     }
@@ -296,23 +392,19 @@ impl Table {
     /// Reads the entry for `id`, or `None` when there is none.
     pub fn get(&self, id: &[u8]) -> Result<Option<Entry>> {
         self.check_id(id)?;
-        let mut why = String::new();
-        for attempt in 0..READ_ATTEMPTS {
+        let mut retry = Retry::new(self);
+        loop {
             let g = self.current()?;
             match self.lookup_once(&g, id)? {
                 Attempt::Found(r) => return Ok(Some(r)),
                 Attempt::Absent => return Ok(None),
-                Attempt::Retry { refresh, why: w } => {
-                    why = w;
-                    if refresh || attempt == READ_ATTEMPTS / 2 {
-                        self.refresh(true)?;
-                    } else {
-                        std::thread::yield_now();
+                Attempt::Retry { refresh, why } => {
+                    if !retry.again(refresh)? {
+                        return Err(corrupt(&self.path, Some(id), why));
                     }
                 }
             }
         }
-        Err(corrupt(&self.path, Some(id), why))
     }
 
     /// Looks up many ids at once, overlapping their memory accesses: the
@@ -513,8 +605,8 @@ impl Table {
             return Ok(None);
         }
         let mut buf = vec![0u8; p.slot_used()];
-        let mut why = String::new();
-        for attempt in 0..READ_ATTEMPTS {
+        let mut retry = Retry::new(self);
+        loop {
             let g = self.gen.load();
             let Some(ix) = g.index.as_deref() else {
                 return Ok(None);
@@ -536,20 +628,13 @@ impl Table {
                     }))
                 }
                 Attempt::Absent => return Ok(None),
-                Attempt::Retry { refresh, why: w } => {
-                    why = w;
-                    if attempt + 1 == READ_ATTEMPTS {
+                Attempt::Retry { refresh, why } => {
+                    if !retry.again(refresh)? {
                         return Err(corrupt(&self.path, Some(&id), why));
-                    }
-                    if refresh || attempt == READ_ATTEMPTS / 2 {
-                        self.refresh(true)?;
-                    } else {
-                        std::thread::yield_now();
                     }
                 }
             }
         }
-        Err(corrupt(&self.path, None, why))
     }
 
     /// Copies every slot's status, and the id and fields of every slot that
@@ -643,7 +728,7 @@ impl Table {
             s.deleted = del;
             s.high_water = hwm;
         }
-        s.load_factor = (s.occupied + s.deleted) as f64 / p.capacity() as f64;
+        s.load_factor = s.occupied.saturating_add(s.deleted) as f64 / p.capacity() as f64;
         for seg in &g.segments {
             s.heap_total_bytes += seg.file_len()?;
         }
@@ -838,53 +923,65 @@ impl Table {
                 slots.push(s as u32);
             }
         }
-        // Keep the roster's order for the entries it has right.
-        let live: std::collections::HashSet<u32> = slots.iter().copied().collect();
-        let mut seen = std::collections::HashSet::new();
-        let mut order: Vec<u32> = entries
+        // Patched in place, not rewritten: the entries it has right keep
+        // their order and their byte offsets. A Salt writer remembers the
+        // offset of every entry it appended and tombstones it there later,
+        // through a descriptor it keeps open while the index looks unchanged
+        // to it (its staleness check runs at most every 0.25 s): a roster
+        // replaced under it would take that tombstone (or its next append)
+        // into the old, unlinked file.
+        let live: HashSet<u32> = slots.iter().copied().collect();
+        let mut seen = HashSet::new();
+        let mut dead = Vec::new();
+        for (i, s) in entries.iter().enumerate() {
+            if *s != layout::ROSTER_TOMBSTONE && !(live.contains(s) && seen.insert(*s)) {
+                dead.push(i);
+            }
+        }
+        let missing: Vec<u32> = slots
             .iter()
             .copied()
-            .filter(|s| live.contains(s) && seen.insert(*s))
+            .filter(|s| !seen.contains(s))
             .collect();
-        order.extend(slots.iter().copied().filter(|s| seen.insert(*s)));
-        self.replace_roster(&order)?;
-        write_u64(&ix.map, layout::HDR_OCCUPIED, order.len() as u64);
+        let rf = match files::open_regular(&rpath, true) {
+            Ok(f) => f,
+            Err(e) if is_not_found(&e) => files::create_new(&rpath, &self.ownership)?,
+            Err(e) => return Err(e),
+        };
+        roster::patch(&rpath, &rf, &dead, &missing)?;
+        files::sync_data(&rf, &rpath)?;
+        write_u64(&ix.map, layout::HDR_OCCUPIED, slots.len() as u64);
         ix.map
             .flush_range(0, p.slot_size)
             .map_err(|e| Error::io(&self.path, "msync", e))
     }
 
-    /// Writes a new roster through a temporary file and a rename.
-    pub(crate) fn replace_roster(&self, slots: &[u32]) -> Result<()> {
-        let rpath = self.companion(".roster");
-        let own = self.ownership.replacing(&rpath);
-        let tmp = files::with_suffix(&rpath, &format!(".keycache-new.{}", std::process::id()));
-        files::remove_if_exists(&tmp)?;
-        let f = files::create_new(&tmp, &own)?;
-        f.write_all_at(&roster::encode(slots), 0)
-            .map_err(|e| Error::io(&tmp, "write", e))?;
-        files::sync_data(&f, &tmp)?;
-        files::rename(&tmp, &rpath)?;
-        files::sync_dir(&self.dir)
-    }
-
     /// Applies `f`'s writes atomically with respect to other writers and
-    /// makes them durable with one round of fsyncs at the end.
+    /// makes them durable with one round of fsyncs at the end. When `f`
+    /// fails, or the writes do not fit ([`Error::TableFull`]), nothing is
+    /// written.
     pub fn transaction<T>(
         &self,
         f: impl FnOnce(&mut Txn<'_>) -> Result<T>,
     ) -> Result<(T, Applied)> {
+        self.with_writer(|ix| {
+            let mut tx = Txn::new(self);
+            let out = f(&mut tx)?;
+            let plan = self.plan(ix, tx)?;
+            let applied = self.apply(ix, plan)?;
+            Ok((out, applied))
+        })
+    }
+
+    /// Runs `f` holding the bank's write lock, with the index mapped for
+    /// writing (the bank is created if missing). For writes spanning banks:
+    /// take the locks in one order (`keys`, then `denied_keys`), plan every
+    /// bank's writes, then apply them.
+    pub(crate) fn with_writer<T>(&self, f: impl FnOnce(&Index) -> Result<T>) -> Result<T> {
         self.with_lock(true, |w| {
             let ix =
                 w.ok_or_else(|| corrupt(&self.path, None, "bank vanished while locked".into()))?;
-            let mut tx = Txn {
-                table: self,
-                order: Vec::new(),
-                staged: HashMap::new(),
-            };
-            let out = f(&mut tx)?;
-            let applied = self.commit(ix, tx)?;
-            Ok((out, applied))
+            f(ix)
         })
     }
 
@@ -904,12 +1001,15 @@ impl Table {
     }
 
     /// Finds `id` in the locked index: `Ok(slot)` when present, `Err(slot)`
-    /// with the slot a new entry would take (None when full).
+    /// with the slot a new entry would take (None when full). Slots in
+    /// `claimed` are taken by other writes of the same plan; slots in
+    /// `freed` are removed by it, and count as DELETED.
     fn find_locked(
         &self,
         ix: &Index,
         id: &[u8],
-        claimed: &HashMap<u64, ()>,
+        claimed: &HashSet<u64>,
+        freed: &HashSet<u64>,
     ) -> std::result::Result<u64, Option<u64>> {
         let p = &self.params;
         let home = p.home(id);
@@ -917,11 +1017,15 @@ impl Table {
         let mut buf = vec![0u8; p.slot_used()];
         for step in 0..p.capacity() {
             let slot = p.probe(home, step);
-            let off = p.slot_offset(slot);
-            let status = ix.map.load_u8(off).unwrap_or(EMPTY);
-            if claimed.contains_key(&slot) {
+            if claimed.contains(&slot) {
                 continue;
             }
+            let off = p.slot_offset(slot);
+            let status = if freed.contains(&slot) {
+                DELETED
+            } else {
+                ix.map.load_u8(off).unwrap_or(EMPTY)
+            };
             match status {
                 OCCUPIED => {
                     ix.map.copy_out(off, &mut buf);
@@ -940,115 +1044,155 @@ impl Table {
         Err(first_free)
     }
 
-    fn commit(&self, ix: &Index, tx: Txn<'_>) -> Result<Applied> {
-        let p = &self.params;
-        let mtime = files::now_ns();
-        // 1. Plan: where every staged id goes.
-        struct Plan {
-            slot: u64,
-            insert: bool,
-            was_deleted: bool,
-            value: Option<Vec<u8>>, // None: remove
-            id: Vec<u8>,
-        }
-        let mut claimed: HashMap<u64, ()> = HashMap::new();
-        let mut plans = Vec::with_capacity(tx.order.len());
-        for id in tx.order {
-            let Some(value) = tx.staged.get(&id).cloned() else {
-                continue;
-            };
-            match (self.find_locked(ix, &id, &claimed), value) {
-                (Ok(slot), v) => {
-                    claimed.insert(slot, ());
-                    plans.push(Plan {
+    /// Works out, under the lock and without writing anything, where every
+    /// write of `tx` goes. Removals are placed first, so that the batch's
+    /// inserts may reuse the slots they free; fails with
+    /// [`Error::TableFull`] when the inserts do not fit.
+    pub(crate) fn plan(&self, ix: &Index, tx: Txn<'_>) -> Result<Plan> {
+        let Txn {
+            order, mut staged, ..
+        } = tx;
+        let mut claimed = HashSet::new();
+        let mut freed = HashSet::new();
+        let mut writes = Vec::with_capacity(order.len());
+        for id in &order {
+            if let Some(None) = staged.get(id) {
+                if let Ok(slot) = self.find_locked(ix, id, &claimed, &freed) {
+                    freed.insert(slot);
+                    writes.push(Planned {
                         slot,
                         insert: false,
                         was_deleted: false,
-                        value: v,
+                        value: None,
+                        id: id.clone(),
+                    });
+                }
+            }
+        }
+        for id in order {
+            let Some(Some(value)) = staged.remove(&id) else {
+                continue;
+            };
+            match self.find_locked(ix, &id, &claimed, &freed) {
+                Ok(slot) => {
+                    claimed.insert(slot);
+                    writes.push(Planned {
+                        slot,
+                        insert: false,
+                        was_deleted: false,
+                        value: Some(value),
                         id,
                     });
                 }
-                (Err(_), None) => {}
-                (Err(None), Some(_)) => {
+                Err(None) => {
                     return Err(Error::TableFull {
                         path: self.path.clone(),
-                        capacity: p.capacity(),
+                        capacity: self.params.capacity(),
                     });
                 }
-                (Err(Some(slot)), Some(v)) => {
-                    claimed.insert(slot, ());
-                    let was_deleted = ix.map.load_u8(p.slot_offset(slot)) == Some(DELETED);
-                    plans.push(Plan {
+                Err(Some(slot)) => {
+                    claimed.insert(slot);
+                    let was_deleted = freed.contains(&slot)
+                        || ix.map.load_u8(self.params.slot_offset(slot)) == Some(DELETED);
+                    writes.push(Planned {
                         slot,
                         insert: true,
                         was_deleted,
-                        value: Some(v),
+                        value: Some(value),
                         id,
                     });
                 }
             }
         }
-        if plans.is_empty() {
+        Ok(Plan { writes })
+    }
+
+    /// Performs a [`Plan`], durably: the heap records are appended and
+    /// fsynced; removals mark their slots DELETED; new entries get their
+    /// fields, then (after an msync of those fields when a slot spans two
+    /// pages, so that a power loss never keeps a status byte without the
+    /// fields it vouches for) their status; then the header, the roster
+    /// (fsynced) and the index (msync).
+    pub(crate) fn apply(&self, ix: &Index, plan: Plan) -> Result<Applied> {
+        const PAGE: usize = 4096;
+        let p = &self.params;
+        let writes = plan.writes;
+        if writes.is_empty() {
             return Ok(Applied::default());
         }
-        // 2. Append every record and make the heap durable.
-        let mut offsets = Vec::with_capacity(plans.len());
+        let mtime = files::now_ns();
+        // 1. Append every record and make the heap durable.
+        let mut offsets = Vec::with_capacity(writes.len());
         {
             let mut app = Appender::open(self)?;
-            for pl in &plans {
-                offsets.push(match &pl.value {
-                    Some(v) if !v.is_empty() => app.append(v, &pl.id)?,
+            for w in &writes {
+                offsets.push(match &w.value {
+                    Some(v) if !v.is_empty() => app.append(v, &w.id)?,
                     Some(_) => app.empty_offset(),
                     None => 0,
                 });
             }
             app.finish()?;
         }
-        // 3. Slots, status last; then the header.
         let mut applied = Applied::default();
         let (mut occ, mut del, mut hwm) = read_header(&ix.map);
         let mut removed_slots = Vec::new();
         let mut inserted_slots = Vec::new();
         let (mut lo, mut hi) = (usize::MAX, 0usize);
-        for (pl, packed) in plans.iter().zip(&offsets) {
-            let off = p.slot_offset(pl.slot);
+        let mut fence = false;
+        // 2. Removals (placed first by the plan): status DELETED.
+        for w in writes.iter().filter(|w| w.value.is_none()) {
+            let off = p.slot_offset(w.slot);
             lo = lo.min(off);
             hi = hi.max(off + p.slot_size);
-            match &pl.value {
-                None => {
-                    ix.map.store_u8(off, DELETED);
-                    occ = occ.saturating_sub(1);
-                    del += 1;
-                    removed_slots.push(pl.slot as u32);
-                    applied.removed += 1;
+            ix.map.store_u8(off, DELETED);
+            occ = occ.saturating_sub(1);
+            del = del.saturating_add(1);
+            removed_slots.push(w.slot as u32);
+            applied.removed += 1;
+        }
+        // 3. Fields of every put; an existing entry's slot is repointed at
+        // once (its status stays OCCUPIED), a new entry's status waits.
+        let mut new_slots = Vec::new();
+        for (w, packed) in writes.iter().zip(&offsets) {
+            let Some(v) = &w.value else { continue };
+            let off = p.slot_offset(w.slot);
+            lo = lo.min(off);
+            hi = hi.max(off + p.slot_size);
+            let mut fields = vec![0u8; p.slot_used() - 1];
+            fields[..w.id.len()].copy_from_slice(&w.id);
+            let k = p.id_size;
+            fields[k..k + 8].copy_from_slice(&packed.to_le_bytes());
+            fields[k + 8..k + 12].copy_from_slice(&(v.len() as u32).to_le_bytes());
+            fields[k + 12..k + 20].copy_from_slice(&mtime.to_le_bytes());
+            ix.map.copy_in(off + 1, &fields);
+            hwm = hwm.max(w.slot);
+            if w.insert {
+                fence |= off / PAGE != (off + p.slot_size - 1) / PAGE;
+                new_slots.push(off);
+                occ = occ.saturating_add(1);
+                if w.was_deleted {
+                    del = del.saturating_sub(1);
                 }
-                Some(v) => {
-                    let mut fields = vec![0u8; p.slot_used() - 1];
-                    fields[..pl.id.len()].copy_from_slice(&pl.id);
-                    let k = p.id_size;
-                    fields[k..k + 8].copy_from_slice(&packed.to_le_bytes());
-                    fields[k + 8..k + 12].copy_from_slice(&(v.len() as u32).to_le_bytes());
-                    fields[k + 12..k + 20].copy_from_slice(&mtime.to_le_bytes());
-                    ix.map.copy_in(off + 1, &fields);
-                    ix.map.store_u8(off, OCCUPIED);
-                    hwm = hwm.max(pl.slot);
-                    if pl.insert {
-                        occ += 1;
-                        if pl.was_deleted {
-                            del = del.saturating_sub(1);
-                        }
-                        inserted_slots.push(pl.slot as u32);
-                        applied.inserted += 1;
-                    } else {
-                        applied.updated += 1;
-                    }
-                }
+                inserted_slots.push(w.slot as u32);
+                applied.inserted += 1;
+            } else {
+                applied.updated += 1;
             }
+        }
+        if fence {
+            ix.map
+                .flush_range(lo, hi - lo)
+                .map_err(|e| Error::io(&self.path, "msync", e))?;
+        }
+        // 4. Status bytes of new entries, then the header.
+        for off in new_slots {
+            ix.map.store_u8(off, OCCUPIED);
         }
         write_u64(&ix.map, layout::HDR_OCCUPIED, occ);
         write_u64(&ix.map, layout::HDR_DELETED, del);
         write_u64(&ix.map, layout::HDR_HWM, hwm);
-        // 4. Roster, then the index.
+        // 5. Roster, then the index.
         if !removed_slots.is_empty() || !inserted_slots.is_empty() {
             let rpath = self.companion(".roster");
             let rf = match files::open_regular(&rpath, true) {
@@ -1071,6 +1215,22 @@ impl Table {
     }
 }
 
+/// Where the writes of a transaction go, worked out by [`Table::plan`]
+/// before anything is written.
+pub(crate) struct Plan {
+    /// Removals first, then puts in the order they were staged.
+    writes: Vec<Planned>,
+}
+
+struct Planned {
+    slot: u64,
+    insert: bool,
+    was_deleted: bool,
+    /// None: remove.
+    value: Option<Vec<u8>>,
+    id: Vec<u8>,
+}
+
 /// Staged writes of a [`Table::transaction`]. Reads see the staged writes.
 pub struct Txn<'a> {
     table: &'a Table,
@@ -1078,7 +1238,7 @@ pub struct Txn<'a> {
     staged: HashMap<Vec<u8>, Option<Vec<u8>>>,
 }
 
-impl Txn<'_> {
+impl<'a> Txn<'a> {
     /// The value of `id` as this transaction would leave it.
     pub fn get(&self, id: &[u8]) -> Result<Option<Vec<u8>>> {
         if let Some(v) = self.staged.get(id) {
@@ -1110,6 +1270,14 @@ impl Txn<'_> {
         self.table.check_id(id)?;
         self.stage(id, None);
         Ok(())
+    }
+
+    pub(crate) fn new(table: &'a Table) -> Txn<'a> {
+        Txn {
+            table,
+            order: Vec::new(),
+            staged: HashMap::new(),
+        }
     }
 
     fn stage(&mut self, id: &[u8], v: Option<Vec<u8>>) {

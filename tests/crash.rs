@@ -1211,10 +1211,6 @@ fn writer_power_loss() {
 /// id that held the slot before.
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
 #[test]
-#[ignore = "BUG (src/table.rs Table::commit): slot fields and the status byte reach the disk in \
-            one msync, so a power loss can keep the page with the status byte and lose the page \
-            with the pointer fields of a slot that spans two pages; msync the slot fields before \
-            setting the status bytes (a second msync round per commit)"]
 fn writer_power_loss_never_tears_a_slot() {
     no_settle();
     let torn = power_loss_runs(8, 0x1357_2468);
@@ -1474,9 +1470,6 @@ fn compact_killed_at_every_step() {
 /// two sizes.
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
 #[test]
-#[ignore = "BUG (src/store.rs Store::compact): the banks are rebuilt one after the other, each \
-            with its own journal, so `compact --to-size` killed between them leaves the keys \
-            bank in the new size and denied_keys in the old: no size opens the store"]
 fn compact_to_size_killed_at_every_step() {
     no_settle();
     let t = tempfile::tempdir().unwrap();

@@ -5,9 +5,9 @@
 //! against an in-memory model of both banks and their roster order.
 //!
 //! `PROPTEST_CASES` sets the number of cases (64 by default).
-//! `KEYCACHE_MODEL_STRICT=1` accepts only the ideal outcome of every step;
-//! by default the outcomes of the known library bugs shown by the `#[ignore]`d
-//! tests at the end of this file are tolerated (and counted).
+//! Every step must have exactly the model's outcome: a batch that does not
+//! fit changes nothing in either bank, and its inserts may reuse the slots
+//! its own removals free.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -262,7 +262,7 @@ impl<V> Stage<V> {
 /// the result fits `cap` live entries, and whether the library's current
 /// planning accepts it (it does not let the batch's inserts reuse the slots
 /// its own removals free; see `batch_may_reuse_the_slots_it_frees`).
-fn commit<V: Clone>(bank: &Bank<V>, st: &Stage<V>, cap: u64) -> (Bank<V>, Applied, bool, bool) {
+fn commit<V: Clone>(bank: &Bank<V>, st: &Stage<V>, cap: u64) -> (Bank<V>, Applied, bool) {
     let mut b = bank.clone();
     let mut a = Applied::default();
     for id in &st.order {
@@ -284,8 +284,7 @@ fn commit<V: Clone>(bank: &Bank<V>, st: &Stage<V>, cap: u64) -> (Bank<V>, Applie
     }
     let live = bank.len();
     let fits = live - a.removed + a.inserted <= cap;
-    let lib_fits = live + a.inserted <= cap;
-    (b, a, fits, lib_fits)
+    (b, a, fits)
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -301,12 +300,10 @@ enum Res {
 struct Outcome {
     res: Res,
     model: Model,
-    /// Set on an outcome that only a known library bug produces.
-    bug: Option<&'static str>,
 }
 
-/// The acceptable outcomes of writes `subs` on `m`: the ideal one first,
-/// then the one the library currently gives when it differs (known bug).
+/// The outcome of writes `subs` on `m` (a one-element list: every step is
+/// checked against a list of acceptable outcomes).
 fn expect(m: &Model, subs: &[Sub], cap: u64, single: bool) -> Vec<Outcome> {
     let mut ks: Stage<(KeyState, Vec<u8>)> = Stage::default();
     let mut ds: Stage<Vec<u8>> = Stage::default();
@@ -315,7 +312,6 @@ fn expect(m: &Model, subs: &[Sub], cap: u64, single: bool) -> Vec<Outcome> {
         vec![Outcome {
             res,
             model: m.clone(),
-            bug: None,
         }]
     };
     for s in subs {
@@ -358,71 +354,29 @@ fn expect(m: &Model, subs: &[Sub], cap: u64, single: bool) -> Vec<Outcome> {
             }
         }
     }
-    let (keys, ka, k_fits, k_lib) = commit(&m.keys, &ks, cap);
-    let (denied, da, d_fits, d_lib) = commit(&m.denied, &ds, cap);
+    let (keys, ka, k_fits) = commit(&m.keys, &ks, cap);
+    let (denied, da, d_fits) = commit(&m.denied, &ds, cap);
     let applied = Applied {
         inserted: ka.inserted + da.inserted,
         updated: ka.updated + da.updated,
         removed: ka.removed + da.removed,
     };
-    let both = Model {
-        keys: keys.clone(),
-        denied,
-    };
+    let both = Model { keys, denied };
     let ok = Res::Ok(results, (!single).then_some(applied));
     let ideal = if k_fits && d_fits {
         Outcome {
-            res: ok.clone(),
-            model: both.clone(),
-            bug: None,
-        }
-    } else {
-        Outcome {
-            res: Res::TableFull,
-            model: m.clone(),
-            bug: None,
-        }
-    };
-    // What Store::batch does today: the keys transaction commits first,
-    // then the denied_keys one; inserts never reuse slots the same batch frees.
-    let current = if !k_lib {
-        Outcome {
-            res: Res::TableFull,
-            model: m.clone(),
-            bug: Some(
-                "batch refused: its inserts may not reuse the slots its removals free (keys)",
-            ),
-        }
-    } else if !d_lib {
-        Outcome {
-            res: Res::TableFull,
-            model: Model {
-                keys,
-                denied: m.denied.clone(),
-            },
-            bug: Some(if d_fits {
-                "batch refused: its inserts may not reuse the slots its removals free (denied_keys), keys bank already committed"
-            } else {
-                "denied_keys full: the batch's keys writes were committed anyway"
-            }),
-        }
-    } else {
-        Outcome {
             res: ok,
             model: both,
-            bug: None,
+        }
+    } else {
+        Outcome {
+            res: Res::TableFull,
+            model: m.clone(),
         }
     };
-    let same = current.res == ideal.res && current.model == ideal.model;
-    if same || std::env::var_os("KEYCACHE_MODEL_STRICT").is_some() {
-        vec![ideal]
-    } else {
-        vec![ideal, current]
-    }
+    vec![ideal]
 }
 
-static KNOWN_BUG_HITS: LazyLock<std::sync::Mutex<BTreeMap<&'static str, usize>>> =
-    LazyLock::new(Default::default);
 static STEPS: AtomicUsize = AtomicUsize::new(0);
 static TABLE_FULL: AtomicUsize = AtomicUsize::new(0);
 
@@ -614,7 +568,6 @@ fn run_case(setup: &Setup) -> Result<(), TestCaseError> {
                     vec![Outcome {
                         res: Res::Ok(vec![], None),
                         model: model.clone(),
-                        bug: None,
                     }],
                     Ok(Res::Ok(vec![], None)),
                 )
@@ -625,7 +578,6 @@ fn run_case(setup: &Setup) -> Result<(), TestCaseError> {
                     vec![Outcome {
                         res: Res::Ok(vec![], None),
                         model: model.clone(),
-                        bug: None,
                     }],
                     r.map_err(|e| format!("compact: {e}")),
                 )
@@ -660,7 +612,6 @@ fn run_case(setup: &Setup) -> Result<(), TestCaseError> {
                     vec![Outcome {
                         res: Res::Ok(vec![], None),
                         model: model.clone(),
-                        bug: None,
                     }],
                     Ok(Res::Ok(vec![], None)),
                 )
@@ -692,9 +643,6 @@ fn run_case(setup: &Setup) -> Result<(), TestCaseError> {
         if let Some(o) = &observer {
             check(o, &c.model).map_err(|e| fail(step, op, format!("second handle: {e}")))?;
         }
-        if let Some(bug) = c.bug {
-            *KNOWN_BUG_HITS.lock().unwrap().entry(bug).or_default() += 1;
-        }
         model = c.model;
     }
     // A second, fresh handle sees the same.
@@ -717,10 +665,9 @@ fn store_matches_model() {
     });
     let result = runner.run(&setup(), |s| run_case(&s));
     eprintln!(
-        "model: {cases} cases, {} steps, {} TableFull; known-bug outcomes tolerated: {:?}",
+        "model: {cases} cases, {} steps, {} TableFull",
         STEPS.load(Ordering::Relaxed),
-        TABLE_FULL.load(Ordering::Relaxed),
-        KNOWN_BUG_HITS.lock().unwrap()
+        TABLE_FULL.load(Ordering::Relaxed)
     );
     if let Err(e) = result {
         panic!("{e}");
@@ -728,7 +675,7 @@ fn store_matches_model() {
 }
 
 // ---------------------------------------------------------------------------
-// Known library bugs, minimal reproductions
+// Batches and compactions that do not fit: minimal cases
 // ---------------------------------------------------------------------------
 
 fn pem(n: usize) -> Vec<u8> {
@@ -740,7 +687,6 @@ fn id(s: &str) -> MinionId {
 }
 
 #[test]
-#[ignore = "BUG: Table::commit (src/table.rs, find_locked skips `claimed` slots) never lets a batch's inserts reuse the slots its own removals free: a batch that ends within capacity is refused with TableFull"]
 fn batch_may_reuse_the_slots_it_frees() {
     let d = tempfile::tempdir().unwrap();
     let s = Store::open_with(d.path(), &options(5, 1 << 20, 0)).unwrap();
@@ -759,7 +705,6 @@ fn batch_may_reuse_the_slots_it_frees() {
 }
 
 #[test]
-#[ignore = "BUG: Store::batch (src/store.rs) commits the keys transaction before the denied_keys one; when the denied_keys commit fails (TableFull) the batch returns Err but its keys writes stay applied"]
 fn a_failed_batch_changes_nothing() {
     let d = tempfile::tempdir().unwrap();
     let s = Store::open_with(d.path(), &options(3, 1 << 20, 0)).unwrap();
@@ -781,7 +726,6 @@ fn a_failed_batch_changes_nothing() {
 }
 
 #[test]
-#[ignore = "BUG: Store::compact (src/store.rs) rebuilds the banks one after the other; when denied_keys does not fit the new size, keys is already resized, and no single size opens the store any more"]
 fn compact_into_a_size_too_small_changes_nothing() {
     let d = tempfile::tempdir().unwrap();
     let opts = options(17, 1 << 20, 0);
