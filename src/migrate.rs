@@ -9,8 +9,7 @@
 //! names and renamed into place through [`crate::rebuild`]'s journal, under
 //! the banks' locks.
 
-use std::collections::HashMap;
-use std::ffi::OsStr;
+use std::ffi::OsString;
 use std::io::Read;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
@@ -22,7 +21,7 @@ use crate::error::{Error, Result};
 use crate::files::Ownership;
 use crate::layout::Params;
 use crate::rebuild::{self, Commit, Image};
-use crate::store::{encode_key_value, KeyState, Store, DENIED_INDEX, KEYS_INDEX};
+use crate::store::{KeyState, Store, DENIED_INDEX, KEYS_INDEX};
 use crate::table::OpenOptions;
 
 /// The highest share of data slots a migration fills before it refuses and
@@ -150,14 +149,6 @@ pub struct Report {
     pub seconds: f64,
 }
 
-/// One key read from the tree.
-struct Found {
-    dir: usize,
-    id: String,
-    pem: Vec<u8>,
-    mtime: u64,
-}
-
 fn is_pem_public_key(b: &[u8]) -> bool {
     let Ok(s) = std::str::from_utf8(b) else {
         return false;
@@ -166,23 +157,61 @@ fn is_pem_public_key(b: &[u8]) -> bool {
     t.starts_with("-----BEGIN ") && s.contains("PUBLIC KEY-----") && s.contains("-----END ")
 }
 
-/// A key read from the tree (id, PEM, mtime), or why the entry was skipped.
-type Entry = std::result::Result<(String, Vec<u8>, u64), (SkipReason, String)>;
+/// One entry of a tree directory, as listed.
+struct Listed {
+    /// Index in [`TREE_DIRS`].
+    dir: usize,
+    name: OsString,
+    /// The type the directory listing gives (no `stat` on most filesystems).
+    kind: std::io::Result<std::fs::FileType>,
+}
 
-/// Reads one entry of a tree directory, or says why it is skipped.
-fn read_entry(dir: &Path, name: &OsStr, params: &Params, skip_long: bool) -> Result<Entry> {
-    let path = dir.join(name);
+/// Where a key read from the tree lies in its reader's buffer: the PEM is at
+/// `off + 1 .. off + 1 + len`, and the byte at `off` is the state byte of
+/// its directory, so that `off .. off + 1 + len` is its `keys` value as is.
+#[derive(Clone, Copy)]
+struct Span {
+    off: usize,
+    len: usize,
+    mtime: u64,
+}
+
+/// A key read from the tree, or why the entry was skipped.
+type Entry = std::result::Result<Span, (SkipReason, String)>;
+
+/// What one reader thread hands back: its entries in order, and the buffer
+/// holding their bytes.
+struct Part {
+    /// Key files read, in scan order.
+    keys: Vec<TreeKey>,
+    /// Entries skipped, in scan order.
+    skipped: Vec<Skipped>,
+    found: StateCounts,
+    buf: Vec<u8>,
+}
+
+/// Reads one entry of a tree directory into `buf`, or says why it is skipped.
+/// Never follows a symlink: the listing's type is checked first, and the
+/// file is opened with `O_NOFOLLOW` and checked again on the descriptor.
+fn read_entry(
+    path: &Path,
+    e: &Listed,
+    params: &Params,
+    skip_long: bool,
+    buf: &mut Vec<u8>,
+) -> Result<Entry> {
     let skip = |r: SkipReason, d: String| Ok(Err((r, d)));
-    let meta = match std::fs::symlink_metadata(&path) {
-        Ok(m) => m,
-        Err(e) => return skip(SkipReason::Unreadable, e.to_string()),
+    let kind = match &e.kind {
+        Ok(k) => *k,
+        Err(err) => return skip(SkipReason::Unreadable, err.to_string()),
     };
-    if meta.file_type().is_symlink() {
+    if kind.is_symlink() {
         return skip(SkipReason::Symlink, "symlinks are never followed".into());
     }
-    if !meta.is_file() {
+    if !kind.is_file() {
         return skip(SkipReason::NotARegularFile, "not a regular file".into());
     }
+    let name = e.name.as_os_str();
     let Some(id) = name.to_str() else {
         return skip(
             SkipReason::NonUtf8Name,
@@ -216,7 +245,7 @@ fn read_entry(dir: &Path, name: &OsStr, params: &Params, skip_long: bool) -> Res
     let mut f = match std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
-        .open(&path)
+        .open(path)
     {
         Ok(f) => f,
         Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
@@ -224,6 +253,7 @@ fn read_entry(dir: &Path, name: &OsStr, params: &Params, skip_long: bool) -> Res
         }
         Err(e) => return skip(SkipReason::Unreadable, e.to_string()),
     };
+    // Replaced since the listing: the descriptor is what counts.
     let meta = match f.metadata() {
         Ok(m) => m,
         Err(e) => return skip(SkipReason::Unreadable, e.to_string()),
@@ -240,30 +270,74 @@ fn read_entry(dir: &Path, name: &OsStr, params: &Params, skip_long: bool) -> Res
             ),
         );
     }
-    let mut pem = Vec::with_capacity(meta.len() as usize);
-    if let Err(e) = (&mut f).take(MAX_KEY_BYTES + 1).read_to_end(&mut pem) {
-        return skip(SkipReason::Unreadable, e.to_string());
+    // One read of the size fstat gave, plus one byte to see a file that grew
+    // meanwhile; short reads go on until end of file.
+    let size = meta.len() as usize;
+    let off = buf.len();
+    let start = off + 1;
+    buf.resize(start + size + 1, 0);
+    // The state byte of this directory, for a `keys` value (the entry that
+    // wins for an id found in several directories is that of the last).
+    buf[off] = KeyState::ALL.get(e.dir).map_or(0, |s| s.byte());
+    let mut got = 0;
+    let res = loop {
+        match f.read(&mut buf[start + got..]) {
+            Ok(0) => break Ok(()),
+            Ok(n) => {
+                got += n;
+                // All fstat announced (the usual case: no read to see end
+                // of file), or more than that.
+                if got >= size {
+                    break Ok(());
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => break Err(e),
+        }
+    };
+    buf.truncate(start + got);
+    if got > size {
+        // The file grew since fstat: the rest, up to the limit.
+        let room = (MAX_KEY_BYTES + 1).saturating_sub(got as u64);
+        if let Err(e) = (&mut f).take(room).read_to_end(buf) {
+            buf.truncate(off);
+            return skip(SkipReason::Unreadable, e.to_string());
+        }
     }
-    if pem.len() as u64 > MAX_KEY_BYTES {
-        return skip(
+    let res = res.map(|()| buf.len() - start);
+    let len = match res {
+        Ok(n) => n,
+        Err(e) => {
+            buf.truncate(off);
+            return skip(SkipReason::Unreadable, e.to_string());
+        }
+    };
+    let reject = |buf: &mut Vec<u8>, r: SkipReason, d: &str| {
+        buf.truncate(off);
+        Ok(Err((r, d.to_owned())))
+    };
+    if len as u64 > MAX_KEY_BYTES {
+        return reject(
+            buf,
             SkipReason::TooLarge,
-            "file grew past the limit while read".into(),
+            "file grew past the limit while read",
         );
     }
-    if pem.is_empty() {
-        return skip(SkipReason::Empty, "empty file".into());
+    if len == 0 {
+        return reject(buf, SkipReason::Empty, "empty file");
     }
-    if !is_pem_public_key(&pem) {
-        return skip(SkipReason::NotAPublicKey, "not a PEM public key".into());
+    if !is_pem_public_key(&buf[start..]) {
+        return reject(buf, SkipReason::NotAPublicKey, "not a PEM public key");
     }
     let mtime = (meta.mtime().max(0) as u64)
         .saturating_mul(1_000_000_000)
         .saturating_add(meta.mtime_nsec().max(0) as u64);
-    Ok(Ok((id.to_owned(), pem, mtime)))
+    Ok(Ok(Span { off, len, mtime }))
 }
 
-/// Checks the tree and lists its directories' entries.
-fn list_tree(pki_dir: &Path) -> Result<Vec<(usize, PathBuf, Vec<std::ffi::OsString>)>> {
+/// Checks the tree and lists its directories' entries, each directory's
+/// sorted by name (byte order).
+fn list_tree(pki_dir: &Path) -> Result<(Vec<PathBuf>, Vec<Listed>)> {
     let bad = |why: String| Error::PkiDir {
         path: pki_dir.into(),
         why,
@@ -272,9 +346,12 @@ fn list_tree(pki_dir: &Path) -> Result<Vec<(usize, PathBuf, Vec<std::ffi::OsStri
     if !meta.is_dir() {
         return Err(bad("it is not a directory".into()));
     }
+    let mut paths = Vec::new();
     let mut out = Vec::new();
+    let mut any = false;
     for (i, d) in TREE_DIRS.iter().enumerate() {
         let p = pki_dir.join(d);
+        paths.push(p.clone());
         match std::fs::symlink_metadata(&p) {
             Ok(m) if m.is_dir() => {}
             Ok(_) => {
@@ -284,28 +361,347 @@ fn list_tree(pki_dir: &Path) -> Result<Vec<(usize, PathBuf, Vec<std::ffi::OsStri
             }
             Err(_) => continue,
         }
+        any = true;
         let rd = std::fs::read_dir(&p).map_err(|e| Error::PkiDir {
             path: p.clone(),
             why: format!("cannot list it: {e}"),
         })?;
-        let mut names = Vec::new();
+        let first = out.len();
         for e in rd {
             let e = e.map_err(|e| Error::PkiDir {
                 path: p.clone(),
                 why: format!("cannot list it: {e}"),
             })?;
-            names.push(e.file_name());
+            out.push(Listed {
+                dir: i,
+                name: e.file_name(),
+                kind: e.file_type(),
+            });
         }
-        names.sort();
-        out.push((i, p, names));
+        out[first..].sort_unstable_by(|a, b| a.name.cmp(&b.name));
     }
-    if out.is_empty() {
+    if !any {
         return Err(bad(format!(
             "it has none of {}; is it a Salt pki_dir?",
             TREE_DIRS.join(", ")
         )));
     }
-    Ok(out)
+    Ok((paths, out))
+}
+
+/// Reads every listed entry, in up to 8 threads, each taking a contiguous
+/// share (so the parts, in order, keep the scan order).
+fn read_tree(
+    paths: &[PathBuf],
+    listed: Vec<Listed>,
+    opts: &MigrateOptions,
+    progress: &(dyn Fn(u64, u64) + Sync),
+) -> Result<Vec<Part>> {
+    let total = listed.len() as u64;
+    let threads = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .clamp(1, 8);
+    let chunk = listed.len().div_ceil(threads).max(1);
+    let mut shares: Vec<Vec<Listed>> = Vec::new();
+    let mut rest = listed;
+    while rest.len() > chunk {
+        let tail = rest.split_off(chunk);
+        shares.push(rest);
+        rest = tail;
+    }
+    shares.push(rest);
+    let done = std::sync::atomic::AtomicU64::new(0);
+    let results: Vec<Result<Part>> = std::thread::scope(|s| {
+        let handles: Vec<_> = shares
+            .into_iter()
+            .enumerate()
+            .map(|(part, share)| {
+                let done = &done;
+                s.spawn(move || -> Result<Part> {
+                    // Most keys are PEM of well under 1 KiB.
+                    let mut p = Part {
+                        keys: Vec::with_capacity(share.len()),
+                        skipped: Vec::new(),
+                        found: StateCounts::default(),
+                        buf: Vec::with_capacity(share.len() * 512),
+                    };
+                    // "DIR/" of each directory, and the path being read.
+                    let prefixes: Vec<OsString> = paths
+                        .iter()
+                        .map(|p| {
+                            let mut s = p.clone().into_os_string();
+                            s.push("/");
+                            s
+                        })
+                        .collect();
+                    let mut path = OsString::new();
+                    for (n, e) in share.into_iter().enumerate() {
+                        path.clear();
+                        path.push(&prefixes[e.dir]);
+                        path.push(&e.name);
+                        let path = Path::new(&path);
+                        match read_entry(path, &e, &opts.params, opts.skip_long_ids, &mut p.buf)? {
+                            Ok(span) => {
+                                bump(&mut p.found, e.dir);
+                                p.keys.push(TreeKey {
+                                    dir: e.dir,
+                                    // UTF-8: checked by `read_entry`.
+                                    id: e.name.into_string().unwrap_or_default(),
+                                    part,
+                                    span,
+                                });
+                            }
+                            Err((reason, detail)) => p.skipped.push(Skipped {
+                                path: path.to_string_lossy().into_owned(),
+                                reason,
+                                detail,
+                            }),
+                        }
+                        if n % 256 == 255 {
+                            let d = done.fetch_add(256, std::sync::atomic::Ordering::Relaxed) + 256;
+                            progress(d, total);
+                        }
+                    }
+                    Ok(p)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(Error::PkiDir {
+                        path: paths[0].parent().unwrap_or(Path::new(".")).into(),
+                        why: "a reader thread panicked".into(),
+                    })
+                })
+            })
+            .collect()
+    });
+    progress(total, total);
+    results.into_iter().collect()
+}
+
+/// A key of the tree that is migrated.
+struct TreeKey {
+    dir: usize,
+    id: String,
+    part: usize,
+    span: Span,
+}
+
+/// Where an entry of a new bank comes from.
+#[derive(Clone, Copy)]
+enum Src {
+    /// `tree[i]`.
+    Tree(usize),
+    /// `kept[i]`: an entry of the target bank that the tree lacks.
+    Kept(usize),
+}
+
+/// An entry of a target bank that is kept: id, value, mtime.
+type KeptEntry = (String, Vec<u8>, u64);
+
+/// The contents of both new banks, in insertion (roster) order.
+#[derive(Default)]
+struct Plan {
+    keys: Vec<Src>,
+    denied: Vec<Src>,
+    kept_keys: Vec<KeptEntry>,
+    kept_denied: Vec<KeptEntry>,
+    kept: StateCounts,
+    dropped: u64,
+    total: StateCounts,
+    load_factor: f64,
+}
+
+/// What was read from the tree, after Salt's precedence.
+struct Tree {
+    parts: Vec<Vec<u8>>,
+    /// Every key file read, in scan order.
+    found: Vec<TreeKey>,
+    /// `keys` bank entries (indices in `found`), in first-seen order.
+    keys: Vec<usize>,
+    /// `denied_keys` bank entries (indices in `found`).
+    denied: Vec<usize>,
+}
+
+impl Tree {
+    fn pem(&self, i: usize) -> &[u8] {
+        let k = &self.found[i];
+        &self.parts[k.part][k.span.off + 1..k.span.off + 1 + k.span.len]
+    }
+
+    /// The `keys` value: `[state][pem]` (the state byte is set in place).
+    fn key_value(&self, i: usize) -> &[u8] {
+        let k = &self.found[i];
+        &self.parts[k.part][k.span.off..k.span.off + 1 + k.span.len]
+    }
+
+    fn state(&self, i: usize) -> KeyState {
+        KeyState::ALL[self.found[i].dir]
+    }
+
+    fn find(&self, sorted: &[usize], id: &str) -> Option<usize> {
+        sorted
+            .binary_search_by(|&i| self.found[i].id.as_str().cmp(id))
+            .ok()
+            .map(|p| sorted[p])
+    }
+
+    /// Merges the tree with what the target banks hold (unless `replace`)
+    /// and checks the load factor.
+    fn plan(&self, store: Option<&Store>, target: &Path, opts: &MigrateOptions) -> Result<Plan> {
+        let kpath = target.join(KEYS_INDEX);
+        let dpath = target.join(DENIED_INDEX);
+        let mut plan = Plan::default();
+        let mut placed = vec![false; self.keys.len()];
+        let mut dplaced = vec![false; self.denied.len()];
+        if let Some(store) = store {
+            // Position in `keys` / `denied` of each tree key, by id.
+            let kpos: Vec<usize> = (0..self.keys.len()).collect();
+            let mut by_id: Option<Vec<usize>> = None;
+            for r in store.keys_table().iter()? {
+                let r = r?;
+                let id = String::from_utf8_lossy(&r.id).into_owned();
+                let sorted = by_id.get_or_insert_with(|| {
+                    let mut v = kpos.clone();
+                    v.sort_unstable_by(|&a, &b| {
+                        self.found[self.keys[a]]
+                            .id
+                            .cmp(&self.found[self.keys[b]].id)
+                    });
+                    v
+                });
+                let hit = sorted
+                    .binary_search_by(|&p| self.found[self.keys[p]].id.as_str().cmp(&id))
+                    .ok()
+                    .map(|x| sorted[x]);
+                if let Some(p) = hit {
+                    placed[p] = true;
+                    plan.keys.push(Src::Tree(self.keys[p]));
+                } else if opts.replace {
+                    plan.dropped += 1;
+                } else {
+                    let (state, _) = crate::store::decode_key_value(&r.value).ok_or_else(|| Error::Corrupt {
+                        path: kpath.clone(),
+                        id: Some(id.clone()),
+                        why: "existing value is not [state][public key]; run keycache verify --repair".into(),
+                    })?;
+                    bump(&mut plan.kept, state as usize);
+                    plan.keys.push(Src::Kept(plan.kept_keys.len()));
+                    plan.kept_keys.push((id, r.value, r.mtime));
+                }
+            }
+            let mut by_id: Option<Vec<usize>> = None;
+            for r in store.denied_table().iter()? {
+                let r = r?;
+                let id = String::from_utf8_lossy(&r.id).into_owned();
+                let sorted = by_id.get_or_insert_with(|| {
+                    let mut v: Vec<usize> = (0..self.denied.len()).collect();
+                    v.sort_unstable_by(|&a, &b| {
+                        self.found[self.denied[a]]
+                            .id
+                            .cmp(&self.found[self.denied[b]].id)
+                    });
+                    v
+                });
+                let hit = sorted
+                    .binary_search_by(|&p| self.found[self.denied[p]].id.as_str().cmp(&id))
+                    .ok()
+                    .map(|x| sorted[x]);
+                if let Some(p) = hit {
+                    dplaced[p] = true;
+                    plan.denied.push(Src::Tree(self.denied[p]));
+                } else if opts.replace {
+                    plan.dropped += 1;
+                } else {
+                    plan.kept.denied += 1;
+                    plan.denied.push(Src::Kept(plan.kept_denied.len()));
+                    plan.kept_denied.push((id, r.value, r.mtime));
+                }
+            }
+        }
+        plan.keys.extend(
+            self.keys
+                .iter()
+                .zip(&placed)
+                .filter(|(_, p)| !**p)
+                .map(|(&i, _)| Src::Tree(i)),
+        );
+        plan.denied.extend(
+            self.denied
+                .iter()
+                .zip(&dplaced)
+                .filter(|(_, p)| !**p)
+                .map(|(&i, _)| Src::Tree(i)),
+        );
+        check_load(&kpath, plan.keys.len() as u64, &opts.params)?;
+        check_load(&dpath, plan.denied.len() as u64, &opts.params)?;
+        let mut total = StateCounts::default();
+        for s in &plan.keys {
+            let state = match *s {
+                Src::Tree(i) => self.state(i),
+                // Checked when kept.
+                Src::Kept(i) => crate::store::decode_key_value(&plan.kept_keys[i].1)
+                    .map(|(s, _)| s)
+                    .unwrap_or(KeyState::Accepted),
+            };
+            bump(&mut total, state as usize);
+        }
+        total.denied = plan.denied.len() as u64;
+        plan.total = total;
+        plan.load_factor = plan.keys.len() as f64 / opts.params.capacity() as f64;
+        Ok(plan)
+    }
+
+    /// Both bank images of `plan`.
+    fn images(&self, plan: &Plan, target: &Path, params: Params) -> Result<(Image, Image)> {
+        let kpath = target.join(KEYS_INDEX);
+        let dpath = target.join(DENIED_INDEX);
+        let mut kimg = Image::new(params)?;
+        let mut dimg = Image::new(params)?;
+        let bytes = |list: &[Src], kept: &[KeptEntry]| -> usize {
+            list.iter()
+                .map(|s| match *s {
+                    Src::Tree(i) => self.found[i].span.len + 1,
+                    Src::Kept(i) => kept[i].1.len(),
+                })
+                .sum()
+        };
+        kimg.reserve(plan.keys.len(), bytes(&plan.keys, &plan.kept_keys));
+        dimg.reserve(plan.denied.len(), bytes(&plan.denied, &plan.kept_denied));
+        for s in &plan.keys {
+            match *s {
+                Src::Tree(i) => kimg.insert(
+                    self.found[i].id.as_bytes(),
+                    self.key_value(i),
+                    self.found[i].span.mtime,
+                    &kpath,
+                )?,
+                Src::Kept(i) => {
+                    let (id, value, mtime) = &plan.kept_keys[i];
+                    kimg.insert(id.as_bytes(), value, *mtime, &kpath)?
+                }
+            }
+        }
+        for s in &plan.denied {
+            match *s {
+                Src::Tree(i) => dimg.insert(
+                    self.found[i].id.as_bytes(),
+                    self.pem(i),
+                    self.found[i].span.mtime,
+                    &dpath,
+                )?,
+                Src::Kept(i) => {
+                    let (id, value, mtime) = &plan.kept_denied[i];
+                    dimg.insert(id.as_bytes(), value, *mtime, &dpath)?
+                }
+            }
+        }
+        Ok((kimg, dimg))
+    }
 }
 
 /// Migrates the `localfs_key` tree at `pki_dir`. `progress(done, total)` is
@@ -317,116 +713,88 @@ pub fn migrate(
 ) -> Result<Report> {
     let start = std::time::Instant::now();
     opts.params.validate()?;
-    let dirs = list_tree(pki_dir)?;
+    let (paths, listed) = list_tree(pki_dir)?;
     let target = opts.out.clone().unwrap_or_else(|| pki_dir.to_path_buf());
-    let work: Vec<(usize, &Path, &OsStr)> = dirs
-        .iter()
-        .flat_map(|(i, p, names)| names.iter().map(move |n| (*i, p.as_path(), n.as_os_str())))
-        .collect();
-    let total = work.len() as u64;
-    // Read in parallel, in chunks, keeping the scan order.
-    let threads = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1)
-        .clamp(1, 8);
-    let chunk = work.len().div_ceil(threads).max(1);
-    let done = std::sync::atomic::AtomicU64::new(0);
-    type Item = (
-        usize,
-        PathBuf,
-        std::result::Result<(String, Vec<u8>, u64), (SkipReason, String)>,
-    );
-    let results: Vec<Result<Vec<Item>>> = std::thread::scope(|s| {
-        let handles: Vec<_> = work
-            .chunks(chunk)
-            .map(|part| {
-                let done = &done;
-                s.spawn(move || {
-                    let mut out = Vec::with_capacity(part.len());
-                    for (n, (i, dir, name)) in part.iter().enumerate() {
-                        let r = read_entry(dir, name, &opts.params, opts.skip_long_ids)?;
-                        out.push((*i, dir.join(name), r));
-                        if n % 256 == 255 {
-                            let d = done.fetch_add(256, std::sync::atomic::Ordering::Relaxed) + 256;
-                            progress(d, total);
-                        }
-                    }
-                    Ok(out)
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join().unwrap_or_else(|_| {
-                    Err(Error::PkiDir {
-                        path: pki_dir.into(),
-                        why: "a reader thread panicked".into(),
-                    })
-                })
-            })
-            .collect()
-    });
-    progress(total, total);
-    let mut found_keys = Vec::new();
-    let mut skipped = Vec::new();
+    let parts = read_tree(&paths, listed, opts, progress)?;
+
     let mut found = StateCounts::default();
-    for r in results {
-        for (dir, path, item) in r? {
-            match item {
-                Ok((id, pem, mtime)) => {
-                    bump(&mut found, dir);
-                    found_keys.push(Found {
-                        dir,
-                        id,
-                        pem,
-                        mtime,
-                    });
-                }
-                Err((reason, detail)) => skipped.push(Skipped {
-                    path: path.to_string_lossy().into_owned(),
-                    reason,
-                    detail,
-                }),
-            }
+    let mut skipped = Vec::new();
+    let mut keys_found = Vec::new();
+    let mut bufs = Vec::with_capacity(parts.len());
+    for p in parts {
+        found.accepted += p.found.accepted;
+        found.pending += p.found.pending;
+        found.rejected += p.found.rejected;
+        found.denied += p.found.denied;
+        if keys_found.is_empty() {
+            keys_found = p.keys;
+        } else {
+            keys_found.extend(p.keys);
         }
+        skipped.extend(p.skipped);
+        bufs.push(p.buf);
     }
-    // Precedence: the last directory scanned wins (rejected > pending > accepted).
-    let mut keys: Vec<(String, KeyState, Vec<u8>, u64)> = Vec::new();
-    let mut pos: HashMap<String, usize> = HashMap::new();
-    let mut seen_in: HashMap<String, Vec<KeyState>> = HashMap::new();
-    let mut denied: Vec<(String, Vec<u8>, u64)> = Vec::new();
-    for f in found_keys {
-        if f.dir == 3 {
-            denied.push((f.id, f.pem, f.mtime));
+    let mut tree = Tree {
+        parts: bufs,
+        found: keys_found,
+        keys: Vec::new(),
+        denied: Vec::new(),
+    };
+
+    // Precedence: the last directory scanned wins (rejected > pending >
+    // accepted); an id keeps the place where it was first seen. Each
+    // directory's keys are in name order, so earlier directories are
+    // searched by bisection.
+    let mut slot_of: Vec<usize> = Vec::new(); // found index -> position in `keys`
+    let mut seen: Vec<u8> = Vec::new(); // position in `keys` -> directories (bits)
+    let mut by_dir: [Vec<usize>; 3] = Default::default();
+    for i in 0..tree.found.len() {
+        let d = tree.found[i].dir;
+        if d == 3 {
+            tree.denied.push(i);
+            slot_of.push(usize::MAX);
             continue;
         }
-        let state = KeyState::ALL[f.dir];
-        seen_in.entry(f.id.clone()).or_default().push(state);
-        match pos.get(&f.id) {
-            Some(&i) => keys[i] = (f.id, state, f.pem, f.mtime),
-            None => {
-                pos.insert(f.id.clone(), keys.len());
-                keys.push((f.id, state, f.pem, f.mtime));
+        let earlier = (0..d).find_map(|e| tree.find(&by_dir[e], &tree.found[i].id));
+        let pos = match earlier {
+            Some(j) => {
+                let pos = slot_of[j];
+                tree.keys[pos] = i;
+                pos
             }
-        }
+            None => {
+                tree.keys.push(i);
+                seen.push(0);
+                tree.keys.len() - 1
+            }
+        };
+        seen[pos] |= 1 << d;
+        slot_of.push(pos);
+        by_dir[d].push(i);
     }
-    let duplicates: Vec<Duplicate> = keys
+    // `find` bisects: the listing sorted each directory by name.
+    debug_assert!(by_dir
         .iter()
-        .filter_map(|(id, state, _, _)| {
-            let s = &seen_in[id];
-            (s.len() > 1).then(|| Duplicate {
-                id: id.clone(),
-                found_in: s.clone(),
-                state: *state,
-            })
+        .all(|v| v.is_sorted_by(|&a, &b| tree.found[a].id < tree.found[b].id)));
+    let duplicates: Vec<Duplicate> = tree
+        .keys
+        .iter()
+        .zip(&seen)
+        .filter(|(_, s)| s.count_ones() > 1)
+        .map(|(&i, s)| Duplicate {
+            id: tree.found[i].id.clone(),
+            found_in: (0..3)
+                .filter(|d| s & (1 << d) != 0)
+                .map(|d| KeyState::ALL[d])
+                .collect(),
+            state: tree.state(i),
         })
         .collect();
     let mut migrated = StateCounts::default();
-    for (_, s, _, _) in &keys {
-        bump(&mut migrated, *s as usize);
+    for &i in &tree.keys {
+        bump(&mut migrated, tree.found[i].dir);
     }
-    migrated.denied = denied.len() as u64;
+    migrated.denied = tree.denied.len() as u64;
 
     let mut report = Report {
         pki_dir: pki_dir.into(),
@@ -456,112 +824,35 @@ pub fn migrate(
     } else {
         None
     };
-    let build = |report: &mut Report| -> Result<(Image, Image)> {
-        let mut kimg = Image::new(opts.params)?;
-        let mut dimg = Image::new(opts.params)?;
-        let kpath = target.join(KEYS_INDEX);
-        let dpath = target.join(DENIED_INDEX);
-        let tree_keys: HashMap<&str, usize> = keys
-            .iter()
-            .enumerate()
-            .map(|(i, k)| (k.0.as_str(), i))
-            .collect();
-        let tree_denied: HashMap<&str, usize> = denied
-            .iter()
-            .enumerate()
-            .map(|(i, k)| (k.0.as_str(), i))
-            .collect();
-        let mut entries: Vec<(String, KeyState, Vec<u8>, u64)> = Vec::new();
-        let mut placed = vec![false; keys.len()];
-        let mut dentries: Vec<(String, Vec<u8>, u64)> = Vec::new();
-        let mut dplaced = vec![false; denied.len()];
-        if let Some(store) = &store {
-            for r in store.keys_table().iter()? {
-                let r = r?;
-                let id = String::from_utf8_lossy(&r.id).into_owned();
-                if let Some(&i) = tree_keys.get(id.as_str()) {
-                    placed[i] = true;
-                    entries.push(keys[i].clone());
-                } else if opts.replace {
-                    report.dropped += 1;
-                } else {
-                    let (state, pem) = crate::store::decode_key_value(&r.value).ok_or_else(|| Error::Corrupt {
-                        path: kpath.clone(),
-                        id: Some(id.clone()),
-                        why: "existing value is not [state][public key]; run keycache verify --repair".into(),
-                    })?;
-                    bump(&mut report.kept, state as usize);
-                    entries.push((id, state, pem.to_vec(), r.mtime));
-                }
-            }
-            for r in store.denied_table().iter()? {
-                let r = r?;
-                let id = String::from_utf8_lossy(&r.id).into_owned();
-                if let Some(&i) = tree_denied.get(id.as_str()) {
-                    dplaced[i] = true;
-                    dentries.push(denied[i].clone());
-                } else if opts.replace {
-                    report.dropped += 1;
-                } else {
-                    report.kept.denied += 1;
-                    dentries.push((id, r.value, r.mtime));
-                }
-            }
-        }
-        entries.extend(
-            keys.iter()
-                .zip(&placed)
-                .filter(|(_, p)| !**p)
-                .map(|(k, _)| k.clone()),
-        );
-        dentries.extend(
-            denied
-                .iter()
-                .zip(&dplaced)
-                .filter(|(_, p)| !**p)
-                .map(|(k, _)| k.clone()),
-        );
-        check_load(&kpath, entries.len() as u64, &opts.params)?;
-        check_load(&dpath, dentries.len() as u64, &opts.params)?;
-        for (id, state, pem, mtime) in &entries {
-            bump(&mut report.total, *state as usize);
-            kimg.insert(
-                id.as_bytes(),
-                &encode_key_value(*state, pem),
-                *mtime,
-                &kpath,
-            )?;
-        }
-        for (id, pem, mtime) in &dentries {
-            dimg.insert(id.as_bytes(), pem, *mtime, &dpath)?;
-        }
-        report.total.denied = dentries.len() as u64;
-        report.load_factor = entries.len() as f64 / opts.params.capacity() as f64;
-        Ok((kimg, dimg))
-    };
-    // Validate (ids, load factor) before taking any lock or creating a file.
-    build(&mut report.clone())?;
-    match (&store, opts.dry_run) {
-        (Some(store), false) => {
-            let kt = store.keys_table();
-            let dt = store.denied_table();
-            kt.exclusive(|| {
-                dt.exclusive(|| {
-                    rebuild::remove_temps_of(kt.path())?;
-                    rebuild::remove_temps_of(dt.path())?;
-                    let (kimg, dimg) = build(&mut report)?;
-                    let mut c = Commit::default();
-                    let own = kt.ownership();
-                    c.stage(kt.path(), kimg, &own)?;
-                    c.stage(dt.path(), dimg, &own)?;
-                    c.apply()
-                })
-            })?;
-        }
-        _ => {
-            build(&mut report)?;
-        }
+    // Validate (ids, load factor) before taking any lock or creating a file;
+    // the images are built once, under the locks.
+    let mut plan = tree.plan(store.as_ref(), &target, opts)?;
+    if let (Some(store), false) = (&store, opts.dry_run) {
+        let kt = store.keys_table();
+        let dt = store.denied_table();
+        kt.exclusive(|| {
+            dt.exclusive(|| {
+                rebuild::remove_temps_of(kt.path())?;
+                rebuild::remove_temps_of(dt.path())?;
+                plan = tree.plan(Some(store), &target, opts)?;
+                let (kimg, dimg) = tree.images(&plan, &target, opts.params)?;
+                let mut c = Commit::default();
+                let own = kt.ownership();
+                c.stage_all(
+                    vec![
+                        (kt.path().to_path_buf(), kimg),
+                        (dt.path().to_path_buf(), dimg),
+                    ],
+                    &own,
+                )?;
+                c.apply()
+            })
+        })?;
     }
+    report.kept = plan.kept;
+    report.dropped = plan.dropped;
+    report.total = plan.total;
+    report.load_factor = plan.load_factor;
     report.seconds = start.elapsed().as_secs_f64();
     Ok(report)
 }

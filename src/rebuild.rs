@@ -26,11 +26,18 @@ pub const JOURNAL: &str = ".keycache-journal";
 /// Prefix of temporary files of a rebuild in progress.
 pub const TMP_PREFIX: &str = ".keycache-tmp.";
 
-/// A bank built in memory: index bytes, heap segments and roster.
+/// A bank built in memory: the occupied slots of its index, heap segments
+/// and roster. Only occupied slots are held (the index is mostly zeros), so
+/// building and writing an image costs in proportion to its entries, not to
+/// the table size.
 #[derive(Debug)]
 pub struct Image {
     params: Params,
-    index: Vec<u8>,
+    /// For each slot: 0 when empty, else 1 + the number of the entry in it.
+    occupant: Vec<u32>,
+    /// The slot bytes of entry `e` at `e * slot_size`; entry `e` lives in
+    /// slot `roster[e]`.
+    slots: Vec<u8>,
     segments: Vec<Vec<u8>>,
     roster: Vec<u32>,
     occupied: u64,
@@ -41,22 +48,38 @@ impl Image {
     /// An empty image for a table with `params`.
     pub fn new(params: Params) -> Result<Image> {
         params.validate()?;
-        let len = usize::try_from(params.index_len().unwrap_or(u64::MAX)).map_err(|_| {
+        let too_big = || {
             Error::InvalidParams(format!(
                 "index of {} slots does not fit in memory",
                 params.size
             ))
-        })?;
-        let mut index = vec![0u8; len];
-        index[0] = HEADER_MAGIC;
+        };
+        usize::try_from(params.index_len().unwrap_or(u64::MAX)).map_err(|_| too_big())?;
+        let size = usize::try_from(params.size).map_err(|_| too_big())?;
         Ok(Image {
             params,
-            index,
+            // Zeroed pages come from the allocator untouched: only those of
+            // the slots used are ever faulted in.
+            occupant: vec![0u32; size],
+            slots: Vec::new(),
             segments: vec![Vec::new()],
             roster: Vec::new(),
             occupied: 0,
             hwm: 0,
         })
+    }
+
+    /// Reserves room for `entries` more entries holding `value_bytes` bytes
+    /// of values in all (a hint: inserting past it only costs reallocations).
+    pub fn reserve(&mut self, entries: usize, value_bytes: usize) {
+        let p = self.params;
+        self.slots
+            .reserve(entries.min(p.capacity() as usize) * p.slot_size);
+        self.roster.reserve(entries);
+        let heap = value_bytes.saturating_add(entries.saturating_mul(layout::CHECKSUM_LEN));
+        let last = self.segments.len() - 1;
+        let room = (p.max_segment_bytes as usize).saturating_sub(self.segments[last].len());
+        self.segments[last].reserve(heap.min(room));
     }
 
     /// Number of entries.
@@ -86,21 +109,20 @@ impl Image {
         })?;
         let home = p.home(id);
         let mut target = None;
-        let mut existing = false;
         for step in 0..p.capacity() {
             let slot = p.probe(home, step);
-            let off = p.slot_offset(slot);
-            if self.index[off] != OCCUPIED {
-                target = Some(slot);
+            let e = self.occupant[slot as usize];
+            if e == 0 {
+                target = Some((slot, None));
                 break;
             }
-            if layout::slot_id_eq(&p, &self.index[off..off + p.slot_used()], id) {
-                target = Some(slot);
-                existing = true;
+            let off = (e - 1) as usize * p.slot_size;
+            if layout::slot_id_eq(&p, &self.slots[off..off + p.slot_used()], id) {
+                target = Some((slot, Some(e - 1)));
                 break;
             }
         }
-        let Some(slot) = target else {
+        let Some((slot, existing)) = target else {
             return Err(Error::TableFull {
                 path: path.into(),
                 capacity: p.capacity(),
@@ -122,27 +144,107 @@ impl Image {
         }
         let packed = layout::pack_offset(seg as u16, self.segments[seg].len() as u64);
         layout::encode_record(value, &mut self.segments[seg]);
-        let off = p.slot_offset(slot);
-        let s = &mut self.index[off..off + p.slot_size];
+        let entry = match existing {
+            Some(e) => e,
+            None => {
+                let e = self.roster.len() as u32;
+                self.slots.resize(self.slots.len() + p.slot_size, 0);
+                self.occupant[slot as usize] = e + 1;
+                self.roster.push(slot as u32);
+                self.occupied += 1;
+                self.hwm = self.hwm.max(slot);
+                e
+            }
+        };
+        let off = entry as usize * p.slot_size;
+        let s = &mut self.slots[off..off + p.slot_size];
         s[0] = OCCUPIED;
         s[1..1 + p.id_size].fill(0);
         s[1..1 + id.len()].copy_from_slice(id);
         s[p.offset_field()..p.offset_field() + 8].copy_from_slice(&packed.to_le_bytes());
         s[p.length_field()..p.length_field() + 4].copy_from_slice(&vlen.to_le_bytes());
         s[p.mtime_field()..p.mtime_field() + 8].copy_from_slice(&mtime.to_le_bytes());
-        if !existing {
-            self.roster.push(slot as u32);
-            self.occupied += 1;
-            self.hwm = self.hwm.max(slot);
-        }
         Ok(())
     }
 
-    fn finish_header(&mut self) {
-        self.index[layout::HDR_OCCUPIED..layout::HDR_OCCUPIED + 8]
+    /// Slot 0: magic and counters.
+    fn header(&self) -> Vec<u8> {
+        let mut h = vec![0u8; self.params.slot_size];
+        h[0] = HEADER_MAGIC;
+        h[layout::HDR_OCCUPIED..layout::HDR_OCCUPIED + 8]
             .copy_from_slice(&self.occupied.to_le_bytes());
-        self.index[layout::HDR_DELETED..layout::HDR_DELETED + 8].fill(0);
-        self.index[layout::HDR_HWM..layout::HDR_HWM + 8].copy_from_slice(&self.hwm.to_le_bytes());
+        h[layout::HDR_HWM..layout::HDR_HWM + 8].copy_from_slice(&self.hwm.to_le_bytes());
+        h
+    }
+
+    /// Writes the index file's bytes to `f` (already of the index's length,
+    /// zero): only the pages holding an occupied slot or the header, in
+    /// runs of consecutive pages.
+    fn write_index(&self, f: &File, path: &Path) -> Result<()> {
+        const PAGE: u64 = 4096;
+        const RUN: u64 = 1 << 20;
+        const GAP: u64 = 8 * PAGE;
+        let p = self.params;
+        let ss = p.slot_size as u64;
+        let len = p.index_len().unwrap_or(0);
+        let header = self.header();
+        // (slot, entry) in slot order; the header is slot 0.
+        let mut order: Vec<(u32, u32)> = Vec::with_capacity(self.roster.len() + 1);
+        order.push((0, u32::MAX));
+        order.extend(self.roster.iter().enumerate().map(|(e, &s)| (s, e as u32)));
+        order.sort_unstable();
+        let bytes_of = |&(_, e): &(u32, u32)| -> &[u8] {
+            if e == u32::MAX {
+                &header
+            } else {
+                let off = e as usize * p.slot_size;
+                &self.slots[off..off + p.slot_size]
+            }
+        };
+        // Runs of pages [a, b), in bytes, at most RUN long, holding every
+        // page with non-zero bytes. Gaps of up to GAP zero pages are written
+        // too: a few pages of zeros cost less than splitting the writeback
+        // (and the file's extents) there.
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        for &(s, _) in &order {
+            let a = u64::from(s) * ss / PAGE * PAGE;
+            let b = ((u64::from(s) + 1) * ss).div_ceil(PAGE) * PAGE;
+            let b = b.min(len);
+            match runs.last_mut() {
+                Some(r) if a <= r.1 + GAP && b - r.0 <= RUN => r.1 = r.1.max(b),
+                Some(r) if a < r.1 => {
+                    // Overlaps a full run: start the next where it ends.
+                    let from = r.1;
+                    if b > from {
+                        runs.push((from, b));
+                    }
+                }
+                _ => runs.push((a, b)),
+            }
+        }
+        let mut buf = Vec::with_capacity(RUN as usize);
+        let mut first = 0usize; // first entry of `order` that may reach the run
+        for &(a, b) in &runs {
+            buf.clear();
+            buf.resize((b - a) as usize, 0);
+            while first < order.len() && (u64::from(order[first].0) + 1) * ss <= a {
+                first += 1;
+            }
+            for o in &order[first..] {
+                let start = u64::from(o.0) * ss;
+                if start >= b {
+                    break;
+                }
+                let src = bytes_of(o);
+                let from = a.max(start);
+                let to = b.min(start + ss);
+                buf[(from - a) as usize..(to - a) as usize]
+                    .copy_from_slice(&src[(from - start) as usize..(to - start) as usize]);
+            }
+            f.write_all_at(&buf, a)
+                .map_err(|e| Error::io(path, "write", e))?;
+        }
+        Ok(())
     }
 }
 
@@ -162,63 +264,138 @@ fn write_file(path: &Path, bytes: &[u8], own: &Ownership) -> Result<()> {
     files::sync_data(&f, path)
 }
 
-/// Writes a mostly-zero file: the blocks are reserved (so later writes
-/// through a mapping cannot fail for want of space) and only the chunks
-/// holding non-zero bytes are written.
-fn write_sparse(path: &Path, bytes: &[u8], own: &Ownership) -> Result<()> {
-    const CHUNK: usize = 64 * 1024;
-    let f: File = files::create_new_unsynced(path, own)?;
-    files::allocate(&f, path, bytes.len() as u64)?;
-    for (i, c) in bytes.chunks(CHUNK).enumerate() {
-        if c.iter().any(|&b| b != 0) {
-            f.write_all_at(c, (i * CHUNK) as u64)
-                .map_err(|e| Error::io(path, "write", e))?;
+/// What a temporary file of a staged image holds.
+enum Body<'a> {
+    Bytes(&'a [u8]),
+    /// The index of an image: mostly zeros. Its blocks are reserved (so
+    /// later writes through a mapping, Salt's included, cannot fail for want
+    /// of space, as with the zero-filled index Salt creates), and only the
+    /// pages holding non-zero bytes are written.
+    Index(&'a Image),
+}
+
+/// Writes and fsyncs new files (already created), several at a time: their
+/// writeback overlaps.
+fn write_all(jobs: &[(PathBuf, File, Body<'_>)]) -> Result<()> {
+    let write = |(path, f, body): &(PathBuf, File, Body<'_>)| -> Result<()> {
+        match body {
+            Body::Bytes(b) => f
+                .write_all_at(b, 0)
+                .map_err(|e| Error::io(path, "write", e))?,
+            Body::Index(image) => {
+                files::allocate(f, path, image.params.index_len().unwrap_or(0))?;
+                image.write_index(f, path)?;
+            }
         }
+        files::sync_data(f, path)
+    };
+    let workers = jobs.len().min(4);
+    if workers <= 1 {
+        return jobs.iter().try_for_each(write);
     }
-    files::sync_data(&f, path)
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results: Vec<Result<()>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..workers)
+            .map(|_| {
+                s.spawn(|| -> Result<()> {
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(job) = jobs.get(i) else {
+                            return Ok(());
+                        };
+                        write(job)?;
+                    }
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(Error::io(
+                        &jobs[0].0,
+                        "write",
+                        std::io::Error::other("a writer thread panicked"),
+                    ))
+                })
+            })
+            .collect()
+    });
+    results.into_iter().collect()
 }
 
 impl Commit {
     /// Writes `image` for the bank whose index is `index` under temporary
     /// names (fsynced), to be renamed into place by [`Commit::apply`].
-    pub fn stage(&mut self, index: &Path, mut image: Image, own: &Ownership) -> Result<()> {
-        image.finish_header();
-        let dir = index.parent().unwrap_or(Path::new(".")).to_path_buf();
-        let name = index
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let tag = format!(
-            "{TMP_PREFIX}{name}.{}.{}",
-            std::process::id(),
-            files::now_ns()
-        );
-        let tmp = |suffix: &str| dir.join(format!("{tag}{suffix}"));
-        let mut renames = Vec::new();
-        for (n, seg) in image.segments.iter().enumerate().skip(1).rev() {
-            let t = tmp(&format!(".heap.{n}"));
-            let final_path = heap::segment_path(index, n as u16);
-            write_file(&t, seg, &own.replacing(&final_path))?;
-            renames.push((t, final_path));
+    pub fn stage(&mut self, index: &Path, image: Image, own: &Ownership) -> Result<()> {
+        self.stage_all(vec![(index.to_path_buf(), image)], own)
+    }
+
+    /// [`Commit::stage`] for several banks (index path, image) at once: the
+    /// files of all of them are written and fsynced together.
+    pub fn stage_all(&mut self, banks: Vec<(PathBuf, Image)>, own: &Ownership) -> Result<()> {
+        let rosters: Vec<Vec<u8>> = banks
+            .iter()
+            .map(|(_, image)| roster::encode(&image.roster))
+            .collect();
+        // Per bank: (temporary, final name, contents), in rename order.
+        let mut plans: Vec<Vec<(PathBuf, PathBuf, Body<'_>)>> = Vec::new();
+        for ((index, image), roster_bytes) in banks.iter().zip(&rosters) {
+            let dir = index.parent().unwrap_or(Path::new("."));
+            let name = index
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let tag = format!(
+                "{TMP_PREFIX}{name}.{}.{}",
+                std::process::id(),
+                files::now_ns()
+            );
+            let tmp = |suffix: &str| dir.join(format!("{tag}{suffix}"));
+            let mut plan = Vec::new();
+            for (n, seg) in image.segments.iter().enumerate().skip(1).rev() {
+                plan.push((
+                    tmp(&format!(".heap.{n}")),
+                    heap::segment_path(index, n as u16),
+                    Body::Bytes(seg),
+                ));
+            }
+            plan.push((
+                tmp(".heap"),
+                heap::segment_path(index, 0),
+                Body::Bytes(&image.segments[0]),
+            ));
+            plan.push((tmp(""), index.clone(), Body::Index(image)));
+            plan.push((
+                tmp(".roster"),
+                files::with_suffix(index, ".roster"),
+                Body::Bytes(roster_bytes),
+            ));
+            plans.push(plan);
         }
-        let heap0 = heap::segment_path(index, 0);
-        let t = tmp(".heap");
-        write_file(&t, &image.segments[0], &own.replacing(&heap0))?;
-        renames.push((t, heap0));
-        let t = tmp("");
-        write_sparse(&t, &image.index, &own.replacing(index))?;
-        renames.push((t, index.to_path_buf()));
-        let rpath = files::with_suffix(index, ".roster");
-        let t = tmp(".roster");
-        write_file(&t, &roster::encode(&image.roster), &own.replacing(&rpath))?;
-        renames.push((t, rpath));
-        // Segments of the old bank past the new image's last one.
-        for old in heap::discover(index).into_iter().skip(image.segments.len()) {
-            self.removals.push(old);
+        // Created one by one, in order; written and fsynced together.
+        let mut jobs = Vec::new();
+        let mut renames: Vec<Vec<(PathBuf, PathBuf)>> = Vec::new();
+        for plan in plans {
+            let mut r = Vec::with_capacity(plan.len());
+            for (t, final_path, body) in plan {
+                let f = files::create_new_unsynced(&t, &own.replacing(&final_path))?;
+                jobs.push((t.clone(), f, body));
+                r.push((t, final_path));
+            }
+            renames.push(r);
         }
-        self.renames.extend(renames);
-        self.locks.push(files::with_suffix(index, ".lock"));
-        self.dir = Some(dir);
+        write_all(&jobs)?;
+        drop(jobs);
+        for ((index, image), r) in banks.iter().zip(renames) {
+            // Segments of the old bank past the new image's last one.
+            for old in heap::discover(index).into_iter().skip(image.segments.len()) {
+                self.removals.push(old);
+            }
+            self.renames.extend(r);
+            self.locks.push(files::with_suffix(index, ".lock"));
+            self.dir = Some(index.parent().unwrap_or(Path::new(".")).to_path_buf());
+        }
         Ok(())
     }
 
