@@ -120,10 +120,7 @@ pub fn verify(t: &Table, check: Option<ValueCheck>) -> Result<Vec<Finding>> {
     if !scan.exists {
         // No index: the bank reads as empty. Say so when its companions
         // show that it held entries (the ids live only in the index).
-        let live = t
-            .roster()
-            .map(|r| r.iter().filter(|&&e| e != ROSTER_TOMBSTONE).count())
-            .unwrap_or(0);
+        let live = orphaned_roster_entries(t);
         if live > 0 {
             out.push(Finding {
                 file: index,
@@ -341,6 +338,14 @@ pub struct Repaired {
     pub lost: Vec<(String, String)>,
 }
 
+/// Live entries the roster lists for a bank whose index is missing: lost,
+/// since only the index holds their ids.
+fn orphaned_roster_entries(t: &Table) -> usize {
+    t.roster()
+        .map(|r| r.iter().filter(|&&e| e != ROSTER_TOMBSTONE).count())
+        .unwrap_or(0)
+}
+
 /// Rebuilds the bank from every intact entry (roster order first, then the
 /// other occupied slots), atomically. An id stored twice keeps the entry a
 /// lookup finds first.
@@ -349,10 +354,7 @@ pub fn repair(t: &Table, check: Option<ValueCheck>) -> Result<Repaired> {
     t.replace_with(|t| {
         let scan = t.scan()?;
         if !scan.exists {
-            let live = t
-                .roster()
-                .map(|r| r.iter().filter(|&&e| e != ROSTER_TOMBSTONE).count())
-                .unwrap_or(0);
+            let live = orphaned_roster_entries(t);
             if live > 0 {
                 rep.lost.push((
                     format!("{live} entries"),
