@@ -898,6 +898,23 @@ fn evict(dir: &Path) {
     }
 }
 
+/// Runs `compare open-first` in a child process: its wall time, and the
+/// open and first-lookup times it measured itself, under `label`.
+fn open_first(s: &mut Samples, p: &Prepared, first: &str, label: &str) {
+    let mut c = Command::new(self_exe());
+    c.arg("open-first").arg("--store").arg(&p.store).args([
+        "--size",
+        &p.size.to_string(),
+        "--id",
+        first,
+    ]);
+    let t0 = Instant::now();
+    let j = run_json(c);
+    s.add(label, "wall", t0.elapsed().as_secs_f64());
+    s.add(label, "open", j["open_s"].as_f64().unwrap());
+    s.add(label, "first", j["first_get_s"].as_f64().unwrap());
+}
+
 fn section_open(cfg: &Cfg, data: &Data, p: &Prepared) -> Samples {
     let mut s = Samples::default();
     let first = read_ids(&p.sample_file)[0].clone();
@@ -912,57 +929,11 @@ fn section_open(cfg: &Cfg, data: &Data, p: &Prepared) -> Samples {
             "wall",
             t0.elapsed().as_secs_f64(),
         );
-        let mut c = Command::new(self_exe());
-        c.arg("open-first").arg("--store").arg(&p.store).args([
-            "--size",
-            &p.size.to_string(),
-            "--id",
-            first.as_str(),
-        ]);
-        let t0 = Instant::now();
-        let j = run_json(c);
-        s.add(
-            "open + first get (warm)",
-            "wall",
-            t0.elapsed().as_secs_f64(),
-        );
-        s.add(
-            "open + first get (warm)",
-            "open",
-            j["open_s"].as_f64().unwrap(),
-        );
-        s.add(
-            "open + first get (warm)",
-            "first",
-            j["first_get_s"].as_f64().unwrap(),
-        );
+        open_first(&mut s, p, first.as_str(), "open + first get (warm)");
         if k % 3 == 0 {
             // Cold: the store's files evicted from the page cache.
             evict(&p.store);
-            let mut c = Command::new(self_exe());
-            c.arg("open-first").arg("--store").arg(&p.store).args([
-                "--size",
-                &p.size.to_string(),
-                "--id",
-                first.as_str(),
-            ]);
-            let t0 = Instant::now();
-            let j = run_json(c);
-            s.add(
-                "open + first get (cold)",
-                "wall",
-                t0.elapsed().as_secs_f64(),
-            );
-            s.add(
-                "open + first get (cold)",
-                "open",
-                j["open_s"].as_f64().unwrap(),
-            );
-            s.add(
-                "open + first get (cold)",
-                "first",
-                j["first_get_s"].as_f64().unwrap(),
-            );
+            open_first(&mut s, p, first.as_str(), "open + first get (cold)");
         }
     }
     // Resident memory of reader processes after 10k lookups.
