@@ -16,13 +16,6 @@ use common::*;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use keycache::{KeyState, Store};
 
-fn minions() -> u64 {
-    std::env::var("KEYCACHE_BENCH_MINIONS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(100_000)
-}
-
 const STATE_DIRS: [(&str, u8); 3] = [("minions", 1), ("minions_pre", 2), ("minions_rejected", 3)];
 
 fn write_tree(dir: &Path, n: u64) {

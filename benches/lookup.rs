@@ -18,13 +18,6 @@ use common::*;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use keycache::{MinionId, Store};
 
-fn minions() -> u64 {
-    std::env::var("KEYCACHE_BENCH_MINIONS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(100_000)
-}
-
 struct Cycle<'a> {
     ids: &'a [MinionId],
     i: usize,

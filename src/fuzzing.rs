@@ -896,16 +896,8 @@ fn check_model(store: &Store, m: &Model, what: &str) {
         ),
         "{what}: counts"
     );
-    for (t, c) in [
-        (
-            store.keys_table(),
-            Some(verify::check_key_value as verify::ValueCheck),
-        ),
-        (store.denied_table(), None),
-    ] {
-        let f = verify::verify(t, c).expect("verify");
-        assert!(f.is_empty(), "{what}: verify: {f:?}");
-    }
+    let f = verify::verify_store(store).expect("verify");
+    assert!(f.is_empty(), "{what}: verify: {f:?}");
 }
 
 fn mtimes(store: &Store) -> BTreeMap<(bool, String), u64> {
@@ -1392,16 +1384,8 @@ pub fn migrate_tree(data: &[u8]) {
         .map(|r| r.expect("entry"))
         .collect();
     assert_eq!(denied, final_denied, "denied bank");
-    for (t, c) in [
-        (
-            s.keys_table(),
-            Some(verify::check_key_value as verify::ValueCheck),
-        ),
-        (s.denied_table(), None),
-    ] {
-        let f = verify::verify(t, c).expect("verify");
-        assert!(f.is_empty(), "verify: {f:?}");
-    }
+    let f = verify::verify_store(&s).expect("verify");
+    assert!(f.is_empty(), "verify: {f:?}");
     for e in std::fs::read_dir(&out).expect("list").flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
         assert!(

@@ -744,8 +744,8 @@ pub(crate) fn roll_forward(dir: &Path, held: Option<&Path>) -> Result<()> {
 }
 
 /// Removes leftovers of rebuilds killed before their journal was written,
-/// and of index creations and roster rewrites killed half-way. The caller
-/// holds the lock of the banks concerned.
+/// and of index creations killed half-way (and roster rewrites, which
+/// earlier versions made). The caller holds the lock of the banks concerned.
 pub(crate) fn remove_temps_of(index: &Path) -> Result<()> {
     let dir = index.parent().unwrap_or(Path::new("."));
     let name = index
@@ -753,9 +753,10 @@ pub(crate) fn remove_temps_of(index: &Path) -> Result<()> {
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let prefix = format!("{TMP_PREFIX}{name}.");
-    // Also what a writer killed while creating the index or rewriting the
-    // roster left (`I.keycache-new.PID`, `I.roster.keycache-new.PID`): both
-    // are made under this bank's lock, which the caller holds.
+    // Also what a writer killed while creating the index left
+    // (`I.keycache-new.PID`), and a roster rewrite of an earlier version
+    // (`I.roster.keycache-new.PID`; roster recovery now patches in place):
+    // both were made under this bank's lock, which the caller holds.
     let new_index = format!("{name}.keycache-new.");
     let new_roster = format!("{name}.roster.keycache-new.");
     remove_matching(dir, |n| {

@@ -110,6 +110,14 @@ pub fn probe_stats(t: &Table) -> Result<ProbeStats> {
     })
 }
 
+/// Checks both banks of a store (the `keys` values as `[state][public key]`);
+/// an empty list means it is consistent.
+pub fn verify_store(store: &crate::Store) -> Result<Vec<Finding>> {
+    let mut f = verify(store.keys_table(), Some(check_key_value))?;
+    f.extend(verify(store.denied_table(), None)?);
+    Ok(f)
+}
+
 /// Checks a bank; an empty list means it is consistent.
 pub fn verify(t: &Table, check: Option<ValueCheck>) -> Result<Vec<Finding>> {
     let p = *t.params();

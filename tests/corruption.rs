@@ -347,9 +347,7 @@ fn error_path(e: &Error) -> Option<&Path> {
 }
 
 fn findings(s: &Store) -> keycache::Result<Vec<Finding>> {
-    let mut f = verify::verify(s.keys_table(), Some(verify::check_key_value))?;
-    f.extend(verify::verify(s.denied_table(), None)?);
-    Ok(f)
+    verify::verify_store(s)
 }
 
 /// Reads everything of a damaged store and checks it. Returns a note when

@@ -346,9 +346,7 @@ fn legit_after_crash(f: &Finding) -> bool {
 }
 
 fn findings(store: &Store) -> Vec<Finding> {
-    let mut out = verify::verify(store.keys_table(), Some(verify::check_key_value)).unwrap();
-    out.extend(verify::verify(store.denied_table(), None).unwrap());
-    out
+    verify::verify_store(store).unwrap()
 }
 
 fn listing(store: &Store) -> Model {
@@ -1507,8 +1505,7 @@ fn compact_to_size_killed_at_every_step() {
             let size = k / 96;
             let l = Layout { size, ..layout() };
             let store = Store::open_with(dir, &l.options()).unwrap();
-            let mut f = verify::verify(store.keys_table(), Some(verify::check_key_value)).unwrap();
-            f.extend(verify::verify(store.denied_table(), None).unwrap());
+            let f = verify::verify_store(&store).unwrap();
             assert!(f.is_empty(), "{ctx}: {f:?}");
             assert_eq!(common::kc_dump(dir, &l), want, "{ctx}: entries changed");
         },

@@ -443,13 +443,7 @@ fn run(secs: u64) -> u64 {
             assert_eq!(&d, &denied[id], "{who}: denied[{id}] lost a write");
         }
     }
-    let f = {
-        let mut f =
-            keycache::verify::verify(fresh.keys_table(), Some(keycache::verify::check_key_value))
-                .unwrap();
-        f.extend(keycache::verify::verify(fresh.denied_table(), None).unwrap());
-        f
-    };
+    let f = keycache::verify::verify_store(&fresh).unwrap();
     // Open issue (see README, Reliability): now and then one of Salt's ids
     // that Salt itself removed keeps a live roster entry (its tombstone did
     // not land on it). Listings skip it (the slot is not OCCUPIED), and the
@@ -469,10 +463,7 @@ fn run(secs: u64) -> u64 {
         fresh.remove_denied(&scratch).unwrap();
         fresh.put(&scratch, KeyState::Pending, b"scratch").unwrap();
         fresh.remove(&scratch).unwrap();
-        let mut f =
-            keycache::verify::verify(fresh.keys_table(), Some(keycache::verify::check_key_value))
-                .unwrap();
-        f.extend(keycache::verify::verify(fresh.denied_table(), None).unwrap());
+        let f = keycache::verify::verify_store(&fresh).unwrap();
         assert!(f.is_empty(), "not repaired by the next writes: {f:?}");
     }
     let st = fresh.stats().unwrap();

@@ -280,3 +280,12 @@ pub fn open_lmdb(
     wtxn.commit().expect("commit");
     (env, db)
 }
+
+/// Minions in the benchmark stores: `KEYCACHE_BENCH_MINIONS`, 100,000 by
+/// default.
+pub fn minions() -> u64 {
+    std::env::var("KEYCACHE_BENCH_MINIONS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(100_000)
+}
