@@ -82,6 +82,13 @@ fn bench_lookups(c: &mut Criterion) {
             let mut cy = Cycle::new(ids);
             b.iter(|| keycache_get(&store, cy.next()))
         });
+        g.bench_function(label("keycache_get_in"), |b| {
+            let (mut cy, mut buf) = (Cycle::new(ids), Vec::new());
+            b.iter(|| match store.get_in(cy.next(), &mut buf).unwrap() {
+                Some(e) => touch(e.state.byte(), e.public_key),
+                None => 0,
+            })
+        });
         g.bench_function(label("std_hashmap"), |b| {
             let mut cy = Cycle::new(ids);
             b.iter(|| match std_m.get(cy.next().as_str()) {
@@ -117,7 +124,8 @@ fn bench_lookups(c: &mut Criterion) {
         g.finish();
     }
 
-    // Batched lookups: get_many of 64 ids against the same 64 one by one.
+    // Batched lookups: get_many (and get_many_in) of 64 ids against the same
+    // 64 one by one (get, get_in).
     let mut g = c.benchmark_group("lookup_batch64");
     g.throughput(Throughput::Elements(64));
     let batches: Vec<&[MinionId]> = hits.chunks_exact(64).collect();
@@ -132,6 +140,32 @@ fn bench_lookups(c: &mut Criterion) {
                 .iter()
                 .flatten()
                 .map(|e| touch(e.state.byte(), &e.public_key))
+                .fold(0u64, u64::wrapping_add)
+        })
+    });
+    g.bench_function(BenchmarkId::new("keycache_get_many_in", n), |b| {
+        let (mut i, mut kb) = (0, keycache::KeyBatch::new());
+        b.iter(|| {
+            let batch = batches[i % batches.len()];
+            i += 1;
+            store.get_many_in(batch, &mut kb).unwrap();
+            kb.iter()
+                .flatten()
+                .map(|e| touch(e.state.byte(), e.public_key))
+                .fold(0u64, u64::wrapping_add)
+        })
+    });
+    g.bench_function(BenchmarkId::new("keycache_get_in_one_by_one", n), |b| {
+        let (mut i, mut buf) = (0, Vec::new());
+        b.iter(|| {
+            let batch = batches[i % batches.len()];
+            i += 1;
+            batch
+                .iter()
+                .map(|id| match store.get_in(id, &mut buf).unwrap() {
+                    Some(e) => touch(e.state.byte(), e.public_key),
+                    None => 0,
+                })
                 .fold(0u64, u64::wrapping_add)
         })
     });

@@ -40,7 +40,7 @@ use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 use common::*;
-use keycache::{KeyState, MinionId, Store};
+use keycache::{KeyBatch, KeyState, MinionId, Store};
 use serde_json::{json, Value as Json};
 
 // ---------------------------------------------------------------------------
@@ -386,6 +386,24 @@ fn kc_get(store: &Store, id: &MinionId) -> u64 {
 }
 
 #[inline]
+fn kc_get_in(store: &Store, id: &MinionId, buf: &mut Vec<u8>) -> u64 {
+    match store.get_in(id, buf).expect("keycache get_in") {
+        Some(e) => touch(e.state.byte(), e.public_key),
+        None => 0,
+    }
+}
+
+#[inline]
+fn kc_get_many_in(store: &Store, ids: &[MinionId], batch: &mut KeyBatch) -> u64 {
+    store.get_many_in(ids, batch).expect("keycache get_many_in");
+    batch
+        .iter()
+        .flatten()
+        .map(|e| touch(e.state.byte(), e.public_key))
+        .fold(0u64, u64::wrapping_add)
+}
+
+#[inline]
 fn kc_get_many(store: &Store, ids: &[MinionId]) -> u64 {
     store
         .get_many(ids)
@@ -443,6 +461,8 @@ impl Samples {
 
 const KC: &str = "keycache get";
 const KC_MANY: &str = "keycache get_many(64)";
+const KC_IN: &str = "keycache get_in (reused buffer)";
+const KC_MANY_IN: &str = "keycache get_many_in(64) (reused batch)";
 const STD: &str = "std HashMap (in memory)";
 const HB: &str = "hashbrown HashMap (in memory)";
 const LMDB_TXN: &str = "LMDB/heed, txn per lookup";
@@ -560,6 +580,18 @@ fn section_lookup(cfg: &Cfg, data: &Data, p: &Prepared) -> Samples {
                 if kind == "hit" {
                     let r = measure(threads, sec, nb, 64, || |i| kc_get_many(&store, batches[i]));
                     s.add(KC_MANY, &k(kind), r);
+                }
+                let r = measure(threads, sec, n, 1, || {
+                    let (store, mut buf) = (&store, Vec::new());
+                    move |i| kc_get_in(store, &ids[i], &mut buf)
+                });
+                s.add(KC_IN, &k(kind), r);
+                if kind == "hit" {
+                    let r = measure(threads, sec, nb, 64, || {
+                        let (store, batches, mut batch) = (&store, &batches, KeyBatch::new());
+                        move |i| kc_get_many_in(store, batches[i], &mut batch)
+                    });
+                    s.add(KC_MANY_IN, &k(kind), r);
                 }
                 if let (Some(m), Some(h)) = (&std_m, &hb_m) {
                     let r = measure(threads, sec, n, 1, || {
@@ -1170,6 +1202,18 @@ fn cmd_callgrind_loop(a: &Args) {
                 lookups / 64,
             )
         }
+        "keycache_in" => {
+            let mut buf = Vec::new();
+            callgrind_measured(&mut |i| kc_get_in(&store, &ids[i % n], &mut buf), lookups)
+        }
+        "keycache_many_in" => {
+            let batches: Vec<&[MinionId]> = ids.chunks_exact(64).collect();
+            let mut batch = KeyBatch::new();
+            callgrind_measured(
+                &mut |i| kc_get_many_in(&store, batches[i % batches.len()], &mut batch),
+                lookups / 64,
+            )
+        }
         "hashbrown" | "std" => {
             let entries = entries_of(&store);
             if a.get("contender") == Some("std") {
@@ -1251,7 +1295,12 @@ fn section_callgrind(data: &Data, p: &Prepared, cfg: &Cfg, all: bool) -> Samples
         log("valgrind not installed: callgrind section skipped");
         return s;
     }
-    let mut contenders = vec!["keycache", "keycache_many"];
+    let mut contenders = vec![
+        "keycache",
+        "keycache_many",
+        "keycache_in",
+        "keycache_many_in",
+    ];
     if all && cfg.maps {
         contenders.extend(["hashbrown", "std"]);
     }
@@ -1265,7 +1314,7 @@ fn section_callgrind(data: &Data, p: &Prepared, cfg: &Cfg, all: bool) -> Samples
     const L2: usize = 64 * 600;
     for (kind, ids) in [("hit", &p.hits_file), ("miss", &p.misses_file)] {
         for c in &contenders {
-            if kind == "miss" && *c == "keycache_many" {
+            if kind == "miss" && c.starts_with("keycache_many") {
                 continue;
             }
             log(&format!("  callgrind: {c} {kind} at {}", size_label(p.n)));
@@ -1364,7 +1413,17 @@ fn report_lookup(r: &mut Report, all: &[(u64, Samples)], cfg: &Cfg) {
     r.line("");
     r.line("| store | contender | hit, 1 thread | hit, 2 threads | miss, 1 thread | miss, 2 threads | keycache get ÷ it (hit, 1t) | 2t ÷ 1t (hit) |");
     r.line("|---|---|---:|---:|---:|---:|---:|---:|");
-    let order = [KC, KC_MANY, STD, HB, LMDB_TXN, LMDB_SHARED, SALT];
+    let order = [
+        KC,
+        KC_MANY,
+        KC_IN,
+        KC_MANY_IN,
+        STD,
+        HB,
+        LMDB_TXN,
+        LMDB_SHARED,
+        SALT,
+    ];
     for (n, s) in all {
         let kc = s.med(KC, "hit/1t");
         for c in order {
@@ -1458,6 +1517,17 @@ fn report_lookup(r: &mut Report, all: &[(u64, Samples)], cfg: &Cfg) {
             fmt_ratio(many / kc)
         ),
         many >= 2.0 * kc,
+    );
+    let (one, many) = (s.med(KC_IN, "hit/1t"), s.med(KC_MANY_IN, "hit/1t"));
+    r.target(
+        &format!("get_many_in at {at}: >= 2x the same lookups one by one (get_in)"),
+        format!(
+            "{} vs {} ({})",
+            fmt_rate(many),
+            fmt_rate(one),
+            fmt_ratio(many / one)
+        ),
+        many >= 2.0 * one,
     );
     let kc2 = s.med(KC, "hit/2t");
     r.target(
@@ -1691,7 +1761,7 @@ fn report_callgrind(r: &mut Report, all: &[(u64, Samples)]) {
         "### Instructions per lookup (valgrind --tool=callgrind, only the lookup loop collected)",
     );
     r.line("");
-    r.line("Per lookup: the difference between runs of 12,800 and 38,400 lookups, divided by 25,600. The counts include the caller's sum over the 451-byte key (about 1,100 instructions: most of hashbrown's hit).");
+    r.line("Per lookup: the difference between runs of 12,800 and 38,400 lookups, divided by 25,600. The counts include the caller's sum over the 451-byte key (8-byte words: about 70 instructions).");
     r.line("");
     r.line(
         "| store | contender | Ir per hit | Ir per miss | heap allocations per hit | per miss |",
@@ -1701,6 +1771,11 @@ fn report_callgrind(r: &mut Report, all: &[(u64, Samples)]) {
         for (c, name) in [
             ("keycache", "keycache get"),
             ("keycache_many", "keycache get_many(64), per id"),
+            ("keycache_in", "keycache get_in (reused buffer)"),
+            (
+                "keycache_many_in",
+                "keycache get_many_in(64) (reused batch), per id",
+            ),
             ("hashbrown", "hashbrown HashMap"),
             ("std", "std HashMap"),
             ("lmdb", "LMDB/heed, txn per lookup"),

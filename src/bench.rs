@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use crate::store::Store;
+use crate::store::{KeyBatch, Store};
 use crate::MinionId;
 
 /// A small xorshift generator: deterministic shuffles without a dependency.
@@ -29,6 +29,23 @@ impl Rng {
     }
 }
 
+/// Reads every byte of a found key, as a caller would: sums it as
+/// little-endian 8-byte words (vector adds; a byte-at-a-time sum would cost
+/// more than the lookup's own work and measure the caller).
+/// The benches and the comparison tool use it too.
+#[inline]
+pub fn touch(key: &[u8]) -> u64 {
+    let mut words = key.chunks_exact(8);
+    let mut s = 0u64;
+    for w in &mut words {
+        s = s.wrapping_add(u64::from_le_bytes(w.try_into().unwrap_or([0; 8])));
+    }
+    words
+        .remainder()
+        .iter()
+        .fold(s, |s, &b| s.wrapping_add(u64::from(b)))
+}
+
 /// Throughput of one kind of lookup.
 #[derive(Debug, Clone, Copy, serde::Serialize)]
 pub struct Rate {
@@ -39,19 +56,22 @@ pub struct Rate {
 }
 
 /// Runs `threads` threads for `seconds`, each calling `f(thread, i)` for
-/// i = 0, 1, ... in batches of `per_call` lookups; returns the rate.
-fn measure(
+/// i = 0, 1, ... in batches of `per_call` lookups, with an `f` of its own
+/// from `make` (its buffers); returns the rate, or an error when a thread
+/// panicked (a rate without it would be wrong).
+fn measure<F: FnMut(usize, usize) -> u64>(
     threads: usize,
     seconds: f64,
     per_call: usize,
-    f: &(dyn Fn(usize, usize) -> u64 + Sync),
-) -> (Rate, u64) {
+    make: &(dyn Fn() -> F + Sync),
+) -> Result<(Rate, u64), crate::cli::Fail> {
     let deadline = Duration::from_secs_f64(seconds);
     let start = Instant::now();
-    let results: Vec<(u64, u64, f64)> = std::thread::scope(|s| {
+    let results: Option<Vec<(u64, u64, f64)>> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..threads)
             .map(|t| {
                 s.spawn(move || {
+                    let mut f = make();
                     let t0 = Instant::now();
                     let (mut n, mut sum, mut i) = (0u64, 0u64, 0usize);
                     while t0.elapsed() < deadline {
@@ -65,10 +85,10 @@ fn measure(
                 })
             })
             .collect();
-        hs.into_iter()
-            .map(|h| h.join().unwrap_or((0, 0, 1.0)))
-            .collect()
+        hs.into_iter().map(|h| h.join().ok()).collect()
     });
+    let results =
+        results.ok_or_else(|| crate::cli::Fail(1, "a benchmark thread panicked".into()))?;
     let wall = start.elapsed().as_secs_f64();
     let n: u64 = results.iter().map(|r| r.0).sum();
     let per_thread_ns = results
@@ -76,13 +96,13 @@ fn measure(
         .map(|r| r.2 * 1e9 / r.0.max(1) as f64)
         .sum::<f64>()
         / threads as f64;
-    (
+    Ok((
         Rate {
             lookups_per_s: n as f64 / wall,
             ns_per_lookup: per_thread_ns,
         },
         results.iter().fold(0, |a, r| a.wrapping_add(r.1)),
-    )
+    ))
 }
 
 pub(crate) fn cmd_bench(
@@ -125,50 +145,79 @@ pub(crate) fn cmd_bench(
         })
         .collect();
     let n = ids.len();
-    let hit = |t: usize, i: usize| -> u64 {
-        let id = &ids[(i * threads + t) % n];
-        match store.get(id) {
-            Ok(Some(e)) => e.public_key.iter().map(|&b| u64::from(b)).sum(),
-            _ => 0,
+    let hit = || {
+        |t: usize, i: usize| -> u64 {
+            let id = &ids[(i * threads + t) % n];
+            match store.get(id) {
+                Ok(Some(e)) => touch(&e.public_key),
+                _ => 0,
+            }
         }
     };
-    let miss = |t: usize, i: usize| -> u64 {
-        let id = &misses[(i * threads + t) % misses.len()];
-        u64::from(matches!(store.get(id), Ok(None)))
-    };
-    const BATCH: usize = 64;
-    let batches: Vec<&[MinionId]> = ids.chunks(BATCH).filter(|c| c.len() == BATCH).collect();
-    let many = |t: usize, i: usize| -> u64 {
-        if batches.is_empty() {
-            return 0;
+    let hit_in = || {
+        let (ids, mut buf) = (&ids, Vec::new());
+        move |t: usize, i: usize| -> u64 {
+            let id = &ids[(i * threads + t) % n];
+            match store.get_in(id, &mut buf) {
+                Ok(Some(e)) => touch(e.public_key),
+                _ => 0,
+            }
         }
-        let b = batches[(i * threads + t) % batches.len()];
-        match store.get_many(b) {
-            Ok(v) => v
-                .iter()
-                .flatten()
-                .map(|e| e.public_key.iter().map(|&b| u64::from(b)).sum::<u64>())
-                .sum(),
-            _ => 0,
+    };
+    let miss = || {
+        |t: usize, i: usize| -> u64 {
+            let id = &misses[(i * threads + t) % misses.len()];
+            u64::from(matches!(store.get(id), Ok(None)))
+        }
+    };
+    // Batches of 64, or of every id when the store holds fewer (`ids` is
+    // not empty: checked above).
+    let batch_len = 64.min(n);
+    let batches: Vec<&[MinionId]> = ids.chunks_exact(batch_len).collect();
+    let many = || {
+        |t: usize, i: usize| -> u64 {
+            let b = batches[(i * threads + t) % batches.len()];
+            match store.get_many(b) {
+                Ok(v) => v
+                    .iter()
+                    .flatten()
+                    .fold(0, |s, e| s.wrapping_add(touch(&e.public_key))),
+                _ => 0,
+            }
+        }
+    };
+    let many_in = || {
+        let (batches, mut batch) = (&batches, KeyBatch::new());
+        move |t: usize, i: usize| -> u64 {
+            let b = batches[(i * threads + t) % batches.len()];
+            match store.get_many_in(b, &mut batch) {
+                Ok(()) => batch
+                    .iter()
+                    .flatten()
+                    .fold(0, |s, e| s.wrapping_add(touch(e.public_key))),
+                _ => 0,
+            }
         }
     };
     // Warm up: touch every entry once, so the page tables are filled and
     // what is measured is the steady state of a running master.
-    let warm: u64 = (0..n).map(|i| hit(0, i)).fold(0, u64::wrapping_add);
-    let (h, check) = measure(threads, seconds, 1, &hit);
+    let warm_f = hit();
+    let warm: u64 = (0..n).map(|i| warm_f(0, i)).fold(0, u64::wrapping_add);
+    let (h, check) = measure(threads, seconds, 1, &hit)?;
     let check = check.wrapping_add(warm);
-    let (m, _) = measure(threads, seconds, 1, &miss);
-    let (b, _) = if batches.is_empty() {
-        (h, 0)
-    } else {
-        measure(threads, seconds, BATCH, &many)
-    };
+    let (m, _) = measure(threads, seconds, 1, &miss)?;
+    let (hi, _) = measure(threads, seconds, 1, &hit_in)?;
+    let (b, _) = measure(threads, seconds, batch_len, &many)?;
+    let (bi, _) = measure(threads, seconds, batch_len, &many_in)?;
     let v = json!({
         "threads": threads,
         "keys": n,
+        "batch": batch_len,
         "hit": h,
         "miss": m,
         "get_many": b,
+        "get_in": hi,
+        "get_many_in": bi,
         "checksum": check,
     });
     if json_out {
@@ -178,10 +227,16 @@ pub(crate) fn cmd_bench(
             "{} keys, {threads} thread(s), {seconds} s per measurement",
             n
         );
-        println!("{:<10} {:>16} {:>14}", "lookup", "lookups/s", "ns/lookup");
-        for (name, r) in [("hit", h), ("miss", m), ("get_many", b)] {
+        println!("{:<12} {:>16} {:>14}", "lookup", "lookups/s", "ns/lookup");
+        for (name, r) in [
+            ("hit", h),
+            ("miss", m),
+            ("get_many", b),
+            ("get_in", hi),
+            ("get_many_in", bi),
+        ] {
             println!(
-                "{:<10} {:>16.0} {:>14.1}",
+                "{:<12} {:>16.0} {:>14.1}",
                 name, r.lookups_per_s, r.ns_per_lookup
             );
         }

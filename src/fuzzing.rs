@@ -530,6 +530,35 @@ fn check_store(dir: &Path, store: &Store, p: Params, planted: bool) {
             }
             Err(e) => assert!(any_err, "get_many failed where every get succeeded: {e}"),
         }
+        // The buffer forms: values appended after what the buffer holds,
+        // nothing appended for an absent id.
+        let mut buf = b"prefix".to_vec();
+        for (id, g) in ids.iter().zip(&gets) {
+            buf.truncate(6);
+            match t.get_into(id, &mut buf) {
+                Ok(f) => {
+                    let v = f.map(|f| f.value(&buf).to_vec());
+                    assert_eq!(&v, g, "{index}: get_into and get differ on {id:?}");
+                    assert_eq!(&buf[..6], b"prefix");
+                    assert_eq!(buf.len(), 6 + v.map_or(0, |v| v.len()));
+                }
+                Err(e) => assert!(any_err, "get_into failed where every get succeeded: {e}"),
+            }
+        }
+        let (mut buf, mut found) = (Vec::new(), Vec::new());
+        match t.get_many_into(&ids, &mut buf, &mut found) {
+            Ok(()) => {
+                assert_eq!(found.len(), ids.len());
+                for ((id, f), g) in ids.iter().zip(&found).zip(&gets) {
+                    let v = f.map(|f| f.value(&buf).to_vec());
+                    assert_eq!(&v, g, "{index}: get_many_into and get differ on {id:?}");
+                }
+            }
+            Err(e) => assert!(
+                any_err,
+                "get_many_into failed where every get succeeded: {e}"
+            ),
+        }
         // Listing.
         let want = rb.list();
         match (lib_list(t), &want) {

@@ -42,8 +42,8 @@ pub(crate) struct Segment {
 
 /// What a read of a record found.
 pub(crate) enum Read {
-    /// The record's value, checksum verified.
-    Value(Vec<u8>),
+    /// The record's value, checksum verified, was appended to the buffer.
+    Value,
     /// The record's bytes do not match their checksum (torn or corrupt).
     Mismatch,
     /// The record lies past the reserved mapping: remap and retry.
@@ -100,10 +100,12 @@ impl Segment {
         self.map.prefetch(off as usize);
     }
 
-    /// Reads the record of `len` value bytes at byte offset `off` and checks it.
-    pub(crate) fn read(&self, off: u64, len: u32) -> Result<Read> {
+    /// Reads the record of `len` value bytes at byte offset `off`, checks
+    /// it, and appends its value to `out` (which is left as it was unless
+    /// the answer is [`Read::Value`]).
+    pub(crate) fn read_into(&self, off: u64, len: u32, out: &mut Vec<u8>) -> Result<Read> {
         if len == 0 {
-            return Ok(Read::Value(Vec::new()));
+            return Ok(Read::Value);
         }
         let end = off.saturating_add(CHECKSUM_LEN as u64 + u64::from(len));
         if end > self.known_len.load(Ordering::Relaxed) {
@@ -118,11 +120,14 @@ impl Segment {
         }
         let off = off as usize;
         let mut sum = [0u8; CHECKSUM_LEN];
-        let mut value = vec![0u8; len as usize];
-        if !self.map.copy_out(off, &mut sum) || !self.map.copy_out(off + CHECKSUM_LEN, &mut value) {
+        let at = out.len();
+        if !self.map.copy_out(off, &mut sum)
+            || !self.map.append_to(off + CHECKSUM_LEN, len as usize, out)
+        {
             return Ok(Read::Remap);
         }
-        if layout::hash(&value) != u64::from_le_bytes(sum) {
+        if layout::hash(&out[at..]) != u64::from_le_bytes(sum) {
+            out.truncate(at);
             // A file truncated under us reads as zeros up to the end of its
             // last page: say so, and remember the new length.
             let file_len = self.file_len()?;
@@ -131,7 +136,7 @@ impl Segment {
             }
             return Ok(Read::Mismatch);
         }
-        Ok(Read::Value(value))
+        Ok(Read::Value)
     }
 }
 
@@ -171,21 +176,23 @@ mod tests {
         layout::encode_record(b"hello", &mut rec);
         f.write_all(&rec).unwrap();
         let seg = Segment::open(&p, 4096, 0).unwrap();
-        assert!(matches!(seg.read(0, 5).unwrap(), Read::Value(v) if v == b"hello"));
-        assert!(matches!(seg.read(0, 4).unwrap(), Read::Mismatch));
+        let read = |off, len| {
+            let mut v = b"kept".to_vec();
+            let r = seg.read_into(off, len, &mut v).unwrap();
+            (r, v)
+        };
+        assert!(matches!(read(0, 5), (Read::Value, v) if v == b"kepthello"));
+        assert!(matches!(read(0, 4), (Read::Mismatch, v) if v == b"kept"));
         assert!(matches!(
-            seg.read(1, 5).unwrap(),
-            Read::PastEnd { file_len: 13 }
+            read(1, 5),
+            (Read::PastEnd { file_len: 13 }, v) if v == b"kept"
         ));
-        assert!(matches!(
-            seg.read(u64::MAX - 3, 5).unwrap(),
-            Read::PastEnd { .. }
-        ));
+        assert!(matches!(read(u64::MAX - 3, 5), (Read::PastEnd { .. }, _)));
         // Growth after mapping is seen without remapping.
         let mut rec2 = Vec::new();
         layout::encode_record(b"world!", &mut rec2);
         f.write_all(&rec2).unwrap();
-        assert!(matches!(seg.read(13, 6).unwrap(), Read::Value(v) if v == b"world!"));
+        assert!(matches!(read(13, 6), (Read::Value, v) if v == b"keptworld!"));
         assert_eq!(discover(&idx), vec![p]);
     }
 }

@@ -42,6 +42,12 @@ impl AsRef<str> for MinionId {
     }
 }
 
+impl AsRef<[u8]> for MinionId {
+    fn as_ref(&self) -> &[u8] {
+        self.0.as_bytes()
+    }
+}
+
 impl fmt::Display for MinionId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)

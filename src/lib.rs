@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 #![warn(missing_docs)]
-mod bench;
+#[doc(hidden)]
+pub mod bench;
 pub mod cli;
 pub mod error;
 pub mod export;
@@ -21,5 +22,5 @@ pub mod verify;
 pub use error::{Error, Result};
 pub use id::MinionId;
 pub use layout::Params;
-pub use store::{Counts, KeyEntry, KeyState, Store};
+pub use store::{Counts, KeyBatch, KeyEntry, KeyRef, KeyState, Store};
 pub use table::OpenOptions;

@@ -100,32 +100,86 @@ impl Mapping {
         if !self.in_bounds(off, dst.len()) {
             return false;
         }
-        let base = self.raw.as_mut_ptr();
-        let mut i = 0;
-        let n = dst.len();
-        // Leading bytes up to the first 8-aligned address.
-        while i < n && !(base as usize + off + i).is_multiple_of(8) {
-            // SAFETY: `off + i < off + n <= len`: inside the mapping; bytes
-            // need no alignment; all accesses are atomic (see `load_u8`).
-            let a = unsafe { AtomicU8::from_ptr(base.add(off + i)) };
-            dst[i] = a.load(Ordering::Relaxed);
-            i += 1;
+        // SAFETY: `off..off + dst.len()` is inside the mapping (checked
+        // above) and `dst` is valid for `dst.len()` byte writes.
+        unsafe { self.copy_raw(off, dst.as_mut_ptr(), dst.len()) };
+        true
+    }
+
+    /// Appends the `len` bytes starting at `off` to `out`, like
+    /// [`Mapping::copy_out`] but without zero-filling room for them first
+    /// (a lookup's value is copied once, straight into what it returns).
+    /// Returns false, and appends nothing, when the range is outside the
+    /// mapping.
+    #[inline]
+    pub(crate) fn append_to(&self, off: usize, len: usize, out: &mut Vec<u8>) -> bool {
+        if !self.in_bounds(off, len) {
+            return false;
         }
-        while i + 8 <= n {
-            // SAFETY: `off + i + 8 <= off + n <= len`: inside the mapping;
-            // the loop above made `base + off + i` 8-aligned and it stays so
-            // in steps of 8; all accesses are atomic (see `load_u8`).
-            let a = unsafe { AtomicU64::from_ptr(base.add(off + i).cast::<u64>()) };
-            dst[i..i + 8].copy_from_slice(&a.load(Ordering::Relaxed).to_ne_bytes());
-            i += 8;
+        if out.capacity() == 0 {
+            // A lookup's own vector: allocated once, at the value's size.
+            *out = Vec::with_capacity(len);
+        } else {
+            out.reserve(len);
         }
-        while i < n {
-            // SAFETY: as for the leading bytes.
-            let a = unsafe { AtomicU8::from_ptr(base.add(off + i)) };
-            dst[i] = a.load(Ordering::Relaxed);
-            i += 1;
+        let at = out.len();
+        // SAFETY: `off..off + len` is inside the mapping (checked above);
+        // `reserve` left room for `len` more bytes after the `at` bytes in
+        // use, and `copy_raw` writes every one of them before `set_len`
+        // makes them part of the vector.
+        unsafe {
+            self.copy_raw(off, out.as_mut_ptr().add(at), len);
+            out.set_len(at + len);
         }
         true
+    }
+
+    /// Copies `n` bytes at `off` to `dst` with relaxed atomic loads: single
+    /// bytes up to the first 8-aligned address, then 32 and 8 bytes at a
+    /// time as aligned `u64` loads, then the last bytes.
+    ///
+    /// # Safety
+    ///
+    /// `off + n` must not exceed the mapping's length, and `dst` must be
+    /// valid for `n` byte writes and not overlap the mapping.
+    #[inline(always)]
+    unsafe fn copy_raw(&self, off: usize, dst: *mut u8, n: usize) {
+        // SAFETY (for every access below): the caller guarantees that
+        // `off..off + n` lies inside the mapping, which stays mapped as long
+        // as `self` lives, and that `dst` takes `n` bytes; every index used
+        // is below `n`. Loads of mapped memory are atomic (no `&AtomicU*`
+        // ever aliases a non-atomic access, see `load_u8`); the `u64` loads
+        // are 8-aligned because `lead` bytes were copied one by one first.
+        // Stores go to `dst`, plain memory of the caller's, unaligned.
+        unsafe {
+            let src = self.raw.as_mut_ptr().add(off);
+            let lead = (src as usize).wrapping_neg() & 7;
+            let lead = lead.min(n);
+            let mut i = 0;
+            while i < lead {
+                *dst.add(i) = AtomicU8::from_ptr(src.add(i)).load(Ordering::Relaxed);
+                i += 1;
+            }
+            let word =
+                |i: usize| AtomicU64::from_ptr(src.add(i).cast::<u64>()).load(Ordering::Relaxed);
+            while i + 32 <= n {
+                let (a, b, c, d) = (word(i), word(i + 8), word(i + 16), word(i + 24));
+                let p = dst.add(i).cast::<u64>();
+                p.write_unaligned(a);
+                p.add(1).write_unaligned(b);
+                p.add(2).write_unaligned(c);
+                p.add(3).write_unaligned(d);
+                i += 32;
+            }
+            while i + 8 <= n {
+                dst.add(i).cast::<u64>().write_unaligned(word(i));
+                i += 8;
+            }
+            while i < n {
+                *dst.add(i) = AtomicU8::from_ptr(src.add(i)).load(Ordering::Relaxed);
+                i += 1;
+            }
+        }
     }
 
     /// Hints the CPU to start loading the cache line at `off` (no effect
@@ -232,6 +286,34 @@ mod tests {
             assert!(m.copy_out(off, &mut buf));
             assert_eq!(buf, &data[off..off + n]);
         }
+        // Every alignment and length around the 8- and 32-byte steps.
+        for off in 0..16 {
+            for n in [
+                0, 1, 2, 7, 8, 9, 15, 16, 17, 31, 32, 33, 40, 63, 64, 65, 451, 984,
+            ] {
+                let mut buf = vec![0xAAu8; n];
+                assert!(m.copy_out(off, &mut buf));
+                assert_eq!(buf, &data[off..off + n], "copy_out({off}, {n})");
+                let mut v = b"kept".to_vec();
+                assert!(m.append_to(off, n, &mut v));
+                assert_eq!(&v[..4], b"kept");
+                assert_eq!(&v[4..], &data[off..off + n], "append_to({off}, {n})");
+            }
+        }
+        // A mapping whose length is not a multiple of 8: its last bytes
+        // are copied without reading past it.
+        let m2 = Mapping::read_write(&f, 997).unwrap();
+        for off in 970..997 {
+            for n in 0..=(997 - off) {
+                let mut buf = vec![0xAAu8; n];
+                assert!(m2.copy_out(off, &mut buf));
+                assert_eq!(buf, &data[off..off + n], "997: copy_out({off}, {n})");
+            }
+        }
+        let mut v = b"kept".to_vec();
+        assert!(!m.append_to(990, 11, &mut v));
+        assert!(!m.append_to(usize::MAX, 2, &mut v));
+        assert_eq!(v, b"kept");
         let mut buf = [0u8; 2];
         assert!(!m.copy_out(999, &mut buf));
         assert!(!m.copy_out(usize::MAX, &mut buf));

@@ -9,11 +9,13 @@
 //! names and renamed into place through [`crate::rebuild`]'s journal, under
 //! the banks' locks.
 
+use std::collections::HashMap;
 use std::ffi::OsString;
 use std::io::Read;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::Serialize;
 
@@ -161,27 +163,58 @@ fn is_pem_public_key(b: &[u8]) -> bool {
 struct Listed {
     /// Index in [`TREE_DIRS`].
     dir: usize,
-    name: OsString,
+    /// Where its name is in the listing's [`Names`].
+    name: (usize, usize),
     /// The type the directory listing gives (no `stat` on most filesystems).
     kind: std::io::Result<std::fs::FileType>,
 }
 
-/// Where a key read from the tree lies in its reader's buffer: the PEM is at
-/// `off + 1 .. off + 1 + len`, and the byte at `off` is the state byte of
-/// its directory, so that `off .. off + 1 + len` is its `keys` value as is.
+/// Where a key read from the tree lies in its reader's buffer: its whole
+/// heap record, `[xxh3(value)][value]`, is at `off .. off + 8 + value
+/// length`. The value is the PEM for `minions_denied`, and the state byte of
+/// its directory then the PEM for the other three (their `keys` value).
 #[derive(Clone, Copy)]
 struct Span {
     off: usize,
+    /// Length of the PEM.
     len: usize,
     mtime: u64,
+}
+
+/// Bytes before the value in a record: its checksum.
+const SUM: usize = crate::layout::CHECKSUM_LEN;
+
+/// Bytes of a `dir` value before the PEM: the state byte, but in
+/// `minions_denied`.
+fn state_bytes(dir: usize) -> usize {
+    usize::from(dir < 3)
 }
 
 /// A key read from the tree, or why the entry was skipped.
 type Entry = std::result::Result<Span, (SkipReason, String)>;
 
+/// The names of a listing, one after the other (one allocation, not one
+/// per name: walked in order, they are in cache).
+#[derive(Default)]
+struct Names(Vec<u8>);
+
+impl Names {
+    fn push(&mut self, name: &[u8]) -> (usize, usize) {
+        let start = self.0.len();
+        self.0.extend_from_slice(name);
+        (start, name.len())
+    }
+
+    fn get(&self, (start, len): (usize, usize)) -> &[u8] {
+        self.0.get(start..start + len).unwrap_or_default()
+    }
+}
+
 /// What one reader thread hands back: its entries in order, and the buffer
 /// holding their bytes.
 struct Part {
+    /// The ids of `keys`, one after the other.
+    ids: String,
     /// Key files read, in scan order.
     keys: Vec<TreeKey>,
     /// Entries skipped, in scan order.
@@ -196,6 +229,7 @@ struct Part {
 fn read_entry(
     path: &Path,
     e: &Listed,
+    name: &[u8],
     params: &Params,
     skip_long: bool,
     buf: &mut Vec<u8>,
@@ -211,14 +245,10 @@ fn read_entry(
     if !kind.is_file() {
         return skip(SkipReason::NotARegularFile, "not a regular file".into());
     }
-    let name = e.name.as_os_str();
-    let Some(id) = name.to_str() else {
+    let Ok(id) = std::str::from_utf8(name) else {
         return skip(
             SkipReason::NonUtf8Name,
-            format!(
-                "file name {:?} is not UTF-8",
-                String::from_utf8_lossy(name.as_bytes())
-            ),
+            format!("file name {:?} is not UTF-8", String::from_utf8_lossy(name)),
         );
     };
     if id.starts_with('.') {
@@ -274,11 +304,13 @@ fn read_entry(
     // meanwhile; short reads go on until end of file.
     let size = meta.len() as usize;
     let off = buf.len();
-    let start = off + 1;
+    let start = off + SUM + state_bytes(e.dir);
     buf.resize(start + size + 1, 0);
     // The state byte of this directory, for a `keys` value (the entry that
     // wins for an id found in several directories is that of the last).
-    buf[off] = KeyState::ALL.get(e.dir).map_or(0, |s| s.byte());
+    if let (1, Some(s)) = (state_bytes(e.dir), KeyState::ALL.get(e.dir)) {
+        buf[off + SUM] = s.byte();
+    }
     let mut got = 0;
     let res = loop {
         match f.read(&mut buf[start + got..]) {
@@ -332,12 +364,87 @@ fn read_entry(
     let mtime = (meta.mtime().max(0) as u64)
         .saturating_mul(1_000_000_000)
         .saturating_add(meta.mtime_nsec().max(0) as u64);
+    // The record's checksum, so that the heap is written from this buffer.
+    let sum = crate::layout::hash(&buf[off + SUM..]);
+    buf[off..off + SUM].copy_from_slice(&sum.to_le_bytes());
     Ok(Ok(Span { off, len, mtime }))
 }
 
-/// Checks the tree and lists its directories' entries, each directory's
+/// Lists one directory of the tree (`dir`, an index in [`TREE_DIRS`]),
 /// sorted by name (byte order).
-fn list_tree(pki_dir: &Path) -> Result<(Vec<PathBuf>, Vec<Listed>)> {
+fn list_dir(p: &Path, dir: usize) -> Result<DirListing> {
+    let cannot = |e: std::io::Error| Error::PkiDir {
+        path: p.into(),
+        why: format!("cannot list it: {e}"),
+    };
+    let mut names = Names::default();
+    let mut entries = Vec::new();
+    for e in std::fs::read_dir(p).map_err(cannot)? {
+        let e = e.map_err(cannot)?;
+        entries.push(Listed {
+            dir,
+            name: names.push(e.file_name().as_bytes()),
+            kind: e.file_type(),
+        });
+    }
+    entries.sort_unstable_by(|a, b| names.get(a.name).cmp(names.get(b.name)));
+    Ok(DirListing { names, entries })
+}
+
+/// The entries of one directory of the tree.
+struct DirListing {
+    names: Names,
+    entries: Vec<Listed>,
+}
+
+/// Entries of one directory for a reader to read: `listing.entries[range]`,
+/// the `chunk`th share of directory `dir`.
+struct Unit {
+    dir: usize,
+    chunk: usize,
+    listing: Arc<DirListing>,
+    range: std::ops::Range<usize>,
+}
+
+/// Entries of a directory in one [`Unit`] (a share for one reader at a time,
+/// small enough for the readers to stay busy until the end).
+const UNIT_ENTRIES: usize = 2048;
+
+/// Units waiting for a reader, and how many directory listers are still at
+/// work (readers wait for them before finishing).
+struct Queue {
+    units: std::collections::VecDeque<Unit>,
+    listers: usize,
+}
+
+/// The shares of a listing, queued for the readers.
+fn enqueue(queue: &(std::sync::Mutex<Queue>, std::sync::Condvar), listing: DirListing, dir: usize) {
+    let listing = Arc::new(listing);
+    let n = listing.entries.len();
+    let mut q = queue.0.lock().unwrap_or_else(|e| e.into_inner());
+    for (chunk, start) in (0..n).step_by(UNIT_ENTRIES).enumerate() {
+        q.units.push_back(Unit {
+            dir,
+            chunk,
+            listing: listing.clone(),
+            range: start..n.min(start + UNIT_ENTRIES),
+        });
+    }
+    drop(q);
+    queue.1.notify_all();
+}
+
+/// Checks the tree, lists its directories and reads every entry. Listing
+/// and reading overlap: the small directories (`minions_pre`,
+/// `minions_rejected`, `minions_denied`) are listed by one thread, which
+/// starts reading them while the main thread still lists `minions`; then
+/// every reader takes shares of any directory until all are read. Returns
+/// the parts in scan order (directory, then name).
+fn scan_tree(
+    pki_dir: &Path,
+    opts: &MigrateOptions,
+    progress: &(dyn Fn(u64, u64) + Sync),
+) -> Result<Vec<Part>> {
     let bad = |why: String| Error::PkiDir {
         path: pki_dir.into(),
         why,
@@ -346,147 +453,205 @@ fn list_tree(pki_dir: &Path) -> Result<(Vec<PathBuf>, Vec<Listed>)> {
     if !meta.is_dir() {
         return Err(bad("it is not a directory".into()));
     }
-    let mut paths = Vec::new();
-    let mut out = Vec::new();
-    let mut any = false;
-    for (i, d) in TREE_DIRS.iter().enumerate() {
-        let p = pki_dir.join(d);
-        paths.push(p.clone());
-        match std::fs::symlink_metadata(&p) {
-            Ok(m) if m.is_dir() => {}
+    let paths: Vec<PathBuf> = TREE_DIRS.iter().map(|d| pki_dir.join(d)).collect();
+    let mut present = [false; 4];
+    for (i, (d, p)) in TREE_DIRS.iter().zip(&paths).enumerate() {
+        match std::fs::symlink_metadata(p) {
+            Ok(m) if m.is_dir() => present[i] = true,
             Ok(_) => {
+                // The directories before it are listed first, as a scan in
+                // order would (their errors come first).
+                for j in (0..i).filter(|&j| present[j]) {
+                    list_dir(&paths[j], j)?;
+                }
                 return Err(bad(format!(
                     "{d} is not a directory (symlinked directories are not followed)"
-                )))
+                )));
             }
-            Err(_) => continue,
+            Err(_) => {}
         }
-        any = true;
-        let rd = std::fs::read_dir(&p).map_err(|e| Error::PkiDir {
-            path: p.clone(),
-            why: format!("cannot list it: {e}"),
-        })?;
-        let first = out.len();
-        for e in rd {
-            let e = e.map_err(|e| Error::PkiDir {
-                path: p.clone(),
-                why: format!("cannot list it: {e}"),
-            })?;
-            out.push(Listed {
-                dir: i,
-                name: e.file_name(),
-                kind: e.file_type(),
-            });
-        }
-        out[first..].sort_unstable_by(|a, b| a.name.cmp(&b.name));
     }
-    if !any {
+    if !present.iter().any(|&p| p) {
         return Err(bad(format!(
             "it has none of {}; is it a Salt pki_dir?",
             TREE_DIRS.join(", ")
         )));
     }
-    Ok((paths, out))
-}
-
-/// Reads every listed entry, in up to 8 threads, each taking a contiguous
-/// share (so the parts, in order, keep the scan order).
-fn read_tree(
-    paths: &[PathBuf],
-    listed: Vec<Listed>,
-    opts: &MigrateOptions,
-    progress: &(dyn Fn(u64, u64) + Sync),
-) -> Result<Vec<Part>> {
-    let total = listed.len() as u64;
-    let threads = std::thread::available_parallelism()
+    let readers = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1)
-        .clamp(1, 8);
-    let chunk = listed.len().div_ceil(threads).max(1);
-    let mut shares: Vec<Vec<Listed>> = Vec::new();
-    let mut rest = listed;
-    while rest.len() > chunk {
-        let tail = rest.split_off(chunk);
-        shares.push(rest);
-        rest = tail;
+        .clamp(2, 8);
+    let queue = (
+        std::sync::Mutex::new(Queue {
+            units: Default::default(),
+            listers: 2,
+        }),
+        std::sync::Condvar::new(),
+    );
+    // Counts a lister out when dropped (even by a panic: readers would
+    // wait for it forever).
+    struct Lister<'a>(&'a (std::sync::Mutex<Queue>, std::sync::Condvar));
+    impl Drop for Lister<'_> {
+        fn drop(&mut self) {
+            let mut q = self.0 .0.lock().unwrap_or_else(|e| e.into_inner());
+            q.listers = q.listers.saturating_sub(1);
+            drop(q);
+            self.0 .1.notify_all();
+        }
     }
-    shares.push(rest);
+    let total = std::sync::atomic::AtomicU64::new(0);
     let done = std::sync::atomic::AtomicU64::new(0);
-    let results: Vec<Result<Part>> = std::thread::scope(|s| {
-        let handles: Vec<_> = shares
-            .into_iter()
-            .enumerate()
-            .map(|(part, share)| {
-                let done = &done;
-                s.spawn(move || -> Result<Part> {
-                    // Most keys are PEM of well under 1 KiB.
-                    let mut p = Part {
-                        keys: Vec::with_capacity(share.len()),
-                        skipped: Vec::new(),
-                        found: StateCounts::default(),
-                        buf: Vec::with_capacity(share.len() * 512),
-                    };
-                    // "DIR/" of each directory, and the path being read.
-                    let prefixes: Vec<OsString> = paths
-                        .iter()
-                        .map(|p| {
-                            let mut s = p.clone().into_os_string();
-                            s.push("/");
-                            s
-                        })
-                        .collect();
-                    let mut path = OsString::new();
-                    for (n, e) in share.into_iter().enumerate() {
-                        path.clear();
-                        path.push(&prefixes[e.dir]);
-                        path.push(&e.name);
-                        let path = Path::new(&path);
-                        match read_entry(path, &e, &opts.params, opts.skip_long_ids, &mut p.buf)? {
-                            Ok(span) => {
-                                bump(&mut p.found, e.dir);
-                                p.keys.push(TreeKey {
-                                    dir: e.dir,
-                                    // UTF-8: checked by `read_entry`.
-                                    id: e.name.into_string().unwrap_or_default(),
-                                    part,
-                                    span,
-                                });
-                            }
-                            Err((reason, detail)) => p.skipped.push(Skipped {
-                                path: path.to_string_lossy().into_owned(),
-                                reason,
-                                detail,
-                            }),
-                        }
-                        if n % 256 == 255 {
-                            let d = done.fetch_add(256, std::sync::atomic::Ordering::Relaxed) + 256;
-                            progress(d, total);
-                        }
+    // "DIR/" of each directory.
+    let prefixes: Vec<OsString> = paths
+        .iter()
+        .map(|p| {
+            let mut s = p.clone().into_os_string();
+            s.push("/");
+            s
+        })
+        .collect();
+    type Read = ((usize, usize), Result<Part>);
+    // Reads units until none is left and the listers are done.
+    let read_units = || -> Vec<Read> {
+        let mut out = Vec::new();
+        loop {
+            let unit = {
+                let mut q = queue.0.lock().unwrap_or_else(|e| e.into_inner());
+                loop {
+                    if let Some(u) = q.units.pop_front() {
+                        break Some(u);
                     }
-                    Ok(p)
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join().unwrap_or_else(|_| {
-                    Err(Error::PkiDir {
-                        path: paths[0].parent().unwrap_or(Path::new(".")).into(),
-                        why: "a reader thread panicked".into(),
-                    })
-                })
-            })
-            .collect()
+                    if q.listers == 0 {
+                        break None;
+                    }
+                    q = queue.1.wait(q).unwrap_or_else(|e| e.into_inner());
+                }
+            };
+            let Some(u) = unit else {
+                return out;
+            };
+            let part = read_unit(&prefixes, &u, opts, &|n| {
+                let d = done.fetch_add(n, std::sync::atomic::Ordering::Relaxed) + n;
+                progress(d, total.load(std::sync::atomic::Ordering::Relaxed));
+            });
+            out.push(((u.dir, u.chunk), part));
+        }
+    };
+    let list = |i: usize| -> Result<()> {
+        if present[i] {
+            let l = list_dir(&paths[i], i)?;
+            total.fetch_add(l.entries.len() as u64, std::sync::atomic::Ordering::Relaxed);
+            enqueue(&queue, l, i);
+        }
+        Ok(())
+    };
+    let panicked = || Error::PkiDir {
+        path: pki_dir.into(),
+        why: "a reader thread panicked".into(),
+    };
+    let (listed, small_listed, mut reads) = std::thread::scope(|s| {
+        // The small directories, then reading.
+        let small = s.spawn(|| {
+            let lister = Lister(&queue);
+            let r = (1..4).try_for_each(list);
+            drop(lister);
+            (r, read_units())
+        });
+        let others: Vec<_> = (2..readers).map(|_| s.spawn(read_units)).collect();
+        let lister = Lister(&queue);
+        let listed = list(0);
+        drop(lister);
+        let mut reads = read_units();
+        for h in others {
+            match h.join() {
+                Ok(r) => reads.extend(r),
+                Err(_) => reads.push(((usize::MAX, 0), Err(panicked()))),
+            }
+        }
+        let small_listed = match small.join() {
+            Ok((l, r)) => {
+                reads.extend(r);
+                l
+            }
+            Err(_) => Err(panicked()),
+        };
+        (listed, small_listed, reads)
     });
-    progress(total, total);
-    results.into_iter().collect()
+    // Errors as a scan in order would meet them: listing `minions`, listing
+    // the others, then reading, in scan order.
+    listed?;
+    small_listed?;
+    let n = total.load(std::sync::atomic::Ordering::Relaxed);
+    progress(n, n);
+    reads.sort_unstable_by_key(|r| r.0);
+    reads.into_iter().map(|(_, p)| p).collect()
+}
+
+/// Reads the entries of `unit`, reporting progress through `tick` (entries
+/// read since its last call).
+fn read_unit(
+    prefixes: &[OsString],
+    unit: &Unit,
+    opts: &MigrateOptions,
+    tick: &dyn Fn(u64),
+) -> Result<Part> {
+    let share = unit
+        .listing
+        .entries
+        .get(unit.range.clone())
+        .unwrap_or_default();
+    let names = &unit.listing.names;
+    // Most keys are PEM of well under 1 KiB.
+    let mut p = Part {
+        ids: String::with_capacity(share.len() * 32),
+        keys: Vec::with_capacity(share.len()),
+        skipped: Vec::new(),
+        found: StateCounts::default(),
+        buf: Vec::with_capacity(share.len() * 512),
+    };
+    let mut path = OsString::new();
+    for (n, e) in share.iter().enumerate() {
+        let name = names.get(e.name);
+        path.clear();
+        path.push(&prefixes[e.dir]);
+        path.push(std::ffi::OsStr::from_bytes(name));
+        let path = Path::new(&path);
+        match read_entry(path, e, name, &opts.params, opts.skip_long_ids, &mut p.buf)? {
+            Ok(span) => {
+                bump(&mut p.found, e.dir);
+                // UTF-8: checked by `read_entry`.
+                let id = std::str::from_utf8(name).unwrap_or_default();
+                let start = p.ids.len();
+                p.ids.push_str(id);
+                p.keys.push(TreeKey {
+                    dir: e.dir,
+                    idh: crate::layout::hash(name),
+                    id: (start, id.len()),
+                    part: 0,
+                    span,
+                });
+            }
+            Err((reason, detail)) => p.skipped.push(Skipped {
+                path: path.to_string_lossy().into_owned(),
+                reason,
+                detail,
+            }),
+        }
+        if n % 256 == 255 {
+            tick(256);
+        }
+    }
+    tick((share.len() % 256) as u64);
+    Ok(p)
 }
 
 /// A key of the tree that is migrated.
 struct TreeKey {
     dir: usize,
-    id: String,
+    /// xxh3 of the id, taken while the reader has it at hand.
+    idh: u64,
+    /// Where the id is in its part's ids ([`Tree::id`]).
+    id: (usize, usize),
     part: usize,
     span: Span,
 }
@@ -518,7 +683,10 @@ struct Plan {
 
 /// What was read from the tree, after Salt's precedence.
 struct Tree {
-    parts: Vec<Vec<u8>>,
+    /// The readers' buffers, shared with the images that write from them.
+    parts: Vec<Arc<Vec<u8>>>,
+    /// The ids of each part's keys.
+    ids: Vec<String>,
     /// Every key file read, in scan order.
     found: Vec<TreeKey>,
     /// `keys` bank entries (indices in `found`), in first-seen order.
@@ -528,26 +696,29 @@ struct Tree {
 }
 
 impl Tree {
-    fn pem(&self, i: usize) -> &[u8] {
+    /// The id of entry `i`.
+    fn id(&self, i: usize) -> &str {
         let k = &self.found[i];
-        &self.parts[k.part][k.span.off + 1..k.span.off + 1 + k.span.len]
+        self.ids
+            .get(k.part)
+            .and_then(|s| s.get(k.id.0..k.id.0 + k.id.1))
+            .unwrap_or_default()
     }
 
-    /// The `keys` value: `[state][pem]` (the state byte is set in place).
-    fn key_value(&self, i: usize) -> &[u8] {
+    /// Length of the value of entry `i` (of its bank).
+    fn value_len(&self, i: usize) -> usize {
         let k = &self.found[i];
-        &self.parts[k.part][k.span.off..k.span.off + 1 + k.span.len]
+        state_bytes(k.dir) + k.span.len
+    }
+
+    /// Where the heap record of entry `i` is: (buffer, range).
+    fn record(&self, i: usize) -> (usize, std::ops::Range<usize>) {
+        let k = &self.found[i];
+        (k.part, k.span.off..k.span.off + SUM + self.value_len(i))
     }
 
     fn state(&self, i: usize) -> KeyState {
         KeyState::ALL[self.found[i].dir]
-    }
-
-    fn find(&self, sorted: &[usize], id: &str) -> Option<usize> {
-        sorted
-            .binary_search_by(|&i| self.found[i].id.as_str().cmp(id))
-            .ok()
-            .map(|p| sorted[p])
     }
 
     /// Merges the tree with what the target banks hold (unless `replace`)
@@ -567,15 +738,11 @@ impl Tree {
                 let id = String::from_utf8_lossy(&r.id).into_owned();
                 let sorted = by_id.get_or_insert_with(|| {
                     let mut v = kpos.clone();
-                    v.sort_unstable_by(|&a, &b| {
-                        self.found[self.keys[a]]
-                            .id
-                            .cmp(&self.found[self.keys[b]].id)
-                    });
+                    v.sort_unstable_by(|&a, &b| self.id(self.keys[a]).cmp(self.id(self.keys[b])));
                     v
                 });
                 let hit = sorted
-                    .binary_search_by(|&p| self.found[self.keys[p]].id.as_str().cmp(&id))
+                    .binary_search_by(|&p| self.id(self.keys[p]).cmp(&id))
                     .ok()
                     .map(|x| sorted[x]);
                 if let Some(p) = hit {
@@ -601,14 +768,12 @@ impl Tree {
                 let sorted = by_id.get_or_insert_with(|| {
                     let mut v: Vec<usize> = (0..self.denied.len()).collect();
                     v.sort_unstable_by(|&a, &b| {
-                        self.found[self.denied[a]]
-                            .id
-                            .cmp(&self.found[self.denied[b]].id)
+                        self.id(self.denied[a]).cmp(self.id(self.denied[b]))
                     });
                     v
                 });
                 let hit = sorted
-                    .binary_search_by(|&p| self.found[self.denied[p]].id.as_str().cmp(&id))
+                    .binary_search_by(|&p| self.id(self.denied[p]).cmp(&id))
                     .ok()
                     .map(|x| sorted[x]);
                 if let Some(p) = hit {
@@ -660,26 +825,30 @@ impl Tree {
     fn images(&self, plan: &Plan, target: &Path, params: Params) -> Result<(Image, Image)> {
         let kpath = target.join(KEYS_INDEX);
         let dpath = target.join(DENIED_INDEX);
-        let mut kimg = Image::new(params)?;
-        let mut dimg = Image::new(params)?;
-        let bytes = |list: &[Src], kept: &[KeptEntry]| -> usize {
-            list.iter()
-                .map(|s| match *s {
-                    Src::Tree(i) => self.found[i].span.len + 1,
-                    Src::Kept(i) => kept[i].1.len(),
-                })
-                .sum()
+        let mut kimg = Image::with_shared(params, self.parts.clone())?;
+        let mut dimg = Image::with_shared(params, self.parts.clone())?;
+        // Only kept entries are copied into the images; the tree's records
+        // are written from the readers' buffers.
+        let bytes = |kept: &[KeptEntry]| -> usize { kept.iter().map(|k| k.1.len()).sum() };
+        kimg.reserve_slots(plan.keys.len());
+        kimg.reserve(plan.kept_keys.len(), bytes(&plan.kept_keys));
+        dimg.reserve_slots(plan.denied.len());
+        dimg.reserve(plan.kept_denied.len(), bytes(&plan.kept_denied));
+        let tree_insert = |img: &mut Image, i: usize, path: &Path| {
+            let (buf, range) = self.record(i);
+            let k = &self.found[i];
+            img.insert_record(
+                self.id(i).as_bytes(),
+                buf,
+                range,
+                self.value_len(i),
+                k.span.mtime,
+                path,
+            )
         };
-        kimg.reserve(plan.keys.len(), bytes(&plan.keys, &plan.kept_keys));
-        dimg.reserve(plan.denied.len(), bytes(&plan.denied, &plan.kept_denied));
         for s in &plan.keys {
             match *s {
-                Src::Tree(i) => kimg.insert(
-                    self.found[i].id.as_bytes(),
-                    self.key_value(i),
-                    self.found[i].span.mtime,
-                    &kpath,
-                )?,
+                Src::Tree(i) => tree_insert(&mut kimg, i, &kpath)?,
                 Src::Kept(i) => {
                     let (id, value, mtime) = &plan.kept_keys[i];
                     kimg.insert(id.as_bytes(), value, *mtime, &kpath)?
@@ -688,12 +857,7 @@ impl Tree {
         }
         for s in &plan.denied {
             match *s {
-                Src::Tree(i) => dimg.insert(
-                    self.found[i].id.as_bytes(),
-                    self.pem(i),
-                    self.found[i].span.mtime,
-                    &dpath,
-                )?,
+                Src::Tree(i) => tree_insert(&mut dimg, i, &dpath)?,
                 Src::Kept(i) => {
                     let (id, value, mtime) = &plan.kept_denied[i];
                     dimg.insert(id.as_bytes(), value, *mtime, &dpath)?
@@ -713,15 +877,18 @@ pub fn migrate(
 ) -> Result<Report> {
     let start = std::time::Instant::now();
     opts.params.validate()?;
-    let (paths, listed) = list_tree(pki_dir)?;
     let target = opts.out.clone().unwrap_or_else(|| pki_dir.to_path_buf());
-    let parts = read_tree(&paths, listed, opts, progress)?;
+    let parts = scan_tree(pki_dir, opts, progress)?;
 
     let mut found = StateCounts::default();
     let mut skipped = Vec::new();
     let mut keys_found = Vec::new();
     let mut bufs = Vec::with_capacity(parts.len());
-    for p in parts {
+    let mut ids = Vec::with_capacity(parts.len());
+    for (n, mut p) in parts.into_iter().enumerate() {
+        for k in &mut p.keys {
+            k.part = n;
+        }
         found.accepted += p.found.accepted;
         found.pending += p.found.pending;
         found.rejected += p.found.rejected;
@@ -732,57 +899,75 @@ pub fn migrate(
             keys_found.extend(p.keys);
         }
         skipped.extend(p.skipped);
-        bufs.push(p.buf);
+        bufs.push(Arc::new(p.buf));
+        ids.push(p.ids);
     }
     let mut tree = Tree {
         parts: bufs,
+        ids,
         found: keys_found,
         keys: Vec::new(),
         denied: Vec::new(),
     };
 
     // Precedence: the last directory scanned wins (rejected > pending >
-    // accepted); an id keeps the place where it was first seen. Each
-    // directory's keys are in name order, so earlier directories are
-    // searched by bisection.
-    let mut slot_of: Vec<usize> = Vec::new(); // found index -> position in `keys`
+    // accepted); an id keeps the place where it was first seen. Ids are
+    // matched by their hash first (no string is touched for the many ids
+    // found in one directory only), then by their bytes.
+    let mut dirs_of: HashMap<u64, u8, IdHash> = HashMap::default();
+    for k in tree.found.iter().filter(|k| k.dir == 1 || k.dir == 2) {
+        *dirs_of.entry(k.idh).or_default() |= 1 << k.dir;
+    }
+    for k in tree.found.iter().filter(|k| k.dir == 0) {
+        if let Some(m) = dirs_of.get_mut(&k.idh) {
+            *m |= 1;
+        }
+    }
+    // Hashes of ids (maybe) in several directories -> (found index,
+    // position in `keys`) of the first entry of each such id.
+    let mut first: HashMap<u64, Vec<(usize, usize)>, IdHash> = HashMap::default();
     let mut seen: Vec<u8> = Vec::new(); // position in `keys` -> directories (bits)
-    let mut by_dir: [Vec<usize>; 3] = Default::default();
     for i in 0..tree.found.len() {
-        let d = tree.found[i].dir;
+        let k = &tree.found[i];
+        let d = k.dir;
         if d == 3 {
             tree.denied.push(i);
-            slot_of.push(usize::MAX);
             continue;
         }
-        let earlier = (0..d).find_map(|e| tree.find(&by_dir[e], &tree.found[i].id));
+        let shared = dirs_of.get(&k.idh).is_some_and(|m| m.count_ones() > 1);
+        let earlier = if shared {
+            first.get(&k.idh).and_then(|v| {
+                v.iter()
+                    .find(|&&(j, _)| tree.id(j) == tree.id(i))
+                    .map(|&(_, pos)| pos)
+            })
+        } else {
+            None
+        };
         let pos = match earlier {
-            Some(j) => {
-                let pos = slot_of[j];
+            Some(pos) => {
                 tree.keys[pos] = i;
                 pos
             }
             None => {
                 tree.keys.push(i);
                 seen.push(0);
-                tree.keys.len() - 1
+                let pos = tree.keys.len() - 1;
+                if shared {
+                    first.entry(k.idh).or_default().push((i, pos));
+                }
+                pos
             }
         };
         seen[pos] |= 1 << d;
-        slot_of.push(pos);
-        by_dir[d].push(i);
     }
-    // `find` bisects: the listing sorted each directory by name.
-    debug_assert!(by_dir
-        .iter()
-        .all(|v| v.is_sorted_by(|&a, &b| tree.found[a].id < tree.found[b].id)));
     let duplicates: Vec<Duplicate> = tree
         .keys
         .iter()
         .zip(&seen)
         .filter(|(_, s)| s.count_ones() > 1)
         .map(|(&i, s)| Duplicate {
-            id: tree.found[i].id.clone(),
+            id: tree.id(i).to_owned(),
             found_in: (0..3)
                 .filter(|d| s & (1 << d) != 0)
                 .map(|d| KeyState::ALL[d])
@@ -856,6 +1041,26 @@ pub fn migrate(
     report.seconds = start.elapsed().as_secs_f64();
     Ok(report)
 }
+
+/// Hasher of [`TreeKey::idh`]s, which are already hashes.
+#[derive(Default, Clone, Copy)]
+struct IdHasher(u64);
+
+impl std::hash::Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = v;
+    }
+}
+
+type IdHash = std::hash::BuildHasherDefault<IdHasher>;
 
 fn bump(c: &mut StateCounts, dir: usize) {
     match dir {

@@ -13,6 +13,7 @@
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::files::{self, Ownership};
@@ -38,7 +39,10 @@ pub struct Image {
     /// The slot bytes of entry `e` at `e * slot_size`; entry `e` lives in
     /// slot `roster[e]`.
     slots: Vec<u8>,
-    segments: Vec<Vec<u8>>,
+    segments: Vec<Segment>,
+    /// Buffers holding records that segments refer to instead of copying
+    /// them (see [`Image::insert_record`]).
+    shared: Shared,
     roster: Vec<u32>,
     occupied: u64,
     hwm: u64,
@@ -62,24 +66,39 @@ impl Image {
             // the slots used are ever faulted in.
             occupant: vec![0u32; size],
             slots: Vec::new(),
-            segments: vec![Vec::new()],
+            segments: vec![Segment::default()],
+            shared: Shared::default(),
             roster: Vec::new(),
             occupied: 0,
             hwm: 0,
         })
     }
 
+    /// An empty image whose records may lie in `shared` buffers (see
+    /// [`Image::insert_record`]): they are written from there, not copied.
+    pub(crate) fn with_shared(params: Params, shared: Vec<Arc<Vec<u8>>>) -> Result<Image> {
+        let mut image = Image::new(params)?;
+        image.shared = Shared(shared);
+        Ok(image)
+    }
+
     /// Reserves room for `entries` more entries holding `value_bytes` bytes
     /// of values in all (a hint: inserting past it only costs reallocations).
     pub fn reserve(&mut self, entries: usize, value_bytes: usize) {
+        self.reserve_slots(entries);
+        let heap = value_bytes.saturating_add(entries.saturating_mul(layout::CHECKSUM_LEN));
+        let p = self.params;
+        let last = self.segments.len() - 1;
+        let room = (p.max_segment_bytes as usize).saturating_sub(self.segments[last].len as usize);
+        self.segments[last].owned.reserve(heap.min(room));
+    }
+
+    /// Reserves index room for `entries` more entries.
+    pub(crate) fn reserve_slots(&mut self, entries: usize) {
         let p = self.params;
         self.slots
             .reserve(entries.min(p.capacity() as usize) * p.slot_size);
         self.roster.reserve(entries);
-        let heap = value_bytes.saturating_add(entries.saturating_mul(layout::CHECKSUM_LEN));
-        let last = self.segments.len() - 1;
-        let room = (p.max_segment_bytes as usize).saturating_sub(self.segments[last].len());
-        self.segments[last].reserve(heap.min(room));
     }
 
     /// Number of entries.
@@ -94,6 +113,54 @@ impl Image {
 
     /// Inserts (or replaces) `id` with `value`, written at `mtime`.
     pub fn insert(&mut self, id: &[u8], value: &[u8], mtime: u64, path: &Path) -> Result<()> {
+        self.insert_with(id, value.len(), mtime, path, |seg| {
+            let start = seg.owned.len();
+            layout::encode_record(value, &mut seg.owned);
+            seg.push_run(None, start, seg.owned.len());
+        })
+    }
+
+    /// Inserts (or replaces) `id` with a value of `value_len` bytes whose
+    /// whole record (checksum, then value: what [`layout::encode_record`]
+    /// makes of it) is `range` of shared buffer `buf`: the heap refers to
+    /// those bytes, and they are written from there.
+    pub(crate) fn insert_record(
+        &mut self,
+        id: &[u8],
+        buf: usize,
+        range: std::ops::Range<usize>,
+        value_len: usize,
+        mtime: u64,
+        path: &Path,
+    ) -> Result<()> {
+        let well_formed = self
+            .shared
+            .0
+            .get(buf)
+            .is_some_and(|b| range.end <= b.len() && range.start <= range.end)
+            && range.len() as u64 == layout::record_len(value_len);
+        if !well_formed {
+            return Err(Error::InvalidParams(format!(
+                "record {range:?} of buffer {buf} does not hold a value of {value_len} bytes"
+            )));
+        }
+        self.insert_with(id, value_len, mtime, path, |seg| {
+            if !range.is_empty() {
+                seg.push_run(Some(buf), range.start, range.end);
+            }
+        })
+    }
+
+    /// Places `id` (a new slot, or its existing one) and appends its record,
+    /// `append` adding the record's bytes to the segment chosen.
+    fn insert_with(
+        &mut self,
+        id: &[u8],
+        value_len: usize,
+        mtime: u64,
+        path: &Path,
+        append: impl FnOnce(&mut Segment),
+    ) -> Result<()> {
         let p = self.params;
         if id.is_empty() || id.len() > p.id_size || id.contains(&0) {
             return Err(Error::IdTooLong {
@@ -103,9 +170,9 @@ impl Image {
                 slot: layout::min_slot_size(id.len()).max(p.slot_size),
             });
         }
-        let vlen = u32::try_from(value.len()).map_err(|_| Error::ValueTooLarge {
+        let vlen = u32::try_from(value_len).map_err(|_| Error::ValueTooLarge {
             id: String::from_utf8_lossy(id).into_owned(),
-            len: value.len(),
+            len: value_len,
         })?;
         let home = p.home(id);
         let mut target = None;
@@ -129,21 +196,20 @@ impl Image {
             });
         };
         // Append the record, rolling segments as Salt does.
-        let rec = layout::record_len(value.len());
+        let rec = layout::record_len(value_len);
         let mut seg = self.segments.len() - 1;
-        if !self.segments[seg].is_empty()
-            && self.segments[seg].len() as u64 + rec > p.max_segment_bytes
-        {
+        if self.segments[seg].len != 0 && self.segments[seg].len + rec > p.max_segment_bytes {
             if seg == usize::from(u16::MAX) {
                 return Err(Error::InvalidParams(
                     "more than 65536 heap segments; raise the segment cap".into(),
                 ));
             }
-            self.segments.push(Vec::new());
+            self.segments.push(Segment::default());
             seg += 1;
         }
-        let packed = layout::pack_offset(seg as u16, self.segments[seg].len() as u64);
-        layout::encode_record(value, &mut self.segments[seg]);
+        let packed = layout::pack_offset(seg as u16, self.segments[seg].len);
+        append(&mut self.segments[seg]);
+        self.segments[seg].len += rec;
         let entry = match existing {
             Some(e) => e,
             None => {
@@ -180,7 +246,7 @@ impl Image {
     /// Writes the index file's bytes to `f` (already of the index's length,
     /// zero): only the pages holding an occupied slot or the header, in
     /// runs of consecutive pages.
-    fn write_index(&self, f: &File, path: &Path) -> Result<()> {
+    fn write_index(&self, f: &File, path: &Path, written: &mut dyn FnMut(u64)) -> Result<()> {
         const PAGE: u64 = 4096;
         const RUN: u64 = 1 << 20;
         const GAP: u64 = 8 * PAGE;
@@ -243,6 +309,73 @@ impl Image {
             }
             f.write_all_at(&buf, a)
                 .map_err(|e| Error::io(path, "write", e))?;
+            written(b - a);
+        }
+        Ok(())
+    }
+}
+
+/// Buffers shared between images (read once, referred to by several).
+#[derive(Default)]
+struct Shared(Vec<Arc<Vec<u8>>>);
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries(self.0.iter().map(|b| b.len()))
+            .finish()
+    }
+}
+
+/// One heap segment of an image: its records, in order, as runs of bytes
+/// of its own buffer or of the image's shared buffers.
+#[derive(Debug, Default)]
+struct Segment {
+    /// Records inserted by value.
+    owned: Vec<u8>,
+    /// (None: `owned`, or Some(shared buffer), start, end), in file order.
+    runs: Vec<(Option<usize>, usize, usize)>,
+    /// Bytes of the segment.
+    len: u64,
+}
+
+impl Segment {
+    /// Appends bytes `start..end` of `buf` to the segment, extending the last
+    /// run when they follow it.
+    fn push_run(&mut self, buf: Option<usize>, start: usize, end: usize) {
+        match self.runs.last_mut() {
+            Some(r) if r.0 == buf && r.2 == start => r.2 = end,
+            _ => self.runs.push((buf, start, end)),
+        }
+    }
+
+    /// Writes the segment at the start of `f`.
+    fn write(
+        &self,
+        shared: &Shared,
+        f: &File,
+        path: &Path,
+        written: &mut dyn FnMut(u64),
+    ) -> Result<()> {
+        let mut at = 0u64;
+        for &(buf, start, end) in &self.runs {
+            let src = match buf {
+                None => self.owned.get(start..end),
+                Some(b) => shared.0.get(b).and_then(|b| b.get(start..end)),
+            };
+            let Some(src) = src else {
+                return Err(Error::io(
+                    path,
+                    "write",
+                    std::io::Error::other("heap run out of its buffer"),
+                ));
+            };
+            for piece in src.chunks(EARLY_SYNC_BYTES as usize / 2) {
+                f.write_all_at(piece, at)
+                    .map_err(|e| Error::io(path, "write", e))?;
+                at += piece.len() as u64;
+                written(piece.len() as u64);
+            }
         }
         Ok(())
     }
@@ -267,11 +400,67 @@ fn write_file(path: &Path, bytes: &[u8], own: &Ownership) -> Result<()> {
 /// What a temporary file of a staged image holds.
 enum Body<'a> {
     Bytes(&'a [u8]),
+    /// Heap segment `n` of an image.
+    Heap(&'a Image, usize),
     /// The index of an image: mostly zeros. Its blocks are reserved (so
     /// later writes through a mapping, Salt's included, cannot fail for want
     /// of space, as with the zero-filled index Salt creates), and only the
     /// pages holding non-zero bytes are written.
     Index(&'a Image),
+}
+
+/// Bytes written to a file between two early syncs (see [`syncing_early`]).
+const EARLY_SYNC_BYTES: u64 = 16 << 20;
+
+/// Runs `write`, which reports the bytes it wrote through its argument,
+/// while another thread syncs `f` whenever [`EARLY_SYNC_BYTES`] more were
+/// written: the disk takes the first bytes of a large file while the last
+/// are still being copied, instead of all of them at the final sync (which
+/// the caller still makes: these syncs only start the writeback early).
+/// `len` is at least what `write` writes; below twice [`EARLY_SYNC_BYTES`],
+/// `write` just runs.
+fn syncing_early(
+    f: &File,
+    path: &Path,
+    len: u64,
+    write: impl FnOnce(&mut dyn FnMut(u64)) -> Result<()>,
+) -> Result<()> {
+    if len < 2 * EARLY_SYNC_BYTES {
+        return write(&mut |_| {});
+    }
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    std::thread::scope(|s| {
+        let syncer = s.spawn(move || -> Result<()> {
+            while rx.recv().is_ok() {
+                // Requests made during the last sync: one more covers them.
+                while rx.try_recv().is_ok() {}
+                files::sync_data(f, path)?;
+            }
+            Ok(())
+        });
+        let wrote = {
+            let mut pending = 0u64;
+            let mut report = |n: u64| {
+                pending += n;
+                if pending >= EARLY_SYNC_BYTES {
+                    pending = 0;
+                    // The syncer is gone only when a sync failed: the
+                    // error comes from its join.
+                    let _ = tx.send(());
+                }
+            };
+            write(&mut report)
+        };
+        drop(tx);
+        let synced = syncer.join().unwrap_or_else(|_| {
+            Err(Error::io(
+                path,
+                "fsync",
+                std::io::Error::other("a sync thread panicked"),
+            ))
+        });
+        wrote.and(synced)
+    })
 }
 
 /// Writes and fsyncs new files (already created), several at a time: their
@@ -282,9 +471,20 @@ fn write_all(jobs: &[(PathBuf, File, Body<'_>)]) -> Result<()> {
             Body::Bytes(b) => f
                 .write_all_at(b, 0)
                 .map_err(|e| Error::io(path, "write", e))?,
+            Body::Heap(image, n) => {
+                let Some(seg) = image.segments.get(*n) else {
+                    return Err(Error::io(
+                        path,
+                        "write",
+                        std::io::Error::other("no such heap segment"),
+                    ));
+                };
+                syncing_early(f, path, seg.len, |w| seg.write(&image.shared, f, path, w))?;
+            }
             Body::Index(image) => {
-                files::allocate(f, path, image.params.index_len().unwrap_or(0))?;
-                image.write_index(f, path)?;
+                let len = image.params.index_len().unwrap_or(0);
+                files::allocate(f, path, len)?;
+                syncing_early(f, path, len, |w| image.write_index(f, path, w))?;
             }
         }
         files::sync_data(f, path)
@@ -353,17 +553,17 @@ impl Commit {
             );
             let tmp = |suffix: &str| dir.join(format!("{tag}{suffix}"));
             let mut plan = Vec::new();
-            for (n, seg) in image.segments.iter().enumerate().skip(1).rev() {
+            for n in (1..image.segments.len()).rev() {
                 plan.push((
                     tmp(&format!(".heap.{n}")),
                     heap::segment_path(index, n as u16),
-                    Body::Bytes(seg),
+                    Body::Heap(image, n),
                 ));
             }
             plan.push((
                 tmp(".heap"),
                 heap::segment_path(index, 0),
-                Body::Bytes(&image.segments[0]),
+                Body::Heap(image, 0),
             ));
             plan.push((tmp(""), index.clone(), Body::Index(image)));
             plan.push((

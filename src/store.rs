@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use crate::error::{Error, Result};
 use crate::id::MinionId;
-use crate::table::{self, Applied, Entry, OpenOptions, Table, TableStats, Txn};
+use crate::table::{self, Applied, Entry, Found, OpenOptions, Table, TableStats, Txn};
 
 /// Index file of the `keys` bank, in the store directory.
 pub const KEYS_INDEX: &str = ".mmap_keys.idx";
@@ -103,6 +103,78 @@ pub struct KeyEntry {
     pub mtime: u64,
 }
 
+/// An entry of the `keys` bank borrowed from the buffer it was read into
+/// ([`Store::get_in`], [`KeyBatch`]): no allocation per lookup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyRef<'a> {
+    /// Its state.
+    pub state: KeyState,
+    /// The minion's public key, PEM bytes as stored.
+    pub public_key: &'a [u8],
+    /// Unix nanoseconds of the last write.
+    pub mtime: u64,
+}
+
+impl KeyRef<'_> {
+    /// An owned copy.
+    pub fn to_entry(&self) -> KeyEntry {
+        KeyEntry {
+            state: self.state,
+            public_key: self.public_key.to_vec(),
+            mtime: self.mtime,
+        }
+    }
+}
+
+/// The reusable buffers of [`Store::get_many_in`]: the keys of the last
+/// batch, one after another in one buffer, and where each is. Reused across
+/// batches, it makes them allocation-free once it has grown to a batch's
+/// size.
+#[derive(Debug, Default, Clone)]
+pub struct KeyBatch {
+    buf: Vec<u8>,
+    entries: Vec<Option<(KeyState, Found)>>,
+}
+
+impl KeyBatch {
+    /// An empty batch.
+    pub fn new() -> KeyBatch {
+        KeyBatch::default()
+    }
+
+    /// Number of ids in the last batch.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether the last batch had no ids.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The entry of the `i`-th id of the last batch; `None` when it has
+    /// none (or `i` is past the batch).
+    pub fn get(&self, i: usize) -> Option<KeyRef<'_>> {
+        let (state, f) = self.entries.get(i).copied().flatten()?;
+        Some(self.key_ref(state, &f))
+    }
+
+    /// The entries of the last batch, in the order of its ids.
+    pub fn iter(&self) -> impl Iterator<Item = Option<KeyRef<'_>>> + '_ {
+        self.entries
+            .iter()
+            .map(|e| e.map(|(state, f)| self.key_ref(state, &f)))
+    }
+
+    fn key_ref(&self, state: KeyState, f: &Found) -> KeyRef<'_> {
+        KeyRef {
+            state,
+            public_key: &f.value(&self.buf)[1..],
+            mtime: f.mtime,
+        }
+    }
+}
+
 /// Keys per state, and denied keys.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Counts {
@@ -153,25 +225,24 @@ fn strip_nuls(mut v: Vec<u8>) -> Vec<u8> {
 /// Turns a `keys` bank value into an entry, reusing its buffer.
 fn entry_of(t: &Table, id: &[u8], r: Entry) -> Result<KeyEntry> {
     let mut v = r.value;
-    match decode_key_value(&v).map(|(s, _)| s) {
-        Some(state) => {
-            v.copy_within(1.., 0);
-            v.pop();
-            Ok(KeyEntry {
-                state,
-                public_key: v,
-                mtime: r.mtime,
-            })
-        }
-        None => Err(Error::Corrupt {
-            path: t.path().into(),
-            id: Some(String::from_utf8_lossy(id).into_owned()),
-            why: format!(
-                "slot {}: value of {} bytes is not [state 1..3][public key]",
-                r.slot,
-                v.len()
-            ),
-        }),
+    let Some(state) = decode_key_value(&v).map(|(s, _)| s) else {
+        return Err(not_a_key(t, id, r.slot, v.len()));
+    };
+    v.copy_within(1.., 0);
+    v.pop();
+    Ok(KeyEntry {
+        state,
+        public_key: v,
+        mtime: r.mtime,
+    })
+}
+
+/// The error for a `keys` bank value that is not `[state][public key]`.
+fn not_a_key(t: &Table, id: &[u8], slot: u64, len: usize) -> Error {
+    Error::Corrupt {
+        path: t.path().into(),
+        id: Some(String::from_utf8_lossy(id).into_owned()),
+        why: format!("slot {slot}: value of {len} bytes is not [state 1..3][public key]"),
     }
 }
 
@@ -232,9 +303,26 @@ impl Store {
 
     /// The entry of `id` in the `keys` bank.
     pub fn get(&self, id: &MinionId) -> Result<Option<KeyEntry>> {
-        match self.keys.get(id.as_str().as_bytes())? {
-            Some(r) => entry_of(&self.keys, id.as_str().as_bytes(), r).map(Some),
+        match self.keys.get_valid(id.as_ref())? {
+            Some(r) => entry_of(&self.keys, id.as_ref(), r).map(Some),
             None => Ok(None),
+        }
+    }
+
+    /// The entry of `id`, read into `buf` (cleared first) and borrowed
+    /// from it: a buffer reused across lookups makes them allocation-free.
+    pub fn get_in<'b>(&self, id: &MinionId, buf: &'b mut Vec<u8>) -> Result<Option<KeyRef<'b>>> {
+        buf.clear();
+        let Some(f) = self.keys.get_valid_into(id.as_ref(), buf)? else {
+            return Ok(None);
+        };
+        match decode_key_value(f.value(buf)) {
+            Some((state, public_key)) => Ok(Some(KeyRef {
+                state,
+                public_key,
+                mtime: f.mtime,
+            })),
+            None => Err(not_a_key(&self.keys, id.as_ref(), f.slot, f.len)),
         }
     }
 
@@ -242,13 +330,44 @@ impl Store {
     /// (see [`Table::get_many`]): for the burst of authentications after a
     /// master restart.
     pub fn get_many(&self, ids: &[MinionId]) -> Result<Vec<Option<KeyEntry>>> {
-        let raw: Vec<&[u8]> = ids.iter().map(|i| i.as_str().as_bytes()).collect();
-        self.keys
-            .get_many(&raw)?
-            .into_iter()
-            .zip(&raw)
-            .map(|(r, id)| r.map(|r| entry_of(&self.keys, id, r)).transpose())
+        let mut raw = Vec::with_capacity(ids.len());
+        self.keys.get_many_valid(ids, &mut Vec::new(), |f, buf| {
+            raw.push(f.map(|f| Entry {
+                value: std::mem::take(buf),
+                mtime: f.mtime,
+                slot: f.slot,
+            }))
+        })?;
+        raw.into_iter()
+            .zip(ids)
+            .map(|(r, id)| r.map(|r| entry_of(&self.keys, id.as_ref(), r)).transpose())
             .collect()
+    }
+
+    /// [`Store::get_many`] into `batch` (its previous contents dropped): the
+    /// same lookups, without an allocation per key. `batch.get(i)` is the
+    /// entry of `ids[i]`.
+    pub fn get_many_in(&self, ids: &[MinionId], batch: &mut KeyBatch) -> Result<()> {
+        let KeyBatch { buf, entries } = batch;
+        buf.clear();
+        entries.clear();
+        entries.reserve(ids.len());
+        let mut bad = None;
+        self.keys.get_many_valid(ids, buf, |f, buf| {
+            let e = f.and_then(|f| match decode_key_value(f.value(buf)) {
+                Some((state, _)) => Some((state, f)),
+                None => {
+                    bad = bad.or(Some((entries.len(), f)));
+                    None
+                }
+            });
+            entries.push(e);
+        })?;
+        if let Some((i, f)) = bad {
+            entries.clear();
+            return Err(not_a_key(&self.keys, ids[i].as_ref(), f.slot, f.len));
+        }
+        Ok(())
     }
 
     /// Whether `id` is in the `keys` bank (in any state).
@@ -261,7 +380,7 @@ impl Store {
     pub fn denied(&self, id: &MinionId) -> Result<Option<Vec<u8>>> {
         Ok(self
             .denied
-            .get(id.as_str().as_bytes())?
+            .get_valid(id.as_ref())?
             .map(|r| strip_nuls(r.value)))
     }
 

@@ -174,6 +174,32 @@ pub struct Entry {
     pub slot: u64,
 }
 
+/// Where [`Table::get_into`] put a value: `buf[start..start + len]` of the
+/// caller's buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Found {
+    /// Offset of the value in the buffer.
+    pub start: usize,
+    /// Length of the value.
+    pub len: usize,
+    /// Unix nanoseconds of the last write.
+    pub mtime: u64,
+    /// The data slot that holds it.
+    pub slot: u64,
+}
+
+impl Found {
+    /// The value, in the buffer it was read into.
+    ///
+    /// # Panics
+    ///
+    /// When `buf` is shorter than that buffer was (another buffer, or the
+    /// same one truncated since).
+    pub fn value<'b>(&self, buf: &'b [u8]) -> &'b [u8] {
+        &buf[self.start..self.start + self.len]
+    }
+}
+
 /// One live entry of a table, with its id, as iteration returns it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Record {
@@ -283,7 +309,7 @@ fn corrupt(path: &Path, id: Option<&[u8]>, why: String) -> Error {
 
 /// Outcome of one attempt at reading a slot's entry.
 enum Attempt {
-    Found(Entry),
+    Found(Found),
     Absent,
     /// The entry changed while it was read, or a file it needs is not (yet)
     /// mapped: try again, refreshing the view when `refresh`.
@@ -348,9 +374,16 @@ impl Table {
                 why: "it contains NUL",
             });
         }
+        self.check_len(id)
+    }
+
+    /// The part of [`Table::check_id`] that a [`crate::MinionId`] (never
+    /// empty, never with a NUL) still needs: the id fits the id field.
+    #[inline]
+    fn check_len(&self, id: &[u8]) -> Result<()> {
         if id.len() > self.params.id_size {
             return Err(Error::IdTooLong {
-                id: lossy(),
+                id: String::from_utf8_lossy(id).into_owned(),
                 len: id.len(),
                 id_size: self.params.id_size,
                 slot: layout::min_slot_size(id.len()).max(self.params.slot_size),
@@ -392,11 +425,49 @@ impl Table {
     /// Reads the entry for `id`, or `None` when there is none.
     pub fn get(&self, id: &[u8]) -> Result<Option<Entry>> {
         self.check_id(id)?;
+        self.owned(id)
+    }
+
+    /// Reads the value of `id` into `buf`, appended after what it holds, and
+    /// says where it went; `None` (and `buf` as it was) when there is no
+    /// entry. A buffer reused across lookups makes them allocation-free.
+    pub fn get_into(&self, id: &[u8], buf: &mut Vec<u8>) -> Result<Option<Found>> {
+        self.check_id(id)?;
+        self.get_checked(id, buf)
+    }
+
+    /// [`Table::get`] of an id that is known to be non-empty and free of
+    /// NUL (a [`crate::MinionId`]'s bytes): only its length is checked.
+    pub(crate) fn get_valid(&self, id: &[u8]) -> Result<Option<Entry>> {
+        self.check_len(id)?;
+        self.owned(id)
+    }
+
+    /// [`Table::get_into`] of an id known to be non-empty and free of NUL.
+    pub(crate) fn get_valid_into(&self, id: &[u8], buf: &mut Vec<u8>) -> Result<Option<Found>> {
+        self.check_len(id)?;
+        self.get_checked(id, buf)
+    }
+
+    /// The lookup of an id already checked, into a vector of its own which
+    /// becomes the entry's value (allocated once, at the value's size).
+    #[inline]
+    fn owned(&self, id: &[u8]) -> Result<Option<Entry>> {
+        let mut value = Vec::new();
+        Ok(self.get_checked(id, &mut value)?.map(|f| Entry {
+            value,
+            mtime: f.mtime,
+            slot: f.slot,
+        }))
+    }
+
+    /// The lookup of an id already checked, with the readers' retry policy.
+    fn get_checked(&self, id: &[u8], buf: &mut Vec<u8>) -> Result<Option<Found>> {
         let mut retry = Retry::new(self);
         loop {
             let g = self.current()?;
-            match self.lookup_once(&g, id)? {
-                Attempt::Found(r) => return Ok(Some(r)),
+            match self.lookup_once(&g, id, buf)? {
+                Attempt::Found(f) => return Ok(Some(f)),
                 Attempt::Absent => return Ok(None),
                 Attempt::Retry { refresh, why } => {
                     if !retry.again(refresh)? {
@@ -412,33 +483,81 @@ impl Table {
     /// heap records of the group before any is read. Same results as
     /// [`Table::get`] on each id, in order.
     pub fn get_many<I: AsRef<[u8]>>(&self, ids: &[I]) -> Result<Vec<Option<Entry>>> {
+        let mut out = Vec::with_capacity(ids.len());
+        self.many(ids, Table::check_id, &mut Vec::new(), |f, buf| {
+            out.push(f.map(|f| Entry {
+                value: std::mem::take(buf),
+                mtime: f.mtime,
+                slot: f.slot,
+            }))
+        })?;
+        Ok(out)
+    }
+
+    /// [`Table::get_many`] into one buffer: the values are appended to `buf`
+    /// one after another, and where each went (or `None`) to `found`, in
+    /// the order of `ids`. Buffers reused across batches make them
+    /// allocation-free.
+    pub fn get_many_into<I: AsRef<[u8]>>(
+        &self,
+        ids: &[I],
+        buf: &mut Vec<u8>,
+        found: &mut Vec<Option<Found>>,
+    ) -> Result<()> {
+        found.reserve(ids.len());
+        self.many(ids, Table::check_id, buf, |f, _| found.push(f))
+    }
+
+    /// [`Table::get_many`] of ids known to be non-empty and free of NUL;
+    /// `emit` gets each id's outcome, in order, with the buffer its value
+    /// was appended to.
+    pub(crate) fn get_many_valid<I: AsRef<[u8]>>(
+        &self,
+        ids: &[I],
+        buf: &mut Vec<u8>,
+        emit: impl FnMut(Option<Found>, &mut Vec<u8>),
+    ) -> Result<()> {
+        self.many(ids, Table::check_len, buf, emit)
+    }
+
+    /// The batched lookup under the `get_many` family: ids in groups, each
+    /// group's slots prefetched, then probed (prefetching the records), then
+    /// read. Each value is appended to `buf` and handed to `emit` before
+    /// the next is read.
+    fn many<I: AsRef<[u8]>>(
+        &self,
+        ids: &[I],
+        check: impl Fn(&Table, &[u8]) -> Result<()>,
+        buf: &mut Vec<u8>,
+        mut emit: impl FnMut(Option<Found>, &mut Vec<u8>),
+    ) -> Result<()> {
         const GROUP: usize = 16;
         let p = &self.params;
-        let mut out = Vec::with_capacity(ids.len());
         let g = self.current()?;
         let Some(ix) = g.index.as_deref() else {
             for id in ids {
-                self.check_id(id.as_ref())?;
-                out.push(None);
+                check(self, id.as_ref())?;
+                emit(None, buf);
             }
-            return Ok(out);
+            return Ok(());
         };
         let used = p.slot_used();
-        let mut bufs = vec![0u8; GROUP * used];
+        let mut slots = vec![0u8; GROUP * used];
         for group in ids.chunks(GROUP) {
             let mut homes = [0u64; GROUP];
             for (i, id) in group.iter().enumerate() {
-                self.check_id(id.as_ref())?;
+                check(self, id.as_ref())?;
                 homes[i] = p.home(id.as_ref());
                 let off = p.slot_offset(homes[i]);
                 ix.map.prefetch(off);
                 ix.map.prefetch(off + used - 1);
             }
-            // Probe every id; remember where its slot is.
-            let mut found = [0u64; GROUP];
+            // Probe every id; remember where its slot is, and start loading
+            // its record.
+            let mut found = [(0u64, SlotFields::default()); GROUP];
             for (i, id) in group.iter().enumerate() {
                 let id = id.as_ref();
-                let buf = &mut bufs[i * used..(i + 1) * used];
+                let copy = &mut slots[i * used..(i + 1) * used];
                 for step in 0..p.capacity() {
                     let slot = p.probe(homes[i], step);
                     let off = p.slot_offset(slot);
@@ -447,10 +566,9 @@ impl Table {
                         Some(DELETED) => continue,
                         _ => {}
                     }
-                    ix.map.copy_out(off, buf);
-                    if layout::slot_id_eq(p, buf, id) {
-                        found[i] = slot;
-                        let f = SlotFields::decode(p, buf);
+                    ix.map.copy_out(off, copy);
+                    if layout::slot_id_eq(p, copy, id) {
+                        let f = SlotFields::decode(p, copy);
                         let (seg, o) = layout::unpack_offset(f.offset);
                         if let Some(s) = g.segments.get(usize::from(seg)) {
                             let end = o + layout::record_len(f.len as usize);
@@ -460,24 +578,27 @@ impl Table {
                                 line += 64;
                             }
                         }
+                        found[i] = (slot, f);
                         break;
                     }
                 }
             }
             for (i, id) in group.iter().enumerate() {
-                if found[i] == 0 {
-                    out.push(None);
-                    continue;
-                }
-                let buf = &bufs[i * used..(i + 1) * used];
-                match self.read_entry(&g, ix, found[i], buf)? {
-                    Attempt::Found(r) => out.push(Some(r)),
-                    // Changed under us: take the careful path.
-                    _ => out.push(self.get(id.as_ref())?),
-                }
+                let (slot, f) = found[i];
+                let got = if slot == 0 {
+                    None
+                } else {
+                    let copy = &slots[i * used..(i + 1) * used];
+                    match self.read_entry(&g, ix, slot, &f, copy, buf)? {
+                        Attempt::Found(f) => Some(f),
+                        // Changed under us: take the careful path.
+                        _ => self.get_checked(id.as_ref(), buf)?,
+                    }
+                };
+                emit(got, buf);
             }
         }
-        Ok(out)
+        Ok(())
     }
 
     /// Whether `id` has an entry. Reads (and checks) its value, like Salt.
@@ -485,7 +606,7 @@ impl Table {
         Ok(self.get(id)?.is_some())
     }
 
-    fn lookup_once(&self, g: &Generation, id: &[u8]) -> Result<Attempt> {
+    fn lookup_once(&self, g: &Generation, id: &[u8], out: &mut Vec<u8>) -> Result<Attempt> {
         let Some(ix) = g.index.as_deref() else {
             return Ok(Attempt::Absent);
         };
@@ -518,20 +639,27 @@ impl Table {
             if !layout::slot_id_eq(p, buf, id) {
                 continue;
             }
-            return self.read_entry(g, ix, slot, buf);
+            return self.read_entry(g, ix, slot, &SlotFields::decode(p, buf), buf, out);
         }
         Ok(Attempt::Absent)
     }
 
-    /// Reads the record of the slot whose copy is `buf`, then validates that
-    /// the slot did not change meanwhile.
-    fn read_entry(&self, g: &Generation, ix: &Index, slot: u64, buf: &[u8]) -> Result<Attempt> {
+    /// Reads the record of the slot whose copy is `buf` (decoded: `f`) and
+    /// appends its value to `out`, then validates that the slot did not
+    /// change meanwhile. `out` is left as it was unless the entry is found.
+    fn read_entry(
+        &self,
+        g: &Generation,
+        ix: &Index,
+        slot: u64,
+        f: &SlotFields,
+        buf: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<Attempt> {
         let p = &self.params;
-        let f = SlotFields::decode(p, buf);
         let (seg_no, off) = layout::unpack_offset(f.offset);
-        let value = if f.len == 0 {
-            Vec::new()
-        } else {
+        let start = out.len();
+        if f.len != 0 {
             let Some(seg) = g.segments.get(usize::from(seg_no)) else {
                 return Ok(Attempt::Retry {
                     refresh: true,
@@ -540,8 +668,8 @@ impl Table {
                     ),
                 });
             };
-            match seg.read(off, f.len)? {
-                Read::Value(v) => v,
+            match seg.read_into(off, f.len, out)? {
+                Read::Value => {}
                 Read::Mismatch => {
                     return Ok(Attempt::Retry {
                         refresh: false,
@@ -569,7 +697,7 @@ impl Table {
                     })
                 }
             }
-        };
+        }
         std::sync::atomic::fence(Ordering::Acquire);
         let mut again = [0u8; 256];
         let mut again_vec;
@@ -581,6 +709,7 @@ impl Table {
         };
         ix.map.copy_out(p.slot_offset(slot), again);
         if again != buf {
+            out.truncate(start);
             return Ok(Attempt::Retry {
                 refresh: false,
                 why: format!("slot {slot} kept changing while it was read"),
@@ -589,10 +718,12 @@ impl Table {
         if buf[0] != OCCUPIED {
             // Salt compares ids in slots of any status but EMPTY/DELETED;
             // only OCCUPIED entries are live.
+            out.truncate(start);
             return Ok(Attempt::Absent);
         }
-        Ok(Attempt::Found(Entry {
-            value,
+        Ok(Attempt::Found(Found {
+            start,
+            len: f.len as usize,
             mtime: f.mtime,
             slot,
         }))
@@ -618,12 +749,13 @@ impl Table {
             }
             ix.map.copy_out(off, &mut buf);
             let id = layout::slot_id(p, &buf).to_vec();
-            match self.read_entry(&g, ix, slot, &buf)? {
-                Attempt::Found(e) => {
+            let mut value = Vec::new();
+            match self.read_entry(&g, ix, slot, &SlotFields::decode(p, &buf), &buf, &mut value)? {
+                Attempt::Found(f) => {
                     return Ok(Some(Record {
                         id,
-                        value: e.value,
-                        mtime: e.mtime,
+                        value,
+                        mtime: f.mtime,
                         slot,
                     }))
                 }

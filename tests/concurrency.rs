@@ -325,8 +325,15 @@ fn readers_see_only_values_that_were_written() {
             sc.spawn(move || {
                 let mut rng = Rng(seed ^ (r as u64 + 1).wrapping_mul(0x1234_5678_9abc_def1));
                 let mut n = 0u64;
+                let (mut buf, mut batch) = (Vec::new(), keycache::KeyBatch::new());
                 while !stop.load(Ordering::Acquire) {
                     let id = rng.pick(ids);
+                    // The allocation-free forms, through buffers reused all along.
+                    match s.get_in(id, &mut buf) {
+                        Ok(Some(e)) => check_key(keys, problems, "get_in", id, &e.to_entry()),
+                        Ok(None) => {}
+                        Err(e) => problems.add(format!("reader {r}: get_in: {e}")),
+                    }
                     match s.get(id) {
                         Ok(Some(e)) => {
                             found.fetch_add(1, Ordering::Relaxed);
@@ -352,6 +359,16 @@ fn readers_see_only_values_that_were_written() {
                                 }
                             }
                             Err(e) => problems.add(format!("reader {r}: get_many: {e}")),
+                        }
+                        match s.get_many_in(&some, &mut batch) {
+                            Ok(()) => {
+                                for (id, e) in some.iter().zip(batch.iter()) {
+                                    if let Some(e) = e {
+                                        check_key(keys, problems, "get_many_in", id, &e.to_entry());
+                                    }
+                                }
+                            }
+                            Err(e) => problems.add(format!("reader {r}: get_many_in: {e}")),
                         }
                         n += 8;
                     }

@@ -307,3 +307,76 @@ fn a_reader_sees_another_handles_writes_and_rebuilds() {
     assert_eq!(reader.get(&id("c")).unwrap().unwrap().public_key, pem(3));
     assert_eq!(reader.get(&id("b")).unwrap().unwrap().public_key, pem(2));
 }
+
+#[test]
+fn buffered_lookups_match_owned_ones() {
+    let d = tempfile::tempdir().unwrap();
+    let s = Store::open_with(d.path(), &small(101, 1 << 20)).unwrap();
+    let states = [KeyState::Accepted, KeyState::Pending, KeyState::Rejected];
+    for n in 0..40 {
+        s.put(&id(&format!("m-{n:02}")), states[n % 3], &pem(n))
+            .unwrap();
+    }
+    // Present and absent ids, some twice, in no particular order.
+    let ids: Vec<MinionId> = [7, 45, 0, 39, 7, 50, 13, 21, 99, 2]
+        .iter()
+        .map(|n| id(&format!("m-{n:02}")))
+        .collect();
+    let owned = s.get_many(&ids).unwrap();
+    assert_eq!(owned.iter().filter(|e| e.is_none()).count(), 3);
+
+    // One buffer for every lookup, starting dirty.
+    let mut buf = b"left over".to_vec();
+    for (i, e) in ids.iter().zip(&owned) {
+        let got = s.get_in(i, &mut buf).unwrap().map(|r| r.to_entry());
+        assert_eq!(got.as_ref(), e.as_ref(), "get_in({i})");
+        assert_eq!(got, s.get(i).unwrap());
+    }
+
+    // One batch for two batches; the second is shorter and replaces the first.
+    let mut batch = keycache::KeyBatch::new();
+    s.get_many_in(&ids, &mut batch).unwrap();
+    assert_eq!(batch.len(), ids.len());
+    for (n, e) in owned.iter().enumerate() {
+        assert_eq!(batch.get(n).map(|r| r.to_entry()).as_ref(), e.as_ref());
+    }
+    let all: Vec<_> = batch.iter().map(|r| r.map(|r| r.to_entry())).collect();
+    assert_eq!(all, owned);
+    assert_eq!(batch.get(ids.len()), None);
+    s.get_many_in(&ids[5..8], &mut batch).unwrap();
+    assert_eq!(batch.len(), 3);
+    assert_eq!(batch.get(0), None, "m-50 is absent");
+    assert_eq!(batch.get(1).map(|r| r.to_entry()), owned[6]);
+    s.get_many_in(&[], &mut batch).unwrap();
+    assert!(batch.is_empty());
+
+    // A value that is not [state][key]: every form refuses it, naming it.
+    s.keys_table().put(b"m-07", b"\x09not a key").unwrap();
+    for e in [
+        s.get(&ids[0]).unwrap_err(),
+        s.get_in(&ids[0], &mut buf).unwrap_err(),
+        s.get_many(&ids).unwrap_err(),
+        s.get_many_in(&ids, &mut batch).unwrap_err(),
+    ] {
+        assert!(e.is_corrupt() && e.to_string().contains("m-07"), "{e}");
+    }
+    assert!(batch.is_empty(), "a refused batch holds nothing");
+
+    // The table's forms append after what the buffer holds.
+    let t = s.keys_table();
+    let mut buf = b"head".to_vec();
+    let f = t.get_into(b"m-13", &mut buf).unwrap().unwrap();
+    assert_eq!(&buf[..4], b"head");
+    assert_eq!(f.start, 4);
+    assert_eq!(f.value(&buf)[1..], pem(13));
+    assert_eq!(t.get_into(b"m-77", &mut buf).unwrap(), None);
+    assert_eq!(buf.len(), 4 + f.len, "an absent id appends nothing");
+    let (mut buf, mut found) = (Vec::new(), Vec::new());
+    t.get_many_into(&[&b"m-01"[..], b"m-88", b"m-02"], &mut buf, &mut found)
+        .unwrap();
+    assert_eq!(found.len(), 3);
+    assert_eq!(found[1], None);
+    assert_eq!(found[0].unwrap().value(&buf)[1..], pem(1));
+    assert_eq!(found[2].unwrap().value(&buf)[1..], pem(2));
+    assert!(t.get_into(b"", &mut buf).is_err(), "ids are checked");
+}

@@ -20,6 +20,8 @@ from matplotlib.ticker import FuncFormatter  # noqa: E402
 STYLE = {
     "keycache get": ("#d62728", "o", "-"),
     "keycache get_many(64)": ("#d62728", "s", "--"),
+    "keycache get_in (reused buffer)": ("#ff7f0e", "o", "-"),
+    "keycache get_many_in(64) (reused batch)": ("#ff7f0e", "s", "--"),
     "hashbrown HashMap (in memory)": ("#1f77b4", "^", "-"),
     "std HashMap (in memory)": ("#17becf", "v", "-"),
     "LMDB/heed, txn per lookup": ("#2ca02c", "D", "-"),
