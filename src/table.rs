@@ -60,7 +60,9 @@ const READ_ATTEMPTS: u32 = 64;
 /// it never takes a lock. After a lookup has given up on an entry, other
 /// reads of the same handle report corruption after the quick rounds only,
 /// for ten seconds, so that a damaged store is listed or verified at full
-/// speed.
+/// speed. A zero-length value is re-read the same way before it is returned
+/// (see `Attempt::Empty`): a genuinely empty value costs this wait, once per
+/// handle every ten seconds.
 pub const DEFAULT_READ_RETRY: Duration = Duration::from_secs(1);
 
 /// How long after a lookup gave up other reads skip the wait.
@@ -310,6 +312,13 @@ fn corrupt(path: &Path, id: Option<&[u8]>, why: String) -> Error {
 /// Outcome of one attempt at reading a slot's entry.
 enum Attempt {
     Found(Found),
+    /// A zero-length value. Nothing vouches for it: a writer that stores a
+    /// slot's length one byte at a time (Salt's `struct.pack_into`, and
+    /// this crate's relaxed byte stores) passes through zero when a length
+    /// under 256 becomes a multiple of 256, and a record of zero bytes has
+    /// no checksum to fail. Read again, like a checksum failure; taken as
+    /// found only when it stays so for the whole retry policy.
+    Empty(Found),
     Absent,
     /// The entry changed while it was read, or a file it needs is not (yet)
     /// mapped: try again, refreshing the view when `refresh`.
@@ -468,6 +477,11 @@ impl Table {
             let g = self.current()?;
             match self.lookup_once(&g, id, buf)? {
                 Attempt::Found(f) => return Ok(Some(f)),
+                Attempt::Empty(f) => {
+                    if !retry.again(false)? {
+                        return Ok(Some(f));
+                    }
+                }
                 Attempt::Absent => return Ok(None),
                 Attempt::Retry { refresh, why } => {
                     if !retry.again(refresh)? {
@@ -721,12 +735,17 @@ impl Table {
             out.truncate(start);
             return Ok(Attempt::Absent);
         }
-        Ok(Attempt::Found(Found {
+        let found = Found {
             start,
             len: f.len as usize,
             mtime: f.mtime,
             slot,
-        }))
+        };
+        Ok(if f.len == 0 {
+            Attempt::Empty(found)
+        } else {
+            Attempt::Found(found)
+        })
     }
 
     /// Reads the entry in data slot `slot`, if it is occupied.
@@ -758,6 +777,16 @@ impl Table {
                         mtime: f.mtime,
                         slot,
                     }))
+                }
+                Attempt::Empty(f) => {
+                    if !retry.again(false)? {
+                        return Ok(Some(Record {
+                            id,
+                            value,
+                            mtime: f.mtime,
+                            slot,
+                        }));
+                    }
                 }
                 Attempt::Absent => return Ok(None),
                 Attempt::Retry { refresh, why } => {

@@ -741,3 +741,97 @@ fn salt_style_in_place_rewrites_never_yield_a_wrong_value() {
         a + b
     );
 }
+
+/// A writer that stores a slot's length one byte at a time (Salt's
+/// `struct.pack_into` does) and is preempted between two of them leaves,
+/// when a length under 256 grows to a multiple of 256, a length of zero:
+/// a record of no bytes, which has no checksum to fail. Readers meeting it
+/// must wait for the writer to finish, not report an empty or corrupt key.
+#[test]
+fn a_length_caught_between_its_byte_stores_is_read_again() {
+    let d = tempfile::tempdir().unwrap();
+    let s = Store::open_with(d.path(), &opts(17, 1 << 20, 250)).unwrap();
+    let target = MinionId::new("target").unwrap();
+    let old = value("target", "v", 1, 199);
+    let new = value("target", "v", 2, 255);
+    s.put(&target, KeyState::Accepted, &old).unwrap();
+    let vb = encode_key_value(KeyState::Rejected, &new);
+    assert_eq!(vb.len(), 256);
+    let p = Params {
+        size: 17,
+        ..Params::default()
+    };
+    let index_path = d.path().join(KEYS_INDEX);
+    let heap_path = d.path().join(format!("{KEYS_INDEX}.heap"));
+    let index = std::fs::read(&index_path).unwrap();
+    let slot = (1..p.size)
+        .find(|&i| layout::slot_id(&p, &index[p.slot_offset(i)..]) == b"target")
+        .expect("slot of target");
+    let so = p.slot_offset(slot);
+    assert_eq!(layout::le_u32(&index[so + p.length_field()..]), 200);
+
+    // Salt's append path, stopped half-way through the length: record
+    // appended, offset repointed, low byte of 256 (0x00) stored, the high
+    // byte (0x01) not yet.
+    let heap = File::options().write(true).open(&heap_path).unwrap();
+    let at = heap.metadata().unwrap().len();
+    let mut rec = Vec::new();
+    layout::encode_record(&vb, &mut rec);
+    heap.write_all_at(&rec, at).unwrap();
+    let idx = File::options().write(true).open(&index_path).unwrap();
+    idx.write_all_at(&at.to_le_bytes(), (so + p.offset_field()) as u64)
+        .unwrap();
+    idx.write_all_at(&[0], (so + p.length_field()) as u64)
+        .unwrap();
+    assert_eq!(
+        layout::le_u32(&std::fs::read(&index_path).unwrap()[so + p.length_field()..]),
+        0,
+        "the torn length reads as zero"
+    );
+
+    let started = AtomicUsize::new(0);
+    let results = Mutex::new(Vec::new());
+    std::thread::scope(|sc| {
+        for r in 0..3 {
+            let (s, target, started, results) = (&s, &target, &started, &results);
+            sc.spawn(move || {
+                started.fetch_add(1, Ordering::SeqCst);
+                let got: std::result::Result<Option<(KeyState, Vec<u8>)>, String> = match r {
+                    0 => s
+                        .get(target)
+                        .map(|e| e.map(|e| (e.state, e.public_key)))
+                        .map_err(|e| e.to_string()),
+                    1 => s
+                        .get_many(std::slice::from_ref(target))
+                        .map(|mut v| v.remove(0).map(|e| (e.state, e.public_key)))
+                        .map_err(|e| e.to_string()),
+                    _ => s
+                        .keys(None)
+                        .unwrap()
+                        .next()
+                        .transpose()
+                        .map(|e| e.map(|(_, e)| (e.state, e.public_key)))
+                        .map_err(|e| e.to_string()),
+                };
+                results.lock().unwrap().push((r, got));
+            });
+        }
+        while started.load(Ordering::SeqCst) < 3 {
+            std::thread::yield_now();
+        }
+        // The writer is "preempted" for 100 ms, then finishes the length.
+        std::thread::sleep(Duration::from_millis(100));
+        idx.write_all_at(&[1], (so + p.length_field() + 1) as u64)
+            .unwrap();
+    });
+    let results = results.into_inner().unwrap();
+    assert_eq!(results.len(), 3);
+    for (r, got) in results {
+        let reader = ["get", "get_many", "keys"][r];
+        assert_eq!(
+            got,
+            Ok(Some((KeyState::Rejected, new.clone()))),
+            "{reader} must wait for the length to be finished"
+        );
+    }
+}
