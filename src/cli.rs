@@ -30,7 +30,8 @@ pub struct Cli {
 #[derive(Debug, Clone, Args)]
 pub struct Layout {
     /// Slots per table, header included (`mmap_key_size`). Default: inferred
-    /// from an existing index file, else Salt's 1000000.
+    /// from an existing index file (after finishing a compaction a crash
+    /// interrupted), else Salt's 1000000.
     #[arg(long, value_name = "N")]
     size: Option<u64>,
     /// Bytes per slot (`mmap_key_slot_size`).
@@ -45,8 +46,19 @@ pub struct Layout {
 }
 
 impl Layout {
-    /// The parameters, with the size inferred from `dir`'s index files.
-    fn params(&self, dir: &Path) -> Params {
+    /// The parameters, with the size inferred from `dir`'s index files
+    /// (after finishing a compaction that a crash interrupted, which may
+    /// change it).
+    fn params(&self, dir: &Path) -> Result<Params, Error> {
+        self.params_of(dir, true)
+    }
+
+    /// [`Layout::params`], finishing an interrupted compaction first only
+    /// when `finish` (a dry run writes nothing).
+    fn params_of(&self, dir: &Path, finish: bool) -> Result<Params, Error> {
+        if finish && self.size.is_none() && dir.join(crate::rebuild::JOURNAL).exists() {
+            crate::rebuild::finish_interrupted(dir)?;
+        }
         let size = self.size.unwrap_or_else(|| {
             [KEYS_INDEX, DENIED_INDEX]
                 .iter()
@@ -60,19 +72,19 @@ impl Layout {
                 .map(|m| m.len() / self.slot_size as u64)
                 .unwrap_or(layout::DEFAULT_SIZE)
         });
-        Params {
+        Ok(Params {
             size,
             slot_size: self.slot_size,
             id_size: self.id_size,
             max_segment_bytes: self.max_segment_bytes,
-        }
+        })
     }
 
     fn open(&self, dir: &Path) -> Result<Store, Error> {
         Store::open_with(
             dir,
             &OpenOptions {
-                params: self.params(dir),
+                params: self.params(dir)?,
                 ..OpenOptions::default()
             },
         )
@@ -319,7 +331,7 @@ fn run(cmd: Command) -> Out {
         } => {
             let target = out.clone().unwrap_or_else(|| pki_dir.clone());
             let opts = MigrateOptions {
-                params: layout.params(&target),
+                params: layout.params_of(&target, !dry_run)?,
                 out,
                 dry_run,
                 replace,
@@ -368,7 +380,7 @@ fn run(cmd: Command) -> Out {
             let store = Store::open_with(
                 &dir,
                 &OpenOptions {
-                    params: layout.params(&dir),
+                    params: layout.params(&dir)?,
                     ownership,
                     ..OpenOptions::default()
                 },

@@ -943,6 +943,15 @@ pub(crate) fn roll_forward(dir: &Path, held: Option<&Path>) -> Result<()> {
     process_journal(dir, &held)
 }
 
+/// Finishes a rebuild of a bank of `dir` that a crash interrupted, when it
+/// left a complete journal (a no-op otherwise), taking the locks of the
+/// banks it names. A tool that reads a store's layout off its files (the
+/// table size from an index's length) calls this first: a compaction into
+/// another size is half-way between the two sizes until its journal is done.
+pub fn finish_interrupted(dir: &Path) -> Result<()> {
+    roll_forward(dir, None)
+}
+
 /// Removes leftovers of rebuilds killed before their journal was written,
 /// and of index creations killed half-way (and roster rewrites, which
 /// earlier versions made). The caller holds the lock of the banks concerned.
