@@ -444,11 +444,13 @@ fn run(secs: u64) -> u64 {
         }
     }
     let f = keycache::verify::verify_store(&fresh).unwrap();
-    // Open issue (see README, Reliability): now and then one of Salt's ids
-    // that Salt itself removed keeps a live roster entry (its tombstone did
-    // not land on it). Listings skip it (the slot is not OCCUPIED), and the
-    // next writer of the bank, seeing the roster's live count differ from the
-    // header, patches it away: checked here. Any other finding fails.
+    // Salt's bug (see README, Reliability, and salt_interop.rs
+    // salts_misplaced_tombstone_is_skipped_and_mended): an id that a Salt
+    // process inserted and then removed keeps a live roster entry, because
+    // Salt appends the tombstone instead of writing it over the entry.
+    // Listings skip it (the slot is not OCCUPIED), and the next writer of
+    // the bank, seeing the roster's live count differ from the header,
+    // patches it away: checked here. Any other finding fails.
     let (stale, other): (Vec<_>, Vec<_>) = f
         .into_iter()
         .partition(|x| x.what.ends_with("is listed but not occupied"));

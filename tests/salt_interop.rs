@@ -302,3 +302,49 @@ fn layout_hash_is_pythons_xxh3() {
         ]
     );
 }
+
+/// Salt 3008.5's fast-path roster tombstone (a delete in the process that
+/// inserted the id) seeks to the entry's offset on a descriptor opened in
+/// append mode, so the tombstone lands at the end of the roster and the
+/// entry stays live. keycache's listing must not show the id, `verify`
+/// names the stale entry, and the next keycache write of the bank mends it.
+#[test]
+fn salts_misplaced_tombstone_is_skipped_and_mended() {
+    let d = tempfile::tempdir().unwrap();
+    let layout = Layout::small(17, 4096);
+    let ops = json!([
+        {"op": "store", "bank": "keys", "id": "alpha", "state": "accepted", "pub": pem("a", 80)},
+        {"op": "store", "bank": "keys", "id": "beta", "state": "pending", "pub": pem("b", 80)},
+        {"op": "flush", "bank": "keys", "id": "alpha"},
+    ]);
+    salt(d.path(), &layout, &["apply"], Some(&ops));
+    let s = Store::open_with(d.path(), &layout.options()).unwrap();
+    let roster = s.keys_table().roster().unwrap();
+    assert_eq!(
+        roster.len(),
+        3,
+        "two entries and the appended tombstone: {roster:?}"
+    );
+    assert_eq!(roster[2], keycache::layout::ROSTER_TOMBSTONE, "{roster:?}");
+    assert!(
+        roster[..2]
+            .iter()
+            .all(|&x| x != keycache::layout::ROSTER_TOMBSTONE),
+        "Salt's tombstone did not land on alpha's entry: {roster:?}"
+    );
+    let listed: Vec<String> = s.keys(None).unwrap().map(|r| r.unwrap().0).collect();
+    assert_eq!(listed, vec!["beta".to_string()]);
+    let f = keycache::verify::verify_store(&s).unwrap();
+    assert_eq!(f.len(), 1, "{f:?}");
+    assert!(f[0].what.ends_with("is listed but not occupied"), "{f:?}");
+    // The next writer sees the roster's live count differ from the header.
+    s.put(
+        &MinionId::new("gamma").unwrap(),
+        KeyState::Pending,
+        pem("c", 80).as_bytes(),
+    )
+    .unwrap();
+    assert!(keycache::verify::verify_store(&s).unwrap().is_empty());
+    let listed: Vec<String> = s.keys(None).unwrap().map(|r| r.unwrap().0).collect();
+    assert_eq!(listed, vec!["beta".to_string(), "gamma".to_string()]);
+}
