@@ -40,7 +40,7 @@ use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 use common::*;
-use keycache::{KeyBatch, KeyState, MinionId, Store};
+use keycache::{KeyBatch, KeyState, MinionId, Reader, Store};
 use serde_json::{json, Value as Json};
 
 // ---------------------------------------------------------------------------
@@ -394,6 +394,14 @@ fn kc_get_in(store: &Store, id: &MinionId, buf: &mut Vec<u8>) -> u64 {
 }
 
 #[inline]
+fn kc_reader_get_in(r: &mut Reader<'_>, id: &MinionId, buf: &mut Vec<u8>) -> u64 {
+    match r.get_in(id, buf).expect("keycache Reader::get_in") {
+        Some(e) => touch(e.state.byte(), e.public_key),
+        None => 0,
+    }
+}
+
+#[inline]
 fn kc_get_many_in(store: &Store, ids: &[MinionId], batch: &mut KeyBatch) -> u64 {
     store.get_many_in(ids, batch).expect("keycache get_many_in");
     batch
@@ -463,6 +471,7 @@ const KC: &str = "keycache get";
 const KC_MANY: &str = "keycache get_many(64)";
 const KC_IN: &str = "keycache get_in (reused buffer)";
 const KC_MANY_IN: &str = "keycache get_many_in(64) (reused batch)";
+const KC_READER: &str = "keycache Reader::get_in (handle per thread)";
 const STD: &str = "std HashMap (in memory)";
 const HB: &str = "hashbrown HashMap (in memory)";
 const LMDB_TXN: &str = "LMDB/heed, txn per lookup";
@@ -586,6 +595,11 @@ fn section_lookup(cfg: &Cfg, data: &Data, p: &Prepared) -> Samples {
                     move |i| kc_get_in(store, &ids[i], &mut buf)
                 });
                 s.add(KC_IN, &k(kind), r);
+                let r = measure(threads, sec, n, 1, || {
+                    let (mut reader, mut buf) = (store.reader(), Vec::new());
+                    move |i| kc_reader_get_in(&mut reader, &ids[i], &mut buf)
+                });
+                s.add(KC_READER, &k(kind), r);
                 if kind == "hit" {
                     let r = measure(threads, sec, nb, 64, || {
                         let (store, batches, mut batch) = (&store, &batches, KeyBatch::new());
@@ -1206,6 +1220,13 @@ fn cmd_callgrind_loop(a: &Args) {
             let mut buf = Vec::new();
             callgrind_measured(&mut |i| kc_get_in(&store, &ids[i % n], &mut buf), lookups)
         }
+        "keycache_reader" => {
+            let (mut r, mut buf) = (store.reader(), Vec::new());
+            callgrind_measured(
+                &mut |i| kc_reader_get_in(&mut r, &ids[i % n], &mut buf),
+                lookups,
+            )
+        }
         "keycache_many_in" => {
             let batches: Vec<&[MinionId]> = ids.chunks_exact(64).collect();
             let mut batch = KeyBatch::new();
@@ -1299,6 +1320,7 @@ fn section_callgrind(data: &Data, p: &Prepared, cfg: &Cfg, all: bool) -> Samples
         "keycache",
         "keycache_many",
         "keycache_in",
+        "keycache_reader",
         "keycache_many_in",
     ];
     if all && cfg.maps {
@@ -1417,6 +1439,7 @@ fn report_lookup(r: &mut Report, all: &[(u64, Samples)], cfg: &Cfg) {
         KC,
         KC_MANY,
         KC_IN,
+        KC_READER,
         KC_MANY_IN,
         STD,
         HB,
@@ -1493,6 +1516,21 @@ fn report_lookup(r: &mut Report, all: &[(u64, Samples)], cfg: &Cfg) {
             ),
             kc >= 2.0 * l2,
         );
+        if s.0.contains_key(KC_READER) {
+            let rd = s.med(KC_READER, "hit/1t");
+            r.target(
+                &format!(
+                    "lookup hit at {at}, long-lived read handles on both sides: Reader::get_in >= 2x LMDB/heed one txn per thread"
+                ),
+                format!(
+                    "{} vs {} ({})",
+                    fmt_rate(rd),
+                    fmt_rate(l2),
+                    fmt_ratio(rd / l2)
+                ),
+                rd >= 2.0 * l2,
+            );
+        }
     }
     if s.0.contains_key(SALT) {
         let sl = s.med(SALT, "hit/1t");
@@ -1772,6 +1810,10 @@ fn report_callgrind(r: &mut Report, all: &[(u64, Samples)]) {
             ("keycache", "keycache get"),
             ("keycache_many", "keycache get_many(64), per id"),
             ("keycache_in", "keycache get_in (reused buffer)"),
+            (
+                "keycache_reader",
+                "keycache Reader::get_in (handle per thread)",
+            ),
             (
                 "keycache_many_in",
                 "keycache get_many_in(64) (reused batch), per id",

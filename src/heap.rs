@@ -94,10 +94,17 @@ impl Segment {
         Ok(len)
     }
 
-    /// Starts loading the record at `off` into the cache.
+    /// Starts loading every cache line of the record of `len` value bytes
+    /// at `off`, so that their misses overlap instead of following one
+    /// another as the copy walks the record.
     #[inline]
-    pub(crate) fn prefetch(&self, off: u64) {
-        self.map.prefetch(off as usize);
+    pub(crate) fn prefetch_record(&self, off: u64, len: u32) {
+        let end = off.saturating_add(layout::record_len(len as usize));
+        let mut line = off & !63;
+        while line < end {
+            self.map.prefetch(line as usize);
+            line += 64;
+        }
     }
 
     /// Reads the record of `len` value bytes at byte offset `off`, checks

@@ -22,5 +22,5 @@ pub mod verify;
 pub use error::{Error, Result};
 pub use id::MinionId;
 pub use layout::Params;
-pub use store::{Counts, KeyBatch, KeyEntry, KeyRef, KeyState, Store};
+pub use store::{Counts, KeyBatch, KeyEntry, KeyRef, KeyState, Reader, Store};
 pub use table::OpenOptions;

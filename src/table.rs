@@ -231,6 +231,49 @@ pub(crate) struct Generation {
     pub(crate) segments: Vec<Arc<Segment>>,
 }
 
+/// A reader's own handle on a table's current [`Generation`]. Holding it
+/// costs a lookup no atomic read-modify-write: the view is checked against
+/// the table's generation number (a plain load) and reloaded only when that
+/// changed. The files of the view it holds stay mapped until it moves on.
+#[derive(Debug, Clone)]
+pub(crate) struct View {
+    no: u64,
+    gen: Arc<Generation>,
+}
+
+/// Where a lookup gets the current view from.
+trait Views {
+    type Gen<'a>: std::ops::Deref<Target = Arc<Generation>>
+    where
+        Self: 'a;
+    fn current<'a>(&'a mut self, t: &Table) -> Result<Self::Gen<'a>>;
+}
+
+/// The table's shared view: one `ArcSwap` load (two atomic
+/// read-modify-writes, each a full barrier on x86) per lookup.
+struct Shared;
+
+impl Views for Shared {
+    type Gen<'a> = arc_swap::Guard<Arc<Generation>>;
+    fn current<'a>(&'a mut self, t: &Table) -> Result<Self::Gen<'a>> {
+        t.current()
+    }
+}
+
+impl Views for View {
+    type Gen<'a> = &'a Arc<Generation>;
+    #[inline]
+    fn current<'a>(&'a mut self, t: &Table) -> Result<&'a Arc<Generation>> {
+        t.check_due()?;
+        let no = t.gen_no.load(Ordering::Acquire);
+        if no != self.no {
+            self.gen = t.gen.load_full();
+            self.no = no;
+        }
+        Ok(&self.gen)
+    }
+}
+
 /// A bank: index file plus companions.
 #[derive(Debug)]
 pub struct Table {
@@ -240,6 +283,9 @@ pub struct Table {
     refresh_ns: u64,
     ownership: Ownership,
     gen: ArcSwap<Generation>,
+    /// Bumped after every store into `gen`: a [`View`] compares it with the
+    /// number it last saw instead of loading `gen` on every lookup.
+    gen_no: AtomicU64,
     next_check: AtomicU64,
     /// When a read last gave up on an entry (coarse clock, ns; 0: never).
     gave_up_at: AtomicU64,
@@ -301,6 +347,15 @@ fn is_not_found(e: &Error) -> bool {
     matches!(e, Error::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound)
 }
 
+/// Starts loading the heap record that slot fields `f` point at.
+#[inline]
+fn prefetch_record(g: &Generation, f: &SlotFields) {
+    let (seg, off) = layout::unpack_offset(f.offset);
+    if let Some(s) = g.segments.get(usize::from(seg)) {
+        s.prefetch_record(off, f.len);
+    }
+}
+
 fn corrupt(path: &Path, id: Option<&[u8]>, why: String) -> Error {
     Error::Corrupt {
         path: path.into(),
@@ -350,6 +405,7 @@ impl Table {
             refresh_ns: opts.refresh.as_nanos().min(u128::from(u64::MAX)) as u64,
             ownership,
             gen: ArcSwap::from_pointee(gen),
+            gen_no: AtomicU64::new(0),
             next_check: AtomicU64::new(
                 map::coarse_now_ns().saturating_add(opts.refresh.as_nanos() as u64),
             ),
@@ -404,13 +460,40 @@ impl Table {
     /// The current view, refreshed when the refresh interval has passed and
     /// the index file was replaced.
     fn current(&self) -> Result<arc_swap::Guard<Arc<Generation>>> {
+        self.check_due()?;
+        Ok(self.gen.load())
+    }
+
+    /// Re-stats the index when the refresh interval has passed.
+    #[inline]
+    fn check_due(&self) -> Result<()> {
         let now = map::coarse_now_ns();
         if now >= self.next_check.load(Ordering::Relaxed) {
             self.next_check
                 .store(now.saturating_add(self.refresh_ns), Ordering::Relaxed);
             self.refresh(false)?;
         }
-        Ok(self.gen.load())
+        Ok(())
+    }
+
+    /// A reader's own copy of the current view of the files (see [`View`]).
+    pub(crate) fn view(&self) -> View {
+        View {
+            no: self.gen_no.load(Ordering::Acquire),
+            gen: self.gen.load_full(),
+        }
+    }
+
+    /// [`Table::get_into`] of an id known to be non-empty and free of NUL,
+    /// through the reader's own view (brought up to date first).
+    pub(crate) fn get_valid_in_view(
+        &self,
+        view: &mut View,
+        id: &[u8],
+        buf: &mut Vec<u8>,
+    ) -> Result<Option<Found>> {
+        self.check_len(id)?;
+        self.get_checked_by(view, id, buf)
     }
 
     /// Re-stats the index and maps the files again when it was replaced (or
@@ -427,7 +510,10 @@ impl Table {
                 &self.params,
                 Some(&cur),
             )?));
+        } else {
+            return Ok(());
         }
+        self.gen_no.fetch_add(1, Ordering::Release);
         Ok(())
     }
 
@@ -472,9 +558,19 @@ impl Table {
 
     /// The lookup of an id already checked, with the readers' retry policy.
     fn get_checked(&self, id: &[u8], buf: &mut Vec<u8>) -> Result<Option<Found>> {
+        self.get_checked_by(&mut Shared, id, buf)
+    }
+
+    /// [`Table::get_checked`] through the views that `views` hands out.
+    fn get_checked_by<V: Views>(
+        &self,
+        views: &mut V,
+        id: &[u8],
+        buf: &mut Vec<u8>,
+    ) -> Result<Option<Found>> {
         let mut retry = Retry::new(self);
         loop {
-            let g = self.current()?;
+            let g = views.current(self)?;
             match self.lookup_once(&g, id, buf)? {
                 Attempt::Found(f) => return Ok(Some(f)),
                 Attempt::Empty(f) => {
@@ -583,15 +679,7 @@ impl Table {
                     ix.map.copy_out(off, copy);
                     if layout::slot_id_eq(p, copy, id) {
                         let f = SlotFields::decode(p, copy);
-                        let (seg, o) = layout::unpack_offset(f.offset);
-                        if let Some(s) = g.segments.get(usize::from(seg)) {
-                            let end = o + layout::record_len(f.len as usize);
-                            let mut line = o & !63;
-                            while line < end {
-                                s.prefetch(line);
-                                line += 64;
-                            }
-                        }
+                        prefetch_record(&g, &f);
                         found[i] = (slot, f);
                         break;
                     }
@@ -634,6 +722,9 @@ impl Table {
             heap_buf = vec![0u8; p.slot_used()];
             &mut heap_buf
         };
+        // A slot spans two cache lines: start both misses at once.
+        let home_off = p.slot_offset(home);
+        ix.map.prefetch(home_off + p.slot_used() - 1);
         for step in 0..p.capacity() {
             let slot = p.probe(home, step);
             let off = p.slot_offset(slot);
@@ -653,7 +744,9 @@ impl Table {
             if !layout::slot_id_eq(p, buf, id) {
                 continue;
             }
-            return self.read_entry(g, ix, slot, &SlotFields::decode(p, buf), buf, out);
+            let f = SlotFields::decode(p, buf);
+            prefetch_record(g, &f);
+            return self.read_entry(g, ix, slot, &f, buf, out);
         }
         Ok(Attempt::Absent)
     }

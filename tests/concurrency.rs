@@ -326,8 +326,23 @@ fn readers_see_only_values_that_were_written() {
                 let mut rng = Rng(seed ^ (r as u64 + 1).wrapping_mul(0x1234_5678_9abc_def1));
                 let mut n = 0u64;
                 let (mut buf, mut batch) = (Vec::new(), keycache::KeyBatch::new());
+                // A reader handle kept for the whole run: it must follow the
+                // writes and compactions as the store's own lookups do.
+                let mut reader = s.reader();
                 while !stop.load(Ordering::Acquire) {
                     let id = rng.pick(ids);
+                    match reader.get_in(id, &mut buf) {
+                        Ok(Some(e)) => {
+                            check_key(keys, problems, "Reader::get_in", id, &e.to_entry())
+                        }
+                        Ok(None) => {}
+                        Err(e) => problems.add(format!("reader {r}: Reader::get_in: {e}")),
+                    }
+                    match reader.denied(id) {
+                        Ok(Some(v)) => check_denied(denied, problems, id, &v),
+                        Ok(None) => {}
+                        Err(e) => problems.add(format!("reader {r}: Reader::denied({id}): {e}")),
+                    }
                     // The allocation-free forms, through buffers reused all along.
                     match s.get_in(id, &mut buf) {
                         Ok(Some(e)) => check_key(keys, problems, "get_in", id, &e.to_entry()),

@@ -380,3 +380,79 @@ fn buffered_lookups_match_owned_ones() {
     assert_eq!(found[2].unwrap().value(&buf)[1..], pem(2));
     assert!(t.get_into(b"", &mut buf).is_err(), "ids are checked");
 }
+
+/// A `Reader` answers as the store does, follows its writes and
+/// compactions, and lets go of replaced files at its next lookup.
+#[test]
+fn a_reader_answers_as_the_store_and_follows_it() {
+    let d = tempfile::tempdir().unwrap();
+    let s = Store::open_with(d.path(), &small(101, 1024)).unwrap();
+    let states = [KeyState::Accepted, KeyState::Pending, KeyState::Rejected];
+    for n in 0..30 {
+        s.put(&id(&format!("m-{n:02}")), states[n % 3], &pem(n))
+            .unwrap();
+    }
+    s.deny(&id("m-03"), b"denied key").unwrap();
+    let ids: Vec<MinionId> = (0..40).map(|n| id(&format!("m-{n:02}"))).collect();
+    let mut r = s.reader();
+    let mut buf = Vec::new();
+    let same = |r: &mut keycache::Reader<'_>, buf: &mut Vec<u8>, when: &str| {
+        for i in &ids {
+            let want = s.get(i).unwrap();
+            assert_eq!(r.get(i).unwrap(), want, "{when}: get({i})");
+            let got = r.get_in(i, buf).unwrap().map(|e| e.to_entry());
+            assert_eq!(got, want, "{when}: get_in({i})");
+            assert_eq!(
+                r.denied(i).unwrap(),
+                s.denied(i).unwrap(),
+                "{when}: denied({i})"
+            );
+        }
+    };
+    same(&mut r, &mut buf, "fresh");
+    assert_eq!(
+        r.denied(&ids[3]).unwrap().as_deref(),
+        Some(&b"denied key"[..])
+    );
+
+    // Writes, enough of them to roll heap segments of 1 KiB.
+    for (n, i) in ids.iter().enumerate().take(30) {
+        if n % 4 == 0 {
+            s.remove(i).unwrap();
+        } else {
+            s.put(i, KeyState::Rejected, &pem(100 + n)).unwrap();
+        }
+    }
+    s.put(&ids[35], KeyState::Pending, &pem(35)).unwrap();
+    assert!(s.stats().unwrap().keys.segments > 1);
+    same(&mut r, &mut buf, "after writes");
+    assert_eq!(r.get(&ids[0]).unwrap(), None);
+    assert_eq!(
+        r.get(&ids[35]).unwrap().map(|e| e.state),
+        Some(KeyState::Pending)
+    );
+
+    // A compaction replaces the files: the reader follows, and stops
+    // holding the old ones (mapped, deleted) at its next lookup.
+    let replaced = || {
+        std::fs::read_to_string("/proc/self/maps")
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains(&*d.path().to_string_lossy()) && l.ends_with("(deleted)"))
+            .count()
+    };
+    s.compact(None).unwrap();
+    assert!(replaced() > 0, "the reader still holds the old files");
+    r.get(&ids[1]).unwrap();
+    r.denied(&ids[1]).unwrap();
+    assert_eq!(replaced(), 0, "the old files are released");
+    same(&mut r, &mut buf, "after a compaction");
+    s.put(&ids[36], KeyState::Accepted, &pem(36)).unwrap();
+    same(&mut r, &mut buf, "after a write after the compaction");
+
+    // Invalid ids and corrupt values are refused as by the store.
+    s.keys_table().put(b"m-07", b"\x09not a key").unwrap();
+    let e = r.get_in(&ids[7], &mut buf).unwrap_err();
+    assert!(e.is_corrupt() && e.to_string().contains("m-07"), "{e}");
+    assert!(r.get(&ids[7]).unwrap_err().is_corrupt());
+}

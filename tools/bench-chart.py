@@ -21,6 +21,7 @@ STYLE = {
     "keycache get": ("#d62728", "o", "-"),
     "keycache get_many(64)": ("#d62728", "s", "--"),
     "keycache get_in (reused buffer)": ("#ff7f0e", "o", "-"),
+    "keycache Reader::get_in (handle per thread)": ("#9467bd", "o", "-"),
     "keycache get_many_in(64) (reused batch)": ("#ff7f0e", "s", "--"),
     "hashbrown HashMap (in memory)": ("#1f77b4", "^", "-"),
     "std HashMap (in memory)": ("#17becf", "v", "-"),
