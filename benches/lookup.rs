@@ -89,6 +89,13 @@ fn bench_lookups(c: &mut Criterion) {
                 None => 0,
             })
         });
+        g.bench_function(label("keycache_reader_get_in"), |b| {
+            let (mut cy, mut buf, mut r) = (Cycle::new(ids), Vec::new(), store.reader());
+            b.iter(|| match r.get_in(cy.next(), &mut buf).unwrap() {
+                Some(e) => touch(e.state.byte(), e.public_key),
+                None => 0,
+            })
+        });
         g.bench_function(label("std_hashmap"), |b| {
             let mut cy = Cycle::new(ids);
             b.iter(|| match std_m.get(cy.next().as_str()) {
