@@ -385,6 +385,9 @@ fn buffered_lookups_match_owned_ones() {
 /// compactions, and lets go of replaced files at its next lookup.
 #[test]
 fn a_reader_answers_as_the_store_and_follows_it() {
+    // One per thread: it may be moved to the thread that uses it.
+    fn send<T: Send>() {}
+    send::<keycache::Reader<'static>>();
     let d = tempfile::tempdir().unwrap();
     let s = Store::open_with(d.path(), &small(101, 1024)).unwrap();
     let states = [KeyState::Accepted, KeyState::Pending, KeyState::Rejected];
