@@ -345,6 +345,32 @@ fn id_ok(p: &Params, id: &[u8]) -> bool {
     !id.is_empty() && id.len() <= p.id_size && !id.contains(&0)
 }
 
+/// A [`crate::Reader`] answers every id of either bank as the store does,
+/// errors included.
+fn check_reader(dir: &Path, store: &Store, p: Params) {
+    let mut reader = store.reader();
+    let mut buf = Vec::new();
+    for index in [KEYS_INDEX, DENIED_INDEX] {
+        let (rb, _) = RefBank::load(dir, index, p);
+        for id in rb.ids() {
+            let Some(m) = std::str::from_utf8(&id)
+                .ok()
+                .and_then(|s| MinionId::new(s).ok())
+                .filter(|_| id_ok(&p, &id))
+            else {
+                continue;
+            };
+            let s = |e: Error| e.to_string();
+            let want = store.get(&m).map_err(s);
+            assert_eq!(reader.get(&m).map_err(s), want, "Reader::get({m})");
+            let got_in = reader.get_in(&m, &mut buf).map(|k| k.map(|k| k.to_entry()));
+            assert_eq!(got_in.map_err(s), want, "Reader::get_in({m})");
+            let want = store.denied(&m).map_err(s);
+            assert_eq!(reader.denied(&m).map_err(s), want, "Reader::denied({m})");
+        }
+    }
+}
+
 /// Lists a table as (id, value) or an error per entry, with the table's own
 /// iterator.
 fn lib_list(t: &Table) -> crate::Result<Listing> {
@@ -488,6 +514,7 @@ pub fn store_bytes(data: &[u8]) {
 }
 
 fn check_store(dir: &Path, store: &Store, p: Params, planted: bool) {
+    check_reader(dir, store, p);
     type Check = Option<verify::ValueCheck>;
     let banks: [(&Table, &str, Check); 2] = [
         (
