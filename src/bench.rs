@@ -164,6 +164,17 @@ pub(crate) fn cmd_bench(
             }
         }
     };
+    // A Reader per thread, as a daemon's worker threads would keep.
+    let reader_in = || {
+        let (ids, mut buf, mut r) = (&ids, Vec::new(), store.reader());
+        move |t: usize, i: usize| -> u64 {
+            let id = &ids[(i * threads + t) % n];
+            match r.get_in(id, &mut buf) {
+                Ok(Some(e)) => touch(e.public_key),
+                _ => 0,
+            }
+        }
+    };
     let miss = || {
         |t: usize, i: usize| -> u64 {
             let id = &misses[(i * threads + t) % misses.len()];
@@ -207,6 +218,7 @@ pub(crate) fn cmd_bench(
     let check = check.wrapping_add(warm);
     let (m, _) = measure(threads, seconds, 1, &miss)?;
     let (hi, _) = measure(threads, seconds, 1, &hit_in)?;
+    let (ri, _) = measure(threads, seconds, 1, &reader_in)?;
     let (b, _) = measure(threads, seconds, batch_len, &many)?;
     let (bi, _) = measure(threads, seconds, batch_len, &many_in)?;
     let v = json!({
@@ -217,6 +229,7 @@ pub(crate) fn cmd_bench(
         "miss": m,
         "get_many": b,
         "get_in": hi,
+        "reader_get_in": ri,
         "get_many_in": bi,
         "checksum": check,
     });
@@ -227,16 +240,17 @@ pub(crate) fn cmd_bench(
             "{} keys, {threads} thread(s), {seconds} s per measurement",
             n
         );
-        println!("{:<12} {:>16} {:>14}", "lookup", "lookups/s", "ns/lookup");
+        println!("{:<14} {:>16} {:>14}", "lookup", "lookups/s", "ns/lookup");
         for (name, r) in [
             ("hit", h),
             ("miss", m),
             ("get_many", b),
             ("get_in", hi),
+            ("reader_get_in", ri),
             ("get_many_in", bi),
         ] {
             println!(
-                "{:<12} {:>16.0} {:>14.1}",
+                "{:<14} {:>16.0} {:>14.1}",
                 name, r.lookups_per_s, r.ns_per_lookup
             );
         }

@@ -718,7 +718,14 @@ fn bench_reports_rates() {
     ]);
     assert!(out.status.success());
     assert_eq!(v["threads"], 2);
-    for k in ["hit", "miss", "get_many", "get_in", "get_many_in"] {
+    for k in [
+        "hit",
+        "miss",
+        "get_many",
+        "get_in",
+        "reader_get_in",
+        "get_many_in",
+    ] {
         assert!(v[k]["lookups_per_s"].as_f64().unwrap() > 0.0, "{k}");
         assert!(v[k]["ns_per_lookup"].as_f64().unwrap() > 0.0);
     }
