@@ -52,6 +52,10 @@ pub(crate) enum Read {
     PastEnd { file_len: u64 },
 }
 
+/// The most of a record that a lookup prefetches (64 cache lines); a key
+/// record is about 460 bytes.
+const PREFETCH_MAX: u64 = 4096;
+
 impl Segment {
     /// Opens and maps a segment, reserving room for growth up to `cap`.
     pub(crate) fn open(path: &Path, cap: u64, need: u64) -> Result<Segment> {
@@ -96,10 +100,13 @@ impl Segment {
 
     /// Starts loading every cache line of the record of `len` value bytes
     /// at `off`, so that their misses overlap instead of following one
-    /// another as the copy walks the record.
+    /// another as the copy walks the record. At most [`PREFETCH_MAX`] bytes
+    /// and never past the mapping: a damaged length costs nothing here.
     #[inline]
     pub(crate) fn prefetch_record(&self, off: u64, len: u32) {
-        let end = off.saturating_add(layout::record_len(len as usize));
+        let end = off
+            .saturating_add(layout::record_len(len as usize).min(PREFETCH_MAX))
+            .min(self.map.len() as u64);
         let mut line = off & !63;
         while line < end {
             self.map.prefetch(line as usize);
