@@ -1,6 +1,7 @@
 //! Lookups: keycache's store against an in-memory `HashMap` (std and
-//! hashbrown) and LMDB through heed, all holding the same entries; plus
-//! opening a store and answering the first lookup.
+//! hashbrown, and hashbrown that also copies the value out and checks its
+//! xxh3 as a keycache reader must) and LMDB through heed, all holding the
+//! same entries; plus opening a store and answering the first lookup.
 //!
 //! `cargo bench --bench lookup` builds a store of 100k minions
 //! (`KEYCACHE_BENCH_MINIONS=1000000` for 1M) in a temporary directory.
@@ -55,6 +56,7 @@ fn bench_lookups(c: &mut Criterion) {
     let (hits, misses) = shuffled_ids(n, 42);
     let std_m = std_map(&entries);
     let hb_m = hashbrown_map(&entries);
+    let hbc_m = checked_map(&entries);
     let (env, db) = build_lmdb(&tmp.path().join("lmdb"), &entries);
     drop(entries);
     eprintln!(
@@ -109,6 +111,10 @@ fn bench_lookups(c: &mut Criterion) {
                 Some((s, k)) => touch(*s, k),
                 None => 0,
             })
+        });
+        g.bench_function(label("hashbrown_checked"), |b| {
+            let (mut cy, mut buf) = (Cycle::new(ids), Vec::new());
+            b.iter(|| checked_get(&hbc_m, cy.next().as_str(), &mut buf))
         });
         g.bench_function(label("lmdb_heed_txn_per_lookup"), |b| {
             let mut cy = Cycle::new(ids);

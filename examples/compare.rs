@@ -1,6 +1,9 @@
 //! Side-by-side performance comparison of keycache against the alternatives:
 //! an in-memory `HashMap` (std and hashbrown), LMDB through heed, and Salt
-//! 3008.5's own Python `mmap_key` (through `tests/py/salt_driver.py`).
+//! 3008.5's own Python `mmap_key` (through `tests/py/salt_driver.py`). One
+//! more in-memory contender, hashbrown that also copies each value out and
+//! checks its xxh3, measures what those two duties of a reader of shared
+//! memory cost on their own.
 //!
 //! Run it through `tools/bench-compare.sh` (which builds everything, sets up
 //! the Salt venv and draws the chart); directly:
@@ -474,6 +477,7 @@ const KC_MANY_IN: &str = "keycache get_many_in(64) (reused batch)";
 const KC_READER: &str = "keycache Reader::get_in (handle per thread)";
 const STD: &str = "std HashMap (in memory)";
 const HB: &str = "hashbrown HashMap (in memory)";
+const HB_CHECKED: &str = "hashbrown + copy-out and xxh3 check (in memory)";
 const LMDB_TXN: &str = "LMDB/heed, txn per lookup";
 const LMDB_SHARED: &str = "LMDB/heed, one txn per thread";
 const SALT: &str = "Salt 3008.5 mmap_key.fetch";
@@ -557,6 +561,7 @@ fn section_lookup(cfg: &Cfg, data: &Data, p: &Prepared) -> Samples {
     };
     let std_m = cfg.maps.then(|| std_map(&entries));
     let hb_m = cfg.maps.then(|| hashbrown_map(&entries));
+    let hbc_m = cfg.maps.then(|| checked_map(&entries));
     let lmdb: Option<Lmdb> = cfg.lmdb.then(|| open_lmdb(&data.lmdb(p, &entries)));
     drop(entries);
     // Warm-up: every entry once, through keycache and LMDB (page cache and
@@ -622,6 +627,13 @@ fn section_lookup(cfg: &Cfg, data: &Data, p: &Prepared) -> Samples {
                         }
                     });
                     s.add(HB, &k(kind), r);
+                }
+                if let Some(m) = &hbc_m {
+                    let r = measure(threads, sec, n, 1, || {
+                        let mut buf = Vec::new();
+                        move |i| checked_get(m, ids[i].as_str(), &mut buf)
+                    });
+                    s.add(HB_CHECKED, &k(kind), r);
                 }
                 if let Some(db) = &lmdb {
                     let r = measure(threads, sec, n, 1, || {
@@ -1235,6 +1247,14 @@ fn cmd_callgrind_loop(a: &Args) {
                 lookups / 64,
             )
         }
+        "hashbrown_checked" => {
+            let m = checked_map(&entries_of(&store));
+            let mut buf = Vec::new();
+            callgrind_measured(
+                &mut |i| checked_get(&m, ids[i % n].as_str(), &mut buf),
+                lookups,
+            )
+        }
         "hashbrown" | "std" => {
             let entries = entries_of(&store);
             if a.get("contender") == Some("std") {
@@ -1324,7 +1344,7 @@ fn section_callgrind(data: &Data, p: &Prepared, cfg: &Cfg, all: bool) -> Samples
         "keycache_many_in",
     ];
     if all && cfg.maps {
-        contenders.extend(["hashbrown", "std"]);
+        contenders.extend(["hashbrown", "hashbrown_checked", "std"]);
     }
     if all && cfg.lmdb {
         contenders.push("lmdb");
@@ -1443,6 +1463,7 @@ fn report_lookup(r: &mut Report, all: &[(u64, Samples)], cfg: &Cfg) {
         KC_MANY_IN,
         STD,
         HB,
+        HB_CHECKED,
         LMDB_TXN,
         LMDB_SHARED,
         SALT,
@@ -1480,6 +1501,18 @@ fn report_lookup(r: &mut Report, all: &[(u64, Samples)], cfg: &Cfg) {
     let (n, s) = all.last().unwrap();
     let at = size_label(*n);
     let kc = s.med(KC, "hit/1t");
+    if s.0.contains_key(HB_CHECKED) && s.0.contains_key(KC_READER) {
+        let c = s.med(HB_CHECKED, "hit/1t");
+        r.line(&format!(
+            "At {at}, a hashbrown hit that also copies the value out and checks its xxh3 (what a reader of memory other processes write must add) runs at {} against hashbrown's {} ({}); keycache `get` is {} of it, `Reader::get_in` {}.",
+            fmt_rate(c),
+            fmt_rate(s.med(HB, "hit/1t")),
+            fmt_ratio(c / s.med(HB, "hit/1t")),
+            fmt_ratio(kc / c),
+            fmt_ratio(s.med(KC_READER, "hit/1t") / c),
+        ));
+        r.line("");
+    }
     if s.0.contains_key(HB) {
         let hb = s.med(HB, "hit/1t");
         r.target(
@@ -1819,6 +1852,7 @@ fn report_callgrind(r: &mut Report, all: &[(u64, Samples)]) {
                 "keycache get_many_in(64) (reused batch), per id",
             ),
             ("hashbrown", "hashbrown HashMap"),
+            ("hashbrown_checked", "hashbrown + copy-out and xxh3 check"),
             ("std", "std HashMap"),
             ("lmdb", "LMDB/heed, txn per lookup"),
         ] {

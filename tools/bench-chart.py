@@ -24,6 +24,7 @@ STYLE = {
     "keycache Reader::get_in (handle per thread)": ("#9467bd", "o", "-"),
     "keycache get_many_in(64) (reused batch)": ("#ff7f0e", "s", "--"),
     "hashbrown HashMap (in memory)": ("#1f77b4", "^", "-"),
+    "hashbrown + copy-out and xxh3 check (in memory)": ("#1f77b4", "^", ":"),
     "std HashMap (in memory)": ("#17becf", "v", "-"),
     "LMDB/heed, txn per lookup": ("#2ca02c", "D", "-"),
     "LMDB/heed, one txn per thread": ("#2ca02c", "d", "--"),

@@ -216,6 +216,42 @@ pub fn hashbrown_map(entries: &[(String, u8, Vec<u8>)]) -> hashbrown::HashMap<St
     m
 }
 
+/// The value of the checked in-memory contender: xxh3 of the record's value
+/// and the value itself, `[state][key]`, as a keycache bank stores them.
+pub type CheckedValue = (u64, Vec<u8>);
+
+/// A hashbrown map holding what a keycache heap record holds, so that a
+/// lookup can do the two things a reader of shared memory must add to a
+/// hash table's: copy the value out and check its xxh3.
+pub fn checked_map(entries: &[(String, u8, Vec<u8>)]) -> hashbrown::HashMap<String, CheckedValue> {
+    let mut m = hashbrown::HashMap::with_capacity(entries.len());
+    for (id, s, k) in entries {
+        let mut v = Vec::with_capacity(1 + k.len());
+        v.push(*s);
+        v.extend_from_slice(k);
+        m.insert(id.clone(), (keycache::layout::hash(&v), v));
+    }
+    m
+}
+
+/// A lookup in [`checked_map`]: the value copied into `buf` and its xxh3
+/// checked before the key is read, as `Store::get_in` does.
+pub fn checked_get(
+    m: &hashbrown::HashMap<String, CheckedValue>,
+    id: &str,
+    buf: &mut Vec<u8>,
+) -> u64 {
+    let Some((sum, v)) = m.get(id) else {
+        return 0;
+    };
+    buf.clear();
+    buf.extend_from_slice(v);
+    match buf.split_first() {
+        Some((s, k)) if keycache::layout::hash(buf) == *sum => touch(*s, k),
+        _ => 0,
+    }
+}
+
 /// Every entry of the store's `keys` bank: (id, state byte, key).
 pub fn entries_of(store: &Store) -> Vec<(String, u8, Vec<u8>)> {
     store
