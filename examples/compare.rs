@@ -581,7 +581,7 @@ fn section_lookup(cfg: &Cfg, data: &Data, p: &Prepared) -> Samples {
     if let (Some(h), Some(c)) = (&hb_m, &hbc_m) {
         let mut buf = Vec::new();
         for id in &hits {
-            let plain = h.get(id.as_str()).map_or(0, |(st, key)| touch(*st, key));
+            let plain = hashbrown_get(h, id.as_str());
             assert_eq!(checked_get(c, id.as_str(), &mut buf), plain, "{id}");
             warm = warm.wrapping_add(plain);
         }
@@ -630,12 +630,7 @@ fn section_lookup(cfg: &Cfg, data: &Data, p: &Prepared) -> Samples {
                         }
                     });
                     s.add(STD, &k(kind), r);
-                    let r = measure(threads, sec, n, 1, || {
-                        |i| match h.get(ids[i].as_str()) {
-                            Some((st, key)) => touch(*st, key),
-                            None => 0,
-                        }
-                    });
+                    let r = measure(threads, sec, n, 1, || |i| hashbrown_get(h, ids[i].as_str()));
                     s.add(HB, &k(kind), r);
                 }
                 if let Some(m) = &hbc_m {
@@ -1097,9 +1092,7 @@ fn cmd_rss(a: &Args) {
             let m = hashbrown_map(&entries);
             drop(entries);
             for id in ids.iter().take(10_000) {
-                if let Some((s, k)) = m.get(id.as_str()) {
-                    sum = sum.wrapping_add(touch(*s, k));
-                }
+                sum = sum.wrapping_add(hashbrown_get(&m, id.as_str()));
             }
             keep = Box::new(m);
         }
@@ -1275,10 +1268,7 @@ fn cmd_callgrind_loop(a: &Args) {
                 )
             } else {
                 let m = hashbrown_map(&entries);
-                callgrind_measured(
-                    &mut |i| m.get(ids[i % n].as_str()).map_or(0, |(s, k)| touch(*s, k)),
-                    lookups,
-                )
+                callgrind_measured(&mut |i| hashbrown_get(&m, ids[i % n].as_str()), lookups)
             }
         }
         "lmdb" => {
@@ -1512,12 +1502,12 @@ fn report_lookup(r: &mut Report, all: &[(u64, Samples)], cfg: &Cfg) {
     let at = size_label(*n);
     let kc = s.med(KC, "hit/1t");
     if s.0.contains_key(HB_CHECKED) && s.0.contains_key(KC_READER) {
-        let c = s.med(HB_CHECKED, "hit/1t");
+        let (c, hb) = (s.med(HB_CHECKED, "hit/1t"), s.med(HB, "hit/1t"));
         r.line(&format!(
             "At {at}, a hashbrown hit that also copies the value out and checks its xxh3 (what a reader of memory other processes write must add) runs at {} against hashbrown's {} ({}); keycache `get` is {} of it, `Reader::get_in` {}.",
             fmt_rate(c),
-            fmt_rate(s.med(HB, "hit/1t")),
-            fmt_ratio(c / s.med(HB, "hit/1t")),
+            fmt_rate(hb),
+            fmt_ratio(c / hb),
             fmt_ratio(kc / c),
             fmt_ratio(s.med(KC_READER, "hit/1t") / c),
         ));

@@ -100,13 +100,12 @@ impl Segment {
 
     /// Starts loading every cache line of the record of `len` value bytes
     /// at `off`, so that their misses overlap instead of following one
-    /// another as the copy walks the record. At most [`PREFETCH_MAX`] bytes
-    /// and never past the mapping: a damaged length costs nothing here.
+    /// another as the copy walks the record. At most [`PREFETCH_MAX`] bytes,
+    /// so a damaged length costs nothing here; lines past the mapping are
+    /// skipped by [`Mapping::prefetch`](crate::map::Mapping::prefetch).
     #[inline]
     pub(crate) fn prefetch_record(&self, off: u64, len: u32) {
-        let end = off
-            .saturating_add(layout::record_len(len as usize).min(PREFETCH_MAX))
-            .min(self.map.len() as u64);
+        let end = off.saturating_add(layout::record_len(len as usize).min(PREFETCH_MAX));
         let mut line = off & !63;
         while line < end {
             self.map.prefetch(line as usize);

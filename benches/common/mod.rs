@@ -216,6 +216,12 @@ pub fn hashbrown_map(entries: &[(String, u8, Vec<u8>)]) -> hashbrown::HashMap<St
     m
 }
 
+/// A lookup in [`hashbrown_map`]: the key's bytes summed with its state, 0
+/// when the id is absent.
+pub fn hashbrown_get(m: &hashbrown::HashMap<String, Value>, id: &str) -> u64 {
+    m.get(id).map_or(0, |(s, k)| touch(*s, k))
+}
+
 /// The value of the checked in-memory contender: xxh3 of the record's value
 /// and the value itself, `[state][key]`, as a keycache bank stores them.
 pub type CheckedValue = (u64, Vec<u8>);
@@ -226,9 +232,8 @@ pub type CheckedValue = (u64, Vec<u8>);
 pub fn checked_map(entries: &[(String, u8, Vec<u8>)]) -> hashbrown::HashMap<String, CheckedValue> {
     let mut m = hashbrown::HashMap::with_capacity(entries.len());
     for (id, s, k) in entries {
-        let mut v = Vec::with_capacity(1 + k.len());
-        v.push(*s);
-        v.extend_from_slice(k);
+        let state = KeyState::from_byte(*s).expect("a keys bank state");
+        let v = keycache::store::encode_key_value(state, k);
         m.insert(id.clone(), (keycache::layout::hash(&v), v));
     }
     m
