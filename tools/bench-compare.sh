@@ -29,8 +29,8 @@ cd "$(dirname "$0")/.."
 mode=${1:-all}
 [[ $# -gt 0 ]] && shift
 
-echo "==> cargo build --release --bin keycache --example compare" >&2
-cargo build --release --bin keycache --example compare >&2
+echo "==> cargo build --release -p keycache-cli -p keycache-bench --bin keycache --example compare" >&2
+cargo build --release -p keycache-cli -p keycache-bench --bin keycache --example compare >&2
 
 args=()
 case "$mode" in

@@ -4,7 +4,7 @@
 # (the tree itself is left untouched), then list the result as salt-key -L.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release --locked --quiet
+cargo build --release --locked --quiet -p keycache-cli
 out=target/sample-store
 rm -rf "$out"
 target/release/keycache migrate tools/sample-pki --out "$out"

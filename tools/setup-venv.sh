@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create (idempotently) the Python venv holding the reference Salt (salt==3008.5)
-# that tests/py/salt_driver.py drives for the keycache interoperability tests.
+# that crates/keycache-testkit/py/salt_driver.py drives for the keycache interoperability tests.
 #
 #   tools/setup-venv.sh            -> venv at ${KEYCACHE_VENV:-<repo>/.venv}
 #

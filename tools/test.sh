@@ -20,5 +20,5 @@ fi
 echo "==> cargo test (library, CLI, Salt interop, model, concurrency, reliability, fuzz corpus replay)" >&2
 cargo test --locked "$@"
 
-echo "==> benches and fuzz targets compile" >&2
-cargo bench --locked --no-run
+echo "==> benches and the comparison tool compile" >&2
+cargo bench --locked --workspace --no-run

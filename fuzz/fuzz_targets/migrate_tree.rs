@@ -1,7 +1,7 @@
 //! The migrator on arbitrary localfs_key trees: odd names, sizes, symlinks,
-//! directories, sockets (keycache::fuzzing::migrate_tree).
+//! directories, sockets (keycache_testkit::fuzzing::migrate_tree).
 #![no_main]
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
-    keycache::fuzzing::migrate_tree(data);
+    keycache_testkit::fuzzing::migrate_tree(data);
 });

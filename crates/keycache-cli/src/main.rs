@@ -1,0 +1,7 @@
+//! The `keycache` binary; see `keycache --help`.
+mod bench;
+mod cli;
+
+fn main() -> std::process::ExitCode {
+    cli::main()
+}

@@ -1,0 +1,29 @@
+//! The test kit's helpers, plus the `keycache` binary of this crate.
+#![allow(dead_code, unused_imports)]
+
+use std::process::{Command, Output};
+
+pub use keycache_testkit::common::*;
+use serde_json::Value;
+
+/// Runs the keycache binary.
+pub fn keycache(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_keycache"))
+        .args(args)
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("run keycache")
+}
+
+/// Runs the keycache binary and parses its stdout as JSON.
+pub fn keycache_json(args: &[&str]) -> (Output, Value) {
+    let out = keycache(args);
+    let v = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "keycache {args:?}: stdout is not JSON ({e}): {}\nstderr: {}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (out, v)
+}

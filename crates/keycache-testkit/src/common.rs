@@ -1,0 +1,262 @@
+//! Helpers shared by the integration tests: the real Salt 3008.5 driver,
+//! the keycache binary, a seeded RNG and PEM-like values.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use serde_json::Value;
+
+/// The repository (workspace) root.
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The directory of `salt_driver.py`, the real Salt 3008.5 driver.
+pub fn py_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("py")
+}
+
+/// The venv python with salt==3008.5, as `tools/setup-venv.sh` installs it.
+pub fn python() -> PathBuf {
+    if let Some(p) = std::env::var_os("KEYCACHE_PYTHON") {
+        return PathBuf::from(p);
+    }
+    let p = repo().join(".venv/bin/python");
+    assert!(
+        p.exists(),
+        "no Python with Salt 3008.5: run the test command of README.md (tools/test.sh), \
+         which installs it with tools/setup-venv.sh, or set KEYCACHE_PYTHON"
+    );
+    p
+}
+
+/// Layout options for both the driver and the CLI.
+#[derive(Clone, Copy, Debug)]
+pub struct Layout {
+    pub size: u64,
+    pub max_segment_bytes: u64,
+    pub id_size: usize,
+    pub slot_size: usize,
+}
+
+impl Layout {
+    pub fn small(size: u64, seg: u64) -> Layout {
+        Layout {
+            size,
+            max_segment_bytes: seg,
+            id_size: 64,
+            slot_size: 96,
+        }
+    }
+
+    pub fn args(&self) -> Vec<String> {
+        vec![
+            "--size".into(),
+            self.size.to_string(),
+            "--max-segment-bytes".into(),
+            self.max_segment_bytes.to_string(),
+            "--id-size".into(),
+            self.id_size.to_string(),
+            "--slot-size".into(),
+            self.slot_size.to_string(),
+        ]
+    }
+
+    pub fn params(&self) -> keycache::Params {
+        keycache::Params {
+            size: self.size,
+            slot_size: self.slot_size,
+            id_size: self.id_size,
+            max_segment_bytes: self.max_segment_bytes,
+        }
+    }
+
+    pub fn options(&self) -> keycache::OpenOptions {
+        keycache::OpenOptions {
+            params: self.params(),
+            refresh: std::time::Duration::from_millis(0),
+            ownership: None,
+        }
+    }
+}
+
+/// Runs the Salt driver: `salt_driver.py --dir DIR <layout> ARGS`, feeding
+/// `stdin`; panics with its stderr unless it succeeds; returns its JSON.
+pub fn salt(dir: &Path, layout: &Layout, args: &[&str], stdin: Option<&Value>) -> Value {
+    let mut cmd = Command::new(python());
+    cmd.arg(py_dir().join("salt_driver.py"))
+        .arg("--dir")
+        .arg(dir)
+        .args(layout.args())
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("start the Salt driver");
+    {
+        let mut sin = child.stdin.take().expect("stdin");
+        if let Some(v) = stdin {
+            sin.write_all(v.to_string().as_bytes()).expect("write ops");
+        }
+    }
+    let out = child.wait_with_output().expect("run the Salt driver");
+    assert!(
+        out.status.success(),
+        "salt_driver {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "salt_driver output is not JSON ({e}): {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
+}
+
+/// xorshift64: deterministic test data without a dependency.
+pub struct Rng(pub u64);
+
+impl Rng {
+    #[allow(clippy::should_implement_trait)]
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+    pub fn pick<'a, T>(&mut self, v: &'a [T]) -> &'a T {
+        &v[self.below(v.len() as u64) as usize]
+    }
+}
+
+/// A PEM-looking public key of about `len` bytes, unique to `tag`.
+pub fn pem(tag: &str, len: usize) -> String {
+    let tag: String = tag
+        .bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() {
+                b as char
+            } else {
+                '+'
+            }
+        })
+        .collect();
+    let mut body = String::new();
+    let mut n = 0u64;
+    while body.len() < len {
+        body.push_str(&format!("{tag}{n:x}"));
+        n += 1;
+    }
+    body.truncate(len.max(1));
+    let lines: Vec<String> = body
+        .as_bytes()
+        .chunks(64)
+        .map(|c| String::from_utf8_lossy(c).into_owned())
+        .collect();
+    format!(
+        "-----BEGIN PUBLIC KEY-----\n{}\n-----END PUBLIC KEY-----\n",
+        lines.join("\n")
+    )
+}
+
+/// Salt's own view (`salt_driver.py dump`: `list_all` of both banks) of many
+/// store directories with one Python process. Returns, per directory, the
+/// dump and the Salt log lines (`salt: LEVEL ...`) it printed on stderr.
+pub fn salt_dump_many(dirs: &[PathBuf], layout: &Layout) -> Vec<(Value, Vec<String>)> {
+    // Salt keeps every bank it opened open: a few dozen stores per process.
+    if dirs.len() > 40 {
+        return dirs
+            .chunks(40)
+            .flat_map(|c| salt_dump_many(c, layout))
+            .collect();
+    }
+    if dirs.is_empty() {
+        return Vec::new();
+    }
+    let script = r#"
+import argparse, json, sys
+sys.path.insert(0, sys.argv[1])
+import salt_driver as sd
+size, slot, ids, seg = (int(x) for x in sys.argv[2:6])
+for line in sys.stdin:
+    d = line.rstrip("\n")
+    if not d:
+        continue
+    args = argparse.Namespace(dir=d, size=size, slot_size=slot, id_size=ids, max_segment_bytes=seg)
+    sys.stderr.write("@@DIR " + d + "\n")
+    sys.stderr.flush()
+    try:
+        sd.cmd_dump(args)
+    except Exception as exc:
+        sys.stdout.write(json.dumps({"error": f"{type(exc).__name__}: {exc}"}) + "\n")
+        sys.stdout.flush()
+"#;
+    let mut cmd = Command::new(python());
+    cmd.arg("-c")
+        .arg(script)
+        .arg(py_dir())
+        .arg(layout.size.to_string())
+        .arg(layout.slot_size.to_string())
+        .arg(layout.id_size.to_string())
+        .arg(layout.max_segment_bytes.to_string())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("start python");
+    let mut input = String::new();
+    for d in dirs {
+        input.push_str(&d.to_string_lossy());
+        input.push('\n');
+    }
+    let mut sin = child.stdin.take().expect("stdin");
+    let writer = std::thread::spawn(move || {
+        let _ = sin.write_all(input.as_bytes());
+    });
+    let out = child.wait_with_output().expect("run python");
+    writer.join().expect("stdin writer");
+    assert!(
+        out.status.success(),
+        "salt dump failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dumps: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("dump JSON"))
+        .collect();
+    assert_eq!(dumps.len(), dirs.len(), "one dump per directory");
+    let mut logs: Vec<Vec<String>> = Vec::new();
+    for l in String::from_utf8_lossy(&out.stderr).lines() {
+        if l.starts_with("@@DIR ") {
+            logs.push(Vec::new());
+        } else if let Some(last) = logs.last_mut() {
+            last.push(l.to_owned());
+        }
+    }
+    logs.resize(dirs.len(), Vec::new());
+    dumps.into_iter().zip(logs).collect()
+}
+
+/// keycache's view of a store in the shape of the driver's dump: `keys`
+/// `{id: {"state", "pub"}}` and `denied_keys` `{id: [pem]}`.
+pub fn kc_dump(dir: &Path, layout: &Layout) -> Value {
+    let store = keycache::Store::open_with(dir, &layout.options()).expect("open");
+    let mut keys = serde_json::Map::new();
+    for r in store.keys(None).expect("list") {
+        let (id, e) = r.expect("entry");
+        keys.insert(
+            id,
+            serde_json::json!({"state": e.state.name(),
+                "pub": String::from_utf8_lossy(&e.public_key)}),
+        );
+    }
+    let mut denied = serde_json::Map::new();
+    for r in store.denied_keys().expect("list") {
+        let (id, pem) = r.expect("entry");
+        denied.insert(id, serde_json::json!([String::from_utf8_lossy(&pem)]));
+    }
+    serde_json::json!({"keys": keys, "denied_keys": denied})
+}

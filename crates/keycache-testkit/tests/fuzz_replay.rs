@@ -1,0 +1,203 @@
+//! Replays the fuzz corpus and every crash kept as a regression input
+//! (`fuzz/corpus/<target>/`, `fuzz/regressions/<target>/`) through the fuzz
+//! target bodies in `keycache_testkit::fuzzing`, on stable Rust, so that nothing fixed
+//! comes back. Also a few inputs written out here, so the bodies run even
+//! with an empty corpus.
+//!
+//! `cargo test --test fuzz_replay -- --ignored generate_seed_corpus` writes
+//! the seed corpora (real stores made by the library and by Salt, random
+//! operation programs, random trees) into `fuzz/corpus/`.
+
+use keycache_testkit::common;
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use keycache_testkit::fuzzing;
+
+type Target = fn(&[u8]);
+
+const TARGETS: [(&str, Target); 3] = [
+    ("store_bytes", fuzzing::store_bytes),
+    ("ops_model", fuzzing::ops_model),
+    ("migrate_tree", fuzzing::migrate_tree),
+];
+
+fn inputs(target: &str) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for sub in ["corpus", "regressions"] {
+        let d = common::repo().join("fuzz").join(sub).join(target);
+        if let Ok(rd) = std::fs::read_dir(&d) {
+            out.extend(rd.flatten().map(|e| e.path()).filter(|p| p.is_file()));
+        }
+    }
+    out.sort();
+    out
+}
+
+fn replay(target: &str, f: Target) {
+    let files = inputs(target);
+    let start = Instant::now();
+    for p in &files {
+        // (A fuzzer running meanwhile may have replaced it.)
+        let Ok(data) = std::fs::read(p) else { continue };
+        let r = std::panic::catch_unwind(|| f(&data));
+        if r.is_err() {
+            panic!(
+                "{target}: {} fails; reproduce with `cargo +nightly fuzz run {target} {}`",
+                p.display(),
+                p.display()
+            );
+        }
+    }
+    // Deterministic extra inputs.
+    let mut rng = common::Rng(0x5eed ^ target.len() as u64);
+    for n in 0..64 {
+        let len = (rng.below(400) + n) as usize;
+        let data: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
+        f(&data);
+    }
+    eprintln!(
+        "{target}: {} saved inputs + 64 generated in {:.1} s",
+        files.len(),
+        start.elapsed().as_secs_f64()
+    );
+}
+
+#[test]
+fn replay_store_bytes() {
+    replay(TARGETS[0].0, TARGETS[0].1);
+}
+
+#[test]
+fn replay_ops_model() {
+    replay(TARGETS[1].0, TARGETS[1].1);
+}
+
+#[test]
+fn replay_migrate_tree() {
+    replay(TARGETS[2].0, TARGETS[2].1);
+}
+
+/// Stores written by the library with random operations, in the layouts
+/// `store_params` selects, encoded as `store_bytes` inputs.
+fn library_store_seeds(out: &Path) -> usize {
+    use keycache::{KeyState, MinionId, OpenOptions, Store};
+    let mut n = 0;
+    let mut rng = common::Rng(0xfeed_beef);
+    for (b0, b1) in [
+        (6u8, 0x10u8), // size 31, id 4, seg 200
+        (5, 0x08),     // size 17, id 4, seg 48
+        (6 | 8, 0x18), // size 31, id 8, seg 1 MiB
+        (7 | 16, 0x10),
+        (3 | 8, 0x00),
+        (7 | 24, 0x18), // size 64, id 64
+        (2 | 16, 0x08),
+        (1 | 8, 0x10), // size 3: full table
+    ] {
+        for round in 0..4 {
+            let p = fuzzing::store_params(b0, b1);
+            let t = tempfile::tempdir().unwrap();
+            let s = Store::open_with(
+                t.path(),
+                &OpenOptions {
+                    params: p,
+                    refresh: std::time::Duration::ZERO,
+                    ownership: None,
+                },
+            )
+            .unwrap();
+            let ids: Vec<String> = (0..p.capacity().min(24))
+                .map(|i| format!("m{i}").chars().take(p.id_size).collect())
+                .collect();
+            for _ in 0..(8 + round * 10) {
+                let id = MinionId::new(rng.pick(&ids).clone()).unwrap();
+                let pem = common::pem(&format!("{id}{}", rng.next()), rng.below(40) as usize);
+                let _ = match rng.below(6) {
+                    0 | 1 => s.put(&id, KeyState::ALL[rng.below(3) as usize], pem.as_bytes()),
+                    2 => s.deny(&id, pem.as_bytes()),
+                    3 => s.remove(&id).map(|_| ()),
+                    4 => s
+                        .set_state(&id, KeyState::ALL[rng.below(3) as usize])
+                        .map(|_| ()),
+                    _ => s.remove_denied(&id).map(|_| ()),
+                };
+            }
+            if round == 3 {
+                s.compact(None).unwrap();
+            }
+            let bytes = fuzzing::encode_store(t.path(), b0, b1);
+            std::fs::write(out.join(format!("lib-{b0:02x}{b1:02x}-{round}")), bytes).unwrap();
+            n += 1;
+        }
+    }
+    n
+}
+
+/// A store written by the real Salt (in-place rewrites and all).
+fn salt_store_seed(out: &Path) -> usize {
+    let p = fuzzing::store_params(6 | 8, 0x18); // size 31, id 8, slot 29
+    let layout = common::Layout {
+        size: p.size,
+        max_segment_bytes: p.max_segment_bytes,
+        id_size: p.id_size,
+        slot_size: p.slot_size,
+    };
+    let t = tempfile::tempdir().unwrap();
+    let mut ops = Vec::new();
+    for i in 0..12 {
+        let state = ["accepted", "pending", "rejected"][i % 3];
+        ops.push(
+            serde_json::json!({"op": "store", "bank": "keys", "id": format!("s{i}"),
+            "state": state, "pub": common::pem(&format!("s{i}"), 30 + i)}),
+        );
+    }
+    for i in 0..4 {
+        ops.push(
+            serde_json::json!({"op": "store", "bank": "keys", "id": format!("s{i}"),
+            "state": "accepted", "pub": common::pem(&format!("r{i}"), 10)}),
+        );
+        ops.push(serde_json::json!({"op": "flush", "bank": "keys", "id": format!("s{}", i + 5)}));
+        ops.push(
+            serde_json::json!({"op": "store", "bank": "denied_keys", "id": format!("s{i}"),
+            "pub": common::pem(&format!("d{i}"), 20)}),
+        );
+    }
+    common::salt(
+        t.path(),
+        &layout,
+        &["apply"],
+        Some(&serde_json::Value::Array(ops)),
+    );
+    std::fs::write(
+        out.join("salt-0e18"),
+        fuzzing::encode_store(t.path(), 6 | 8, 0x18),
+    )
+    .unwrap();
+    1
+}
+
+#[test]
+#[ignore = "writes the seed corpora into fuzz/corpus/"]
+fn generate_seed_corpus() {
+    let root = common::repo().join("fuzz/corpus");
+    let sb = root.join("store_bytes");
+    std::fs::create_dir_all(&sb).unwrap();
+    let n = library_store_seeds(&sb) + salt_store_seed(&sb);
+    eprintln!("store_bytes: {n} seeds");
+    let mut rng = common::Rng(0xabcdef);
+    for (target, count, len) in [("ops_model", 16, 200u64), ("migrate_tree", 16, 160)] {
+        let d = root.join(target);
+        std::fs::create_dir_all(&d).unwrap();
+        for i in 0..count {
+            let l = 20 + rng.below(len) as usize;
+            let mut data: Vec<u8> = (0..l).map(|_| rng.next() as u8).collect();
+            if target == "migrate_tree" {
+                // Mostly present directories, a fair number of entries.
+                data[1] &= 0x0f & (rng.next() as u8);
+                data[2] = 8 + (i as u8);
+            }
+            std::fs::write(d.join(format!("seed-{i:02}")), data).unwrap();
+        }
+    }
+}

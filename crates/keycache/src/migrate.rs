@@ -1,0 +1,1101 @@
+//! One-shot, atomic migration of a `localfs_key` tree into a store: what
+//! `salt-run pki.migrate_to_mmap` does, as one pass with no fsync per key.
+//!
+//! The four directories are read in parallel; every entry Salt would skip
+//! (and a few it would choke on) is skipped with a reason; an id found in
+//! several states gets the state Salt gives it (rejected, then pending, then
+//! accepted). Both banks are then built in memory, merged with what the
+//! target banks already hold (unless `replace`), written under temporary
+//! names and renamed into place through [`crate::rebuild`]'s journal, under
+//! the banks' locks.
+
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::io::Read;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+use crate::files::Ownership;
+use crate::layout::Params;
+use crate::rebuild::{self, Commit, Image};
+use crate::store::{KeyState, Store, DENIED_INDEX, KEYS_INDEX};
+use crate::table::OpenOptions;
+
+/// The highest share of data slots a migration fills before it refuses and
+/// asks for a bigger table: linear probing degrades quickly past it.
+pub const MAX_LOAD_FACTOR: f64 = 0.8;
+
+/// Largest file accepted as a public key (a 16384-bit RSA key in PEM is
+/// under 3 KiB).
+pub const MAX_KEY_BYTES: u64 = 64 * 1024;
+
+/// The four directories of a `localfs_key` tree, in Salt's scan order.
+pub const TREE_DIRS: [&str; 4] = [
+    "minions",
+    "minions_pre",
+    "minions_rejected",
+    "minions_denied",
+];
+
+/// Options of [`migrate`].
+#[derive(Clone, Default)]
+pub struct MigrateOptions {
+    /// Layout of the target banks.
+    pub params: Params,
+    /// Where to write the banks (a `cluster_pki_dir`); the tree itself when `None`.
+    pub out: Option<PathBuf>,
+    /// Count and report, write nothing.
+    pub dry_run: bool,
+    /// Drop entries of the target banks that the tree does not have.
+    pub replace: bool,
+    /// Skip ids longer than the id size instead of refusing the tree.
+    pub skip_long_ids: bool,
+    /// Owner and mode of new files (default: those of the target directory, 0600).
+    pub ownership: Option<Ownership>,
+}
+
+/// Why an entry of the tree was not migrated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
+pub enum SkipReason {
+    /// A symlink: never followed.
+    Symlink,
+    /// A directory, socket, device...
+    NotARegularFile,
+    /// A name starting with `.` (Salt's `.key_cache` and the like).
+    DotFile,
+    /// Salt's `valid_id` refuses the name.
+    InvalidId,
+    /// Longer than the id size (only with `skip_long_ids`).
+    IdTooLong,
+    /// The file name is not UTF-8.
+    NonUtf8Name,
+    /// The file could not be read.
+    Unreadable,
+    /// The file is empty.
+    Empty,
+    /// The content is not a PEM public key (or not UTF-8 text).
+    NotAPublicKey,
+    /// Larger than [`MAX_KEY_BYTES`].
+    TooLarge,
+}
+
+/// One skipped entry.
+#[derive(Debug, Clone)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct Skipped {
+    /// The path in the tree (lossily decoded when not UTF-8).
+    pub path: String,
+    /// Why.
+    pub reason: SkipReason,
+    /// Details (the OS error, the rule broken).
+    pub detail: String,
+}
+
+/// An id found in several of `minions`, `minions_pre`, `minions_rejected`.
+#[derive(Debug, Clone)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct Duplicate {
+    /// The id.
+    pub id: String,
+    /// The states it was found in, in scan order.
+    pub found_in: Vec<KeyState>,
+    /// The state it got.
+    pub state: KeyState,
+}
+
+/// Per-state numbers.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct StateCounts {
+    /// Accepted.
+    pub accepted: u64,
+    /// Pending.
+    pub pending: u64,
+    /// Rejected.
+    pub rejected: u64,
+    /// Denied.
+    pub denied: u64,
+}
+
+/// What a migration did (or, dry, would do).
+#[derive(Debug, Clone)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct Report {
+    /// The tree.
+    pub pki_dir: PathBuf,
+    /// Where the banks were written.
+    pub target: PathBuf,
+    /// Whether nothing was written.
+    pub dry_run: bool,
+    /// Key files found per state, as Salt's runner counts them.
+    pub found: StateCounts,
+    /// Entries of the tree migrated, per state after precedence.
+    pub migrated: StateCounts,
+    /// Entries already in the target banks that the tree lacks, kept.
+    pub kept: StateCounts,
+    /// Entries of the target banks dropped by `replace`.
+    pub dropped: u64,
+    /// Entries of the banks afterwards.
+    pub total: StateCounts,
+    /// Ids found in several states.
+    pub duplicates: Vec<Duplicate>,
+    /// Entries skipped.
+    pub skipped: Vec<Skipped>,
+    /// Table size (`mmap_key_size`).
+    pub size: u64,
+    /// Share of the `keys` table's data slots filled afterwards.
+    pub load_factor: f64,
+    /// Seconds spent.
+    pub seconds: f64,
+}
+
+fn is_pem_public_key(b: &[u8]) -> bool {
+    let Ok(s) = std::str::from_utf8(b) else {
+        return false;
+    };
+    let t = s.trim_start();
+    t.starts_with("-----BEGIN ") && s.contains("PUBLIC KEY-----") && s.contains("-----END ")
+}
+
+/// One entry of a tree directory, as listed.
+struct Listed {
+    /// Index in [`TREE_DIRS`].
+    dir: usize,
+    /// Where its name is in the listing's [`Names`].
+    name: (usize, usize),
+    /// The type the directory listing gives (no `stat` on most filesystems).
+    kind: std::io::Result<std::fs::FileType>,
+}
+
+/// Where a key read from the tree lies in its reader's buffer: its whole
+/// heap record, `[xxh3(value)][value]`, is at `off .. off + 8 + value
+/// length`. The value is the PEM for `minions_denied`, and the state byte of
+/// its directory then the PEM for the other three (their `keys` value).
+#[derive(Clone, Copy)]
+struct Span {
+    off: usize,
+    /// Length of the PEM.
+    len: usize,
+    mtime: u64,
+}
+
+/// Bytes before the value in a record: its checksum.
+const SUM: usize = crate::layout::CHECKSUM_LEN;
+
+/// Bytes of a `dir` value before the PEM: the state byte, but in
+/// `minions_denied`.
+fn state_bytes(dir: usize) -> usize {
+    usize::from(dir < 3)
+}
+
+/// A key read from the tree, or why the entry was skipped.
+type Entry = std::result::Result<Span, (SkipReason, String)>;
+
+/// The names of a listing, one after the other (one allocation, not one
+/// per name: walked in order, they are in cache).
+#[derive(Default)]
+struct Names(Vec<u8>);
+
+impl Names {
+    fn push(&mut self, name: &[u8]) -> (usize, usize) {
+        let start = self.0.len();
+        self.0.extend_from_slice(name);
+        (start, name.len())
+    }
+
+    fn get(&self, (start, len): (usize, usize)) -> &[u8] {
+        self.0.get(start..start + len).unwrap_or_default()
+    }
+}
+
+/// What one reader thread hands back: its entries in order, and the buffer
+/// holding their bytes.
+struct Part {
+    /// The ids of `keys`, one after the other.
+    ids: String,
+    /// Key files read, in scan order.
+    keys: Vec<TreeKey>,
+    /// Entries skipped, in scan order.
+    skipped: Vec<Skipped>,
+    found: StateCounts,
+    buf: Vec<u8>,
+}
+
+/// Reads one entry of a tree directory into `buf`, or says why it is skipped.
+/// Never follows a symlink: the listing's type is checked first, and the
+/// file is opened with `O_NOFOLLOW` and checked again on the descriptor.
+fn read_entry(
+    path: &Path,
+    e: &Listed,
+    name: &[u8],
+    params: &Params,
+    skip_long: bool,
+    buf: &mut Vec<u8>,
+) -> Result<Entry> {
+    let skip = |r: SkipReason, d: String| Ok(Err((r, d)));
+    let kind = match &e.kind {
+        Ok(k) => *k,
+        Err(err) => return skip(SkipReason::Unreadable, err.to_string()),
+    };
+    if kind.is_symlink() {
+        return skip(SkipReason::Symlink, "symlinks are never followed".into());
+    }
+    if !kind.is_file() {
+        return skip(SkipReason::NotARegularFile, "not a regular file".into());
+    }
+    let Ok(id) = std::str::from_utf8(name) else {
+        return skip(
+            SkipReason::NonUtf8Name,
+            format!("file name {:?} is not UTF-8", String::from_utf8_lossy(name)),
+        );
+    };
+    if id.starts_with('.') {
+        return skip(
+            SkipReason::DotFile,
+            "names starting with '.' are not keys".into(),
+        );
+    }
+    if let Err(e) = crate::id::validate(id) {
+        return skip(SkipReason::InvalidId, e.to_string());
+    }
+    if id.len() > params.id_size {
+        let e = Error::IdTooLong {
+            id: id.into(),
+            len: id.len(),
+            id_size: params.id_size,
+            slot: crate::layout::min_slot_size(id.len()).max(params.slot_size),
+        };
+        if skip_long {
+            return skip(SkipReason::IdTooLong, e.to_string());
+        }
+        return Err(e);
+    }
+    let mut f = match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+            return skip(SkipReason::Symlink, "symlinks are never followed".into())
+        }
+        Err(e) => return skip(SkipReason::Unreadable, e.to_string()),
+    };
+    // Replaced since the listing: the descriptor is what counts.
+    let meta = match f.metadata() {
+        Ok(m) => m,
+        Err(e) => return skip(SkipReason::Unreadable, e.to_string()),
+    };
+    if !meta.is_file() {
+        return skip(SkipReason::NotARegularFile, "not a regular file".into());
+    }
+    if meta.len() > MAX_KEY_BYTES {
+        return skip(
+            SkipReason::TooLarge,
+            format!(
+                "{} bytes; a public key is under {MAX_KEY_BYTES}",
+                meta.len()
+            ),
+        );
+    }
+    // One read of the size fstat gave, plus one byte to see a file that grew
+    // meanwhile; short reads go on until end of file.
+    let size = meta.len() as usize;
+    let off = buf.len();
+    let start = off + SUM + state_bytes(e.dir);
+    buf.resize(start + size + 1, 0);
+    // The state byte of this directory, for a `keys` value (the entry that
+    // wins for an id found in several directories is that of the last).
+    if let (1, Some(s)) = (state_bytes(e.dir), KeyState::ALL.get(e.dir)) {
+        buf[off + SUM] = s.byte();
+    }
+    let mut got = 0;
+    let res = loop {
+        match f.read(&mut buf[start + got..]) {
+            Ok(0) => break Ok(()),
+            Ok(n) => {
+                got += n;
+                // All fstat announced (the usual case: no read to see end
+                // of file), or more than that.
+                if got >= size {
+                    break Ok(());
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => break Err(e),
+        }
+    };
+    buf.truncate(start + got);
+    if got > size {
+        // The file grew since fstat: the rest, up to the limit.
+        let room = (MAX_KEY_BYTES + 1).saturating_sub(got as u64);
+        if let Err(e) = (&mut f).take(room).read_to_end(buf) {
+            buf.truncate(off);
+            return skip(SkipReason::Unreadable, e.to_string());
+        }
+    }
+    let res = res.map(|()| buf.len() - start);
+    let len = match res {
+        Ok(n) => n,
+        Err(e) => {
+            buf.truncate(off);
+            return skip(SkipReason::Unreadable, e.to_string());
+        }
+    };
+    let reject = |buf: &mut Vec<u8>, r: SkipReason, d: &str| {
+        buf.truncate(off);
+        Ok(Err((r, d.to_owned())))
+    };
+    if len as u64 > MAX_KEY_BYTES {
+        return reject(
+            buf,
+            SkipReason::TooLarge,
+            "file grew past the limit while read",
+        );
+    }
+    if len == 0 {
+        return reject(buf, SkipReason::Empty, "empty file");
+    }
+    if !is_pem_public_key(&buf[start..]) {
+        return reject(buf, SkipReason::NotAPublicKey, "not a PEM public key");
+    }
+    let mtime = (meta.mtime().max(0) as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(meta.mtime_nsec().max(0) as u64);
+    // The record's checksum, so that the heap is written from this buffer.
+    let sum = crate::layout::hash(&buf[off + SUM..]);
+    buf[off..off + SUM].copy_from_slice(&sum.to_le_bytes());
+    Ok(Ok(Span { off, len, mtime }))
+}
+
+/// Lists one directory of the tree (`dir`, an index in [`TREE_DIRS`]),
+/// sorted by name (byte order).
+fn list_dir(p: &Path, dir: usize) -> Result<DirListing> {
+    let cannot = |e: std::io::Error| Error::PkiDir {
+        path: p.into(),
+        why: format!("cannot list it: {e}"),
+    };
+    let mut names = Names::default();
+    let mut entries = Vec::new();
+    for e in std::fs::read_dir(p).map_err(cannot)? {
+        let e = e.map_err(cannot)?;
+        entries.push(Listed {
+            dir,
+            name: names.push(e.file_name().as_bytes()),
+            kind: e.file_type(),
+        });
+    }
+    entries.sort_unstable_by(|a, b| names.get(a.name).cmp(names.get(b.name)));
+    Ok(DirListing { names, entries })
+}
+
+/// The entries of one directory of the tree.
+struct DirListing {
+    names: Names,
+    entries: Vec<Listed>,
+}
+
+/// Entries of one directory for a reader to read: `listing.entries[range]`,
+/// the `chunk`th share of directory `dir`.
+struct Unit {
+    dir: usize,
+    chunk: usize,
+    listing: Arc<DirListing>,
+    range: std::ops::Range<usize>,
+}
+
+/// Entries of a directory in one [`Unit`] (a share for one reader at a time,
+/// small enough for the readers to stay busy until the end).
+const UNIT_ENTRIES: usize = 2048;
+
+/// Units waiting for a reader, and how many directory listers are still at
+/// work (readers wait for them before finishing).
+struct Queue {
+    units: std::collections::VecDeque<Unit>,
+    listers: usize,
+}
+
+/// The shares of a listing, queued for the readers.
+fn enqueue(queue: &(std::sync::Mutex<Queue>, std::sync::Condvar), listing: DirListing, dir: usize) {
+    let listing = Arc::new(listing);
+    let n = listing.entries.len();
+    let mut q = queue.0.lock().unwrap_or_else(|e| e.into_inner());
+    for (chunk, start) in (0..n).step_by(UNIT_ENTRIES).enumerate() {
+        q.units.push_back(Unit {
+            dir,
+            chunk,
+            listing: listing.clone(),
+            range: start..n.min(start + UNIT_ENTRIES),
+        });
+    }
+    drop(q);
+    queue.1.notify_all();
+}
+
+/// Checks the tree, lists its directories and reads every entry. Listing
+/// and reading overlap: the small directories (`minions_pre`,
+/// `minions_rejected`, `minions_denied`) are listed by one thread, which
+/// starts reading them while the main thread still lists `minions`; then
+/// every reader takes shares of any directory until all are read. Returns
+/// the parts in scan order (directory, then name).
+fn scan_tree(
+    pki_dir: &Path,
+    opts: &MigrateOptions,
+    progress: &(dyn Fn(u64, u64) + Sync),
+) -> Result<Vec<Part>> {
+    let bad = |why: String| Error::PkiDir {
+        path: pki_dir.into(),
+        why,
+    };
+    let meta = std::fs::metadata(pki_dir).map_err(|e| bad(format!("cannot open it: {e}")))?;
+    if !meta.is_dir() {
+        return Err(bad("it is not a directory".into()));
+    }
+    let paths: Vec<PathBuf> = TREE_DIRS.iter().map(|d| pki_dir.join(d)).collect();
+    let mut present = [false; 4];
+    for (i, (d, p)) in TREE_DIRS.iter().zip(&paths).enumerate() {
+        match std::fs::symlink_metadata(p) {
+            Ok(m) if m.is_dir() => present[i] = true,
+            Ok(_) => {
+                // The directories before it are listed first, as a scan in
+                // order would (their errors come first).
+                for j in (0..i).filter(|&j| present[j]) {
+                    list_dir(&paths[j], j)?;
+                }
+                return Err(bad(format!(
+                    "{d} is not a directory (symlinked directories are not followed)"
+                )));
+            }
+            Err(_) => {}
+        }
+    }
+    if !present.iter().any(|&p| p) {
+        return Err(bad(format!(
+            "it has none of {}; is it a Salt pki_dir?",
+            TREE_DIRS.join(", ")
+        )));
+    }
+    let readers = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .clamp(2, 8);
+    let queue = (
+        std::sync::Mutex::new(Queue {
+            units: Default::default(),
+            listers: 2,
+        }),
+        std::sync::Condvar::new(),
+    );
+    // Counts a lister out when dropped (even by a panic: readers would
+    // wait for it forever).
+    struct Lister<'a>(&'a (std::sync::Mutex<Queue>, std::sync::Condvar));
+    impl Drop for Lister<'_> {
+        fn drop(&mut self) {
+            let mut q = self.0 .0.lock().unwrap_or_else(|e| e.into_inner());
+            q.listers = q.listers.saturating_sub(1);
+            drop(q);
+            self.0 .1.notify_all();
+        }
+    }
+    let total = std::sync::atomic::AtomicU64::new(0);
+    let done = std::sync::atomic::AtomicU64::new(0);
+    // "DIR/" of each directory.
+    let prefixes: Vec<OsString> = paths
+        .iter()
+        .map(|p| {
+            let mut s = p.clone().into_os_string();
+            s.push("/");
+            s
+        })
+        .collect();
+    type Read = ((usize, usize), Result<Part>);
+    // Reads units until none is left and the listers are done.
+    let read_units = || -> Vec<Read> {
+        let mut out = Vec::new();
+        loop {
+            let unit = {
+                let mut q = queue.0.lock().unwrap_or_else(|e| e.into_inner());
+                loop {
+                    if let Some(u) = q.units.pop_front() {
+                        break Some(u);
+                    }
+                    if q.listers == 0 {
+                        break None;
+                    }
+                    q = queue.1.wait(q).unwrap_or_else(|e| e.into_inner());
+                }
+            };
+            let Some(u) = unit else {
+                return out;
+            };
+            let part = read_unit(&prefixes, &u, opts, &|n| {
+                let d = done.fetch_add(n, std::sync::atomic::Ordering::Relaxed) + n;
+                progress(d, total.load(std::sync::atomic::Ordering::Relaxed));
+            });
+            out.push(((u.dir, u.chunk), part));
+        }
+    };
+    let list = |i: usize| -> Result<()> {
+        if present[i] {
+            let l = list_dir(&paths[i], i)?;
+            total.fetch_add(l.entries.len() as u64, std::sync::atomic::Ordering::Relaxed);
+            enqueue(&queue, l, i);
+        }
+        Ok(())
+    };
+    let panicked = || Error::PkiDir {
+        path: pki_dir.into(),
+        why: "a reader thread panicked".into(),
+    };
+    let (listed, small_listed, mut reads) = std::thread::scope(|s| {
+        // The small directories, then reading.
+        let small = s.spawn(|| {
+            let lister = Lister(&queue);
+            let r = (1..4).try_for_each(list);
+            drop(lister);
+            (r, read_units())
+        });
+        let others: Vec<_> = (2..readers).map(|_| s.spawn(read_units)).collect();
+        let lister = Lister(&queue);
+        let listed = list(0);
+        drop(lister);
+        let mut reads = read_units();
+        for h in others {
+            match h.join() {
+                Ok(r) => reads.extend(r),
+                Err(_) => reads.push(((usize::MAX, 0), Err(panicked()))),
+            }
+        }
+        let small_listed = match small.join() {
+            Ok((l, r)) => {
+                reads.extend(r);
+                l
+            }
+            Err(_) => Err(panicked()),
+        };
+        (listed, small_listed, reads)
+    });
+    // Errors as a scan in order would meet them: listing `minions`, listing
+    // the others, then reading, in scan order.
+    listed?;
+    small_listed?;
+    let n = total.load(std::sync::atomic::Ordering::Relaxed);
+    progress(n, n);
+    reads.sort_unstable_by_key(|r| r.0);
+    reads.into_iter().map(|(_, p)| p).collect()
+}
+
+/// Reads the entries of `unit`, reporting progress through `tick` (entries
+/// read since its last call).
+fn read_unit(
+    prefixes: &[OsString],
+    unit: &Unit,
+    opts: &MigrateOptions,
+    tick: &dyn Fn(u64),
+) -> Result<Part> {
+    let share = unit
+        .listing
+        .entries
+        .get(unit.range.clone())
+        .unwrap_or_default();
+    let names = &unit.listing.names;
+    // Most keys are PEM of well under 1 KiB.
+    let mut p = Part {
+        ids: String::with_capacity(share.len() * 32),
+        keys: Vec::with_capacity(share.len()),
+        skipped: Vec::new(),
+        found: StateCounts::default(),
+        buf: Vec::with_capacity(share.len() * 512),
+    };
+    let mut path = OsString::new();
+    for (n, e) in share.iter().enumerate() {
+        let name = names.get(e.name);
+        path.clear();
+        path.push(&prefixes[e.dir]);
+        path.push(std::ffi::OsStr::from_bytes(name));
+        let path = Path::new(&path);
+        match read_entry(path, e, name, &opts.params, opts.skip_long_ids, &mut p.buf)? {
+            Ok(span) => {
+                bump(&mut p.found, e.dir);
+                // UTF-8: checked by `read_entry`.
+                let id = std::str::from_utf8(name).unwrap_or_default();
+                let start = p.ids.len();
+                p.ids.push_str(id);
+                p.keys.push(TreeKey {
+                    dir: e.dir,
+                    idh: crate::layout::hash(name),
+                    id: (start, id.len()),
+                    part: 0,
+                    span,
+                });
+            }
+            Err((reason, detail)) => p.skipped.push(Skipped {
+                path: path.to_string_lossy().into_owned(),
+                reason,
+                detail,
+            }),
+        }
+        if n % 256 == 255 {
+            tick(256);
+        }
+    }
+    tick((share.len() % 256) as u64);
+    Ok(p)
+}
+
+/// A key of the tree that is migrated.
+struct TreeKey {
+    dir: usize,
+    /// xxh3 of the id, taken while the reader has it at hand.
+    idh: u64,
+    /// Where the id is in its part's ids ([`Tree::id`]).
+    id: (usize, usize),
+    part: usize,
+    span: Span,
+}
+
+/// Where an entry of a new bank comes from.
+#[derive(Clone, Copy)]
+enum Src {
+    /// `tree[i]`.
+    Tree(usize),
+    /// `kept[i]`: an entry of the target bank that the tree lacks.
+    Kept(usize),
+}
+
+/// An entry of a target bank that is kept: id, value, mtime.
+type KeptEntry = (String, Vec<u8>, u64);
+
+/// The contents of both new banks, in insertion (roster) order.
+#[derive(Default)]
+struct Plan {
+    keys: Vec<Src>,
+    denied: Vec<Src>,
+    kept_keys: Vec<KeptEntry>,
+    kept_denied: Vec<KeptEntry>,
+    kept: StateCounts,
+    dropped: u64,
+    total: StateCounts,
+    load_factor: f64,
+}
+
+/// What was read from the tree, after Salt's precedence.
+struct Tree {
+    /// The readers' buffers, shared with the images that write from them.
+    parts: Vec<Arc<Vec<u8>>>,
+    /// The ids of each part's keys.
+    ids: Vec<String>,
+    /// Every key file read, in scan order.
+    found: Vec<TreeKey>,
+    /// `keys` bank entries (indices in `found`), in first-seen order.
+    keys: Vec<usize>,
+    /// `denied_keys` bank entries (indices in `found`).
+    denied: Vec<usize>,
+}
+
+impl Tree {
+    /// The id of entry `i`.
+    fn id(&self, i: usize) -> &str {
+        let k = &self.found[i];
+        self.ids
+            .get(k.part)
+            .and_then(|s| s.get(k.id.0..k.id.0 + k.id.1))
+            .unwrap_or_default()
+    }
+
+    /// Length of the value of entry `i` (of its bank).
+    fn value_len(&self, i: usize) -> usize {
+        let k = &self.found[i];
+        state_bytes(k.dir) + k.span.len
+    }
+
+    /// Where the heap record of entry `i` is: (buffer, range).
+    fn record(&self, i: usize) -> (usize, std::ops::Range<usize>) {
+        let k = &self.found[i];
+        (k.part, k.span.off..k.span.off + SUM + self.value_len(i))
+    }
+
+    fn state(&self, i: usize) -> KeyState {
+        KeyState::ALL[self.found[i].dir]
+    }
+
+    /// Merges the tree with what the target banks hold (unless `replace`)
+    /// and checks the load factor.
+    fn plan(&self, store: Option<&Store>, target: &Path, opts: &MigrateOptions) -> Result<Plan> {
+        let kpath = target.join(KEYS_INDEX);
+        let dpath = target.join(DENIED_INDEX);
+        let mut plan = Plan::default();
+        let mut placed = vec![false; self.keys.len()];
+        let mut dplaced = vec![false; self.denied.len()];
+        if let Some(store) = store {
+            // Position in `keys` / `denied` of each tree key, by id.
+            let kpos: Vec<usize> = (0..self.keys.len()).collect();
+            let mut by_id: Option<Vec<usize>> = None;
+            for r in store.keys_table().iter()? {
+                let r = r?;
+                let id = String::from_utf8_lossy(&r.id).into_owned();
+                let sorted = by_id.get_or_insert_with(|| {
+                    let mut v = kpos.clone();
+                    v.sort_unstable_by(|&a, &b| self.id(self.keys[a]).cmp(self.id(self.keys[b])));
+                    v
+                });
+                let hit = sorted
+                    .binary_search_by(|&p| self.id(self.keys[p]).cmp(&id))
+                    .ok()
+                    .map(|x| sorted[x]);
+                if let Some(p) = hit {
+                    placed[p] = true;
+                    plan.keys.push(Src::Tree(self.keys[p]));
+                } else if opts.replace {
+                    plan.dropped += 1;
+                } else {
+                    let (state, _) = crate::store::decode_key_value(&r.value).ok_or_else(|| Error::Corrupt {
+                        path: kpath.clone(),
+                        id: Some(id.clone()),
+                        why: "existing value is not [state][public key]; run keycache verify --repair".into(),
+                    })?;
+                    bump(&mut plan.kept, state as usize);
+                    plan.keys.push(Src::Kept(plan.kept_keys.len()));
+                    plan.kept_keys.push((id, r.value, r.mtime));
+                }
+            }
+            let mut by_id: Option<Vec<usize>> = None;
+            for r in store.denied_table().iter()? {
+                let r = r?;
+                let id = String::from_utf8_lossy(&r.id).into_owned();
+                let sorted = by_id.get_or_insert_with(|| {
+                    let mut v: Vec<usize> = (0..self.denied.len()).collect();
+                    v.sort_unstable_by(|&a, &b| {
+                        self.id(self.denied[a]).cmp(self.id(self.denied[b]))
+                    });
+                    v
+                });
+                let hit = sorted
+                    .binary_search_by(|&p| self.id(self.denied[p]).cmp(&id))
+                    .ok()
+                    .map(|x| sorted[x]);
+                if let Some(p) = hit {
+                    dplaced[p] = true;
+                    plan.denied.push(Src::Tree(self.denied[p]));
+                } else if opts.replace {
+                    plan.dropped += 1;
+                } else {
+                    plan.kept.denied += 1;
+                    plan.denied.push(Src::Kept(plan.kept_denied.len()));
+                    plan.kept_denied.push((id, r.value, r.mtime));
+                }
+            }
+        }
+        plan.keys.extend(
+            self.keys
+                .iter()
+                .zip(&placed)
+                .filter(|(_, p)| !**p)
+                .map(|(&i, _)| Src::Tree(i)),
+        );
+        plan.denied.extend(
+            self.denied
+                .iter()
+                .zip(&dplaced)
+                .filter(|(_, p)| !**p)
+                .map(|(&i, _)| Src::Tree(i)),
+        );
+        check_load(&kpath, plan.keys.len() as u64, &opts.params)?;
+        check_load(&dpath, plan.denied.len() as u64, &opts.params)?;
+        let mut total = StateCounts::default();
+        for s in &plan.keys {
+            let state = match *s {
+                Src::Tree(i) => self.state(i),
+                // Checked when kept.
+                Src::Kept(i) => crate::store::decode_key_value(&plan.kept_keys[i].1)
+                    .map(|(s, _)| s)
+                    .unwrap_or(KeyState::Accepted),
+            };
+            bump(&mut total, state as usize);
+        }
+        total.denied = plan.denied.len() as u64;
+        plan.total = total;
+        plan.load_factor = plan.keys.len() as f64 / opts.params.capacity() as f64;
+        Ok(plan)
+    }
+
+    /// Both bank images of `plan`.
+    fn images(&self, plan: &Plan, target: &Path, params: Params) -> Result<(Image, Image)> {
+        let kpath = target.join(KEYS_INDEX);
+        let dpath = target.join(DENIED_INDEX);
+        let mut kimg = Image::with_shared(params, self.parts.clone())?;
+        let mut dimg = Image::with_shared(params, self.parts.clone())?;
+        // Only kept entries are copied into the images; the tree's records
+        // are written from the readers' buffers.
+        let bytes = |kept: &[KeptEntry]| -> usize { kept.iter().map(|k| k.1.len()).sum() };
+        kimg.reserve_slots(plan.keys.len());
+        kimg.reserve(plan.kept_keys.len(), bytes(&plan.kept_keys));
+        dimg.reserve_slots(plan.denied.len());
+        dimg.reserve(plan.kept_denied.len(), bytes(&plan.kept_denied));
+        let tree_insert = |img: &mut Image, i: usize, path: &Path| {
+            let (buf, range) = self.record(i);
+            let k = &self.found[i];
+            img.insert_record(
+                self.id(i).as_bytes(),
+                buf,
+                range,
+                self.value_len(i),
+                k.span.mtime,
+                path,
+            )
+        };
+        for s in &plan.keys {
+            match *s {
+                Src::Tree(i) => tree_insert(&mut kimg, i, &kpath)?,
+                Src::Kept(i) => {
+                    let (id, value, mtime) = &plan.kept_keys[i];
+                    kimg.insert(id.as_bytes(), value, *mtime, &kpath)?
+                }
+            }
+        }
+        for s in &plan.denied {
+            match *s {
+                Src::Tree(i) => tree_insert(&mut dimg, i, &dpath)?,
+                Src::Kept(i) => {
+                    let (id, value, mtime) = &plan.kept_denied[i];
+                    dimg.insert(id.as_bytes(), value, *mtime, &dpath)?
+                }
+            }
+        }
+        Ok((kimg, dimg))
+    }
+}
+
+/// Migrates the `localfs_key` tree at `pki_dir`. `progress(done, total)` is
+/// called as files are read.
+pub fn migrate(
+    pki_dir: &Path,
+    opts: &MigrateOptions,
+    progress: &(dyn Fn(u64, u64) + Sync),
+) -> Result<Report> {
+    let start = std::time::Instant::now();
+    opts.params.validate()?;
+    let target = opts.out.clone().unwrap_or_else(|| pki_dir.to_path_buf());
+    let parts = scan_tree(pki_dir, opts, progress)?;
+
+    let mut found = StateCounts::default();
+    let mut skipped = Vec::new();
+    let mut keys_found = Vec::new();
+    let mut bufs = Vec::with_capacity(parts.len());
+    let mut ids = Vec::with_capacity(parts.len());
+    for (n, mut p) in parts.into_iter().enumerate() {
+        for k in &mut p.keys {
+            k.part = n;
+        }
+        found.accepted += p.found.accepted;
+        found.pending += p.found.pending;
+        found.rejected += p.found.rejected;
+        found.denied += p.found.denied;
+        if keys_found.is_empty() {
+            keys_found = p.keys;
+        } else {
+            keys_found.extend(p.keys);
+        }
+        skipped.extend(p.skipped);
+        bufs.push(Arc::new(p.buf));
+        ids.push(p.ids);
+    }
+    let mut tree = Tree {
+        parts: bufs,
+        ids,
+        found: keys_found,
+        keys: Vec::new(),
+        denied: Vec::new(),
+    };
+
+    // Precedence: the last directory scanned wins (rejected > pending >
+    // accepted); an id keeps the place where it was first seen. Ids are
+    // matched by their hash first (no string is touched for the many ids
+    // found in one directory only), then by their bytes.
+    let mut dirs_of: HashMap<u64, u8, IdHash> = HashMap::default();
+    for k in tree.found.iter().filter(|k| k.dir == 1 || k.dir == 2) {
+        *dirs_of.entry(k.idh).or_default() |= 1 << k.dir;
+    }
+    for k in tree.found.iter().filter(|k| k.dir == 0) {
+        if let Some(m) = dirs_of.get_mut(&k.idh) {
+            *m |= 1;
+        }
+    }
+    // Hashes of ids (maybe) in several directories -> (found index,
+    // position in `keys`) of the first entry of each such id.
+    let mut first: HashMap<u64, Vec<(usize, usize)>, IdHash> = HashMap::default();
+    let mut seen: Vec<u8> = Vec::new(); // position in `keys` -> directories (bits)
+    for i in 0..tree.found.len() {
+        let k = &tree.found[i];
+        let d = k.dir;
+        if d == 3 {
+            tree.denied.push(i);
+            continue;
+        }
+        let shared = dirs_of.get(&k.idh).is_some_and(|m| m.count_ones() > 1);
+        let earlier = if shared {
+            first.get(&k.idh).and_then(|v| {
+                v.iter()
+                    .find(|&&(j, _)| tree.id(j) == tree.id(i))
+                    .map(|&(_, pos)| pos)
+            })
+        } else {
+            None
+        };
+        let pos = match earlier {
+            Some(pos) => {
+                tree.keys[pos] = i;
+                pos
+            }
+            None => {
+                tree.keys.push(i);
+                seen.push(0);
+                let pos = tree.keys.len() - 1;
+                if shared {
+                    first.entry(k.idh).or_default().push((i, pos));
+                }
+                pos
+            }
+        };
+        seen[pos] |= 1 << d;
+    }
+    let duplicates: Vec<Duplicate> = tree
+        .keys
+        .iter()
+        .zip(&seen)
+        .filter(|(_, s)| s.count_ones() > 1)
+        .map(|(&i, s)| Duplicate {
+            id: tree.id(i).to_owned(),
+            found_in: (0..3)
+                .filter(|d| s & (1 << d) != 0)
+                .map(|d| KeyState::ALL[d])
+                .collect(),
+            state: tree.state(i),
+        })
+        .collect();
+    let mut migrated = StateCounts::default();
+    for &i in &tree.keys {
+        bump(&mut migrated, tree.found[i].dir);
+    }
+    migrated.denied = tree.denied.len() as u64;
+
+    let mut report = Report {
+        pki_dir: pki_dir.into(),
+        target: target.clone(),
+        dry_run: opts.dry_run,
+        found,
+        migrated,
+        kept: StateCounts::default(),
+        dropped: 0,
+        total: StateCounts::default(),
+        duplicates,
+        skipped,
+        size: opts.params.size,
+        load_factor: 0.0,
+        seconds: 0.0,
+    };
+    if !opts.dry_run {
+        std::fs::create_dir_all(&target).map_err(|e| Error::io(&target, "create directory", e))?;
+    }
+    let topts = OpenOptions {
+        params: opts.params,
+        ownership: opts.ownership,
+        ..OpenOptions::default()
+    };
+    let store = if target.is_dir() {
+        Some(Store::open_with(&target, &topts)?)
+    } else {
+        None
+    };
+    // Validate (ids, load factor) before taking any lock or creating a file;
+    // the images are built once, under the locks.
+    let mut plan = tree.plan(store.as_ref(), &target, opts)?;
+    if let (Some(store), false) = (&store, opts.dry_run) {
+        let kt = store.keys_table();
+        let dt = store.denied_table();
+        kt.exclusive(|| {
+            dt.exclusive(|| {
+                rebuild::remove_temps_of(kt.path())?;
+                rebuild::remove_temps_of(dt.path())?;
+                plan = tree.plan(Some(store), &target, opts)?;
+                let (kimg, dimg) = tree.images(&plan, &target, opts.params)?;
+                let mut c = Commit::default();
+                let own = kt.ownership();
+                c.stage_all(
+                    vec![
+                        (kt.path().to_path_buf(), kimg),
+                        (dt.path().to_path_buf(), dimg),
+                    ],
+                    &own,
+                )?;
+                c.apply()
+            })
+        })?;
+    }
+    report.kept = plan.kept;
+    report.dropped = plan.dropped;
+    report.total = plan.total;
+    report.load_factor = plan.load_factor;
+    report.seconds = start.elapsed().as_secs_f64();
+    Ok(report)
+}
+
+/// Hasher of [`TreeKey::idh`]s, which are already hashes.
+#[derive(Default, Clone, Copy)]
+struct IdHasher(u64);
+
+impl std::hash::Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = v;
+    }
+}
+
+type IdHash = std::hash::BuildHasherDefault<IdHasher>;
+
+fn bump(c: &mut StateCounts, dir: usize) {
+    match dir {
+        0 => c.accepted += 1,
+        1 => c.pending += 1,
+        2 => c.rejected += 1,
+        _ => c.denied += 1,
+    }
+}
+
+/// Refuses a bank that would be filled past [`MAX_LOAD_FACTOR`].
+fn check_load(path: &Path, entries: u64, p: &Params) -> Result<()> {
+    let load = entries as f64 / p.capacity() as f64;
+    if load > MAX_LOAD_FACTOR {
+        return Err(Error::Overfull {
+            path: path.into(),
+            entries,
+            size: p.size,
+            load,
+            max_load: MAX_LOAD_FACTOR,
+            suggested: suggest_size(entries),
+        });
+    }
+    Ok(())
+}
+
+/// A table size that holds `entries` at most half full, rounded up to a
+/// readable number.
+pub fn suggest_size(entries: u64) -> u64 {
+    let need = Params::size_for(entries, 0.5);
+    let step = 10u64
+        .pow((need as f64).log10().floor().max(1.0) as u32 - 1)
+        .max(1);
+    need.div_ceil(step) * step
+}

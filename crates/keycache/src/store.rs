@@ -1,0 +1,705 @@
+//! The minion-key store: Salt's `keys` and `denied_keys` banks in one
+//! directory, over two [`Table`]s.
+//!
+//! Values of the `keys` bank are `[state: u8][PEM]` (1 accepted, 2 pending,
+//! 3 rejected); values of `denied_keys` are the PEM bytes. The same id may be
+//! in both banks: a denied key is a different key presented under an id.
+
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+use crate::id::MinionId;
+use crate::table::{self, Applied, Entry, Found, OpenOptions, Table, TableStats, Txn, View};
+
+/// Index file of the `keys` bank, in the store directory.
+pub const KEYS_INDEX: &str = ".mmap_keys.idx";
+/// Index file of the `denied_keys` bank.
+pub const DENIED_INDEX: &str = ".mmap_denied.idx";
+/// Index file of Salt's `master_keys` bank (the master's own PEM files).
+pub const MASTER_INDEX: &str = ".mmap_master.idx";
+
+/// The state of a key in the `keys` bank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
+pub enum KeyState {
+    /// Accepted (`minions/`).
+    Accepted,
+    /// Pending, unaccepted (`minions_pre/`).
+    Pending,
+    /// Rejected (`minions_rejected/`).
+    Rejected,
+}
+
+impl KeyState {
+    /// Every state, in `salt-key -L` order.
+    pub const ALL: [KeyState; 3] = [KeyState::Accepted, KeyState::Pending, KeyState::Rejected];
+
+    /// The state byte stored in front of the PEM.
+    pub fn byte(self) -> u8 {
+        match self {
+            KeyState::Accepted => 1,
+            KeyState::Pending => 2,
+            KeyState::Rejected => 3,
+        }
+    }
+
+    /// The state of a state byte.
+    pub fn from_byte(b: u8) -> Option<KeyState> {
+        match b {
+            1 => Some(KeyState::Accepted),
+            2 => Some(KeyState::Pending),
+            3 => Some(KeyState::Rejected),
+            _ => None,
+        }
+    }
+
+    /// Salt's name: `accepted`, `pending`, `rejected`.
+    pub fn name(self) -> &'static str {
+        match self {
+            KeyState::Accepted => "accepted",
+            KeyState::Pending => "pending",
+            KeyState::Rejected => "rejected",
+        }
+    }
+
+    /// The localfs_key directory and `salt-key --out json` group name.
+    pub fn dir_name(self) -> &'static str {
+        match self {
+            KeyState::Accepted => "minions",
+            KeyState::Pending => "minions_pre",
+            KeyState::Rejected => "minions_rejected",
+        }
+    }
+}
+
+impl std::str::FromStr for KeyState {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<KeyState> {
+        match s {
+            "accepted" | "minions" => Ok(KeyState::Accepted),
+            "pending" | "unaccepted" | "minions_pre" => Ok(KeyState::Pending),
+            "rejected" | "minions_rejected" => Ok(KeyState::Rejected),
+            _ => Err(Error::UnknownState(s.to_owned())),
+        }
+    }
+}
+
+impl std::fmt::Display for KeyState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// An entry of the `keys` bank.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyEntry {
+    /// Its state.
+    pub state: KeyState,
+    /// The minion's public key, PEM bytes as stored.
+    pub public_key: Vec<u8>,
+    /// Unix nanoseconds of the last write.
+    pub mtime: u64,
+}
+
+/// An entry of the `keys` bank borrowed from the buffer it was read into
+/// ([`Store::get_in`], [`KeyBatch`]): no allocation per lookup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyRef<'a> {
+    /// Its state.
+    pub state: KeyState,
+    /// The minion's public key, PEM bytes as stored.
+    pub public_key: &'a [u8],
+    /// Unix nanoseconds of the last write.
+    pub mtime: u64,
+}
+
+impl KeyRef<'_> {
+    /// An owned copy.
+    pub fn to_entry(&self) -> KeyEntry {
+        KeyEntry {
+            state: self.state,
+            public_key: self.public_key.to_vec(),
+            mtime: self.mtime,
+        }
+    }
+}
+
+/// The reusable buffers of [`Store::get_many_in`]: the keys of the last
+/// batch, one after another in one buffer, and where each is. Reused across
+/// batches, it makes them allocation-free once it has grown to a batch's
+/// size.
+#[derive(Debug, Default, Clone)]
+pub struct KeyBatch {
+    buf: Vec<u8>,
+    entries: Vec<Option<(KeyState, Found)>>,
+}
+
+impl KeyBatch {
+    /// An empty batch.
+    pub fn new() -> KeyBatch {
+        KeyBatch::default()
+    }
+
+    /// Number of ids in the last batch.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether the last batch had no ids.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The entry of the `i`-th id of the last batch; `None` when it has
+    /// none (or `i` is past the batch).
+    pub fn get(&self, i: usize) -> Option<KeyRef<'_>> {
+        let (state, f) = self.entries.get(i).copied().flatten()?;
+        Some(self.key_ref(state, &f))
+    }
+
+    /// The entries of the last batch, in the order of its ids.
+    pub fn iter(&self) -> impl Iterator<Item = Option<KeyRef<'_>>> + '_ {
+        self.entries
+            .iter()
+            .map(|e| e.map(|(state, f)| self.key_ref(state, &f)))
+    }
+
+    fn key_ref(&self, state: KeyState, f: &Found) -> KeyRef<'_> {
+        KeyRef {
+            state,
+            public_key: &f.value(&self.buf)[1..],
+            mtime: f.mtime,
+        }
+    }
+}
+
+/// Keys per state, and denied keys.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct Counts {
+    /// Accepted keys.
+    pub accepted: u64,
+    /// Pending keys.
+    pub pending: u64,
+    /// Rejected keys.
+    pub rejected: u64,
+    /// Denied keys.
+    pub denied: u64,
+}
+
+/// Statistics of both banks.
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct StoreStats {
+    /// The `keys` bank.
+    pub keys: TableStats,
+    /// The `denied_keys` bank.
+    pub denied_keys: TableStats,
+}
+
+/// Decodes a `keys` bank value; `None` when it is not one (Salt then answers
+/// "no entry").
+pub fn decode_key_value(value: &[u8]) -> Option<(KeyState, &[u8])> {
+    if value.len() < 2 {
+        return None;
+    }
+    Some((KeyState::from_byte(value[0])?, &value[1..]))
+}
+
+/// Encodes a `keys` bank value.
+pub fn encode_key_value(state: KeyState, pem: &[u8]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(pem.len() + 1);
+    v.push(state.byte());
+    v.extend_from_slice(pem);
+    v
+}
+
+/// Salt strips trailing NULs from denied keys when reading them.
+fn strip_nuls(mut v: Vec<u8>) -> Vec<u8> {
+    while v.last() == Some(&0) {
+        v.pop();
+    }
+    v
+}
+
+/// Turns a `keys` bank value into an entry, reusing its buffer.
+fn entry_of(t: &Table, id: &[u8], r: Entry) -> Result<KeyEntry> {
+    let mut v = r.value;
+    let Some(state) = decode_key_value(&v).map(|(s, _)| s) else {
+        return Err(not_a_key(t, id, r.slot, v.len()));
+    };
+    v.copy_within(1.., 0);
+    v.pop();
+    Ok(KeyEntry {
+        state,
+        public_key: v,
+        mtime: r.mtime,
+    })
+}
+
+/// The entry that a lookup of `id` found (`f`, its value in `buf`).
+fn key_ref<'b>(
+    t: &Table,
+    id: &MinionId,
+    f: Option<Found>,
+    buf: &'b [u8],
+) -> Result<Option<KeyRef<'b>>> {
+    let Some(f) = f else {
+        return Ok(None);
+    };
+    match decode_key_value(f.value(buf)) {
+        Some((state, public_key)) => Ok(Some(KeyRef {
+            state,
+            public_key,
+            mtime: f.mtime,
+        })),
+        None => Err(not_a_key(t, id.as_ref(), f.slot, f.len)),
+    }
+}
+
+/// A thread's handle on a [`Store`] for a loop of lookups ([`Store::reader`]).
+///
+/// Every lookup of the [`Store`] loads the current view of the files from
+/// an `ArcSwap`, which costs two atomic read-modify-writes: full barriers
+/// on x86, which keep the memory accesses of one lookup from overlapping
+/// those of the next. A `Reader` keeps its own view and only compares a
+/// generation number (a plain load) before each lookup, reloading the view
+/// when the files changed: its lookups see writes and compactions as the
+/// store's do, lock-free, with the same retry policy.
+///
+/// It holds the files of the view it last used mapped: after a compaction
+/// replaced them, they are released at its next lookup or when it is
+/// dropped. Keep one per thread (it is `Send`, and `&mut` to use).
+#[derive(Debug, Clone)]
+pub struct Reader<'s> {
+    store: &'s Store,
+    keys: View,
+    denied: View,
+}
+
+impl Reader<'_> {
+    /// [`Store::get_in`] through this reader.
+    pub fn get_in<'b>(
+        &mut self,
+        id: &MinionId,
+        buf: &'b mut Vec<u8>,
+    ) -> Result<Option<KeyRef<'b>>> {
+        buf.clear();
+        let t = &self.store.keys;
+        let f = t.get_valid_in_view(&mut self.keys, id.as_ref(), buf)?;
+        key_ref(t, id, f, buf)
+    }
+
+    /// [`Store::get`] through this reader.
+    pub fn get(&mut self, id: &MinionId) -> Result<Option<KeyEntry>> {
+        let mut value = Vec::new();
+        let t = &self.store.keys;
+        match t.get_valid_in_view(&mut self.keys, id.as_ref(), &mut value)? {
+            Some(f) => entry_of(
+                t,
+                id.as_ref(),
+                Entry {
+                    value,
+                    mtime: f.mtime,
+                    slot: f.slot,
+                },
+            )
+            .map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// [`Store::denied`] through this reader.
+    pub fn denied(&mut self, id: &MinionId) -> Result<Option<Vec<u8>>> {
+        let mut value = Vec::new();
+        let t = &self.store.denied;
+        Ok(
+            t.get_valid_in_view(&mut self.denied, id.as_ref(), &mut value)?
+                .map(|_| strip_nuls(value)),
+        )
+    }
+}
+
+/// The error for a `keys` bank value that is not `[state][public key]`.
+fn not_a_key(t: &Table, id: &[u8], slot: u64, len: usize) -> Error {
+    Error::Corrupt {
+        path: t.path().into(),
+        id: Some(String::from_utf8_lossy(id).into_owned()),
+        why: format!("slot {slot}: value of {len} bytes is not [state 1..3][public key]"),
+    }
+}
+
+/// A Salt 3008 `mmap_key` store: the `keys` and `denied_keys` banks of one
+/// directory (a master's `pki_dir` or `cluster_pki_dir`).
+///
+/// `Send + Sync`: share it between threads. Reads take no lock.
+#[derive(Debug)]
+pub struct Store {
+    dir: PathBuf,
+    keys: Table,
+    denied: Table,
+}
+
+impl Store {
+    /// Opens the store in `dir` with Salt's default layout.
+    pub fn open(dir: impl AsRef<Path>) -> Result<Store> {
+        Store::open_with(dir, &OpenOptions::default())
+    }
+
+    /// Opens the store in `dir`. Bank files that do not match the layout
+    /// parameters are refused; missing banks read as empty and are created
+    /// on the first write.
+    pub fn open_with(dir: impl AsRef<Path>, opts: &OpenOptions) -> Result<Store> {
+        let dir = dir.as_ref().to_path_buf();
+        let meta =
+            std::fs::metadata(&dir).map_err(|e| Error::io(&dir, "open store directory", e))?;
+        if !meta.is_dir() {
+            return Err(Error::NotARegularFile {
+                path: dir,
+                why: "the store must be a directory",
+            });
+        }
+        if dir.join(crate::rebuild::JOURNAL).exists() {
+            Table::open(dir.join(KEYS_INDEX), opts)?.settle()?;
+        }
+        Ok(Store {
+            keys: Table::open(dir.join(KEYS_INDEX), opts)?,
+            denied: Table::open(dir.join(DENIED_INDEX), opts)?,
+            dir,
+        })
+    }
+
+    /// The store directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The `keys` bank's table.
+    pub fn keys_table(&self) -> &Table {
+        &self.keys
+    }
+
+    /// The `denied_keys` bank's table.
+    pub fn denied_table(&self) -> &Table {
+        &self.denied
+    }
+
+    /// The entry of `id` in the `keys` bank.
+    pub fn get(&self, id: &MinionId) -> Result<Option<KeyEntry>> {
+        match self.keys.get_valid(id.as_ref())? {
+            Some(r) => entry_of(&self.keys, id.as_ref(), r).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// The entry of `id`, read into `buf` (cleared first) and borrowed
+    /// from it: a buffer reused across lookups makes them allocation-free.
+    pub fn get_in<'b>(&self, id: &MinionId, buf: &'b mut Vec<u8>) -> Result<Option<KeyRef<'b>>> {
+        buf.clear();
+        let f = self.keys.get_valid_into(id.as_ref(), buf)?;
+        key_ref(&self.keys, id, f, buf)
+    }
+
+    /// A handle for a thread's loop of lookups: the same answers as the
+    /// store's own, at less cost per lookup (see [`Reader`]).
+    pub fn reader(&self) -> Reader<'_> {
+        Reader {
+            store: self,
+            keys: self.keys.view(),
+            denied: self.denied.view(),
+        }
+    }
+
+    /// The entries of many ids, looked up with overlapped memory accesses
+    /// (see [`Table::get_many`]): for the burst of authentications after a
+    /// master restart.
+    pub fn get_many(&self, ids: &[MinionId]) -> Result<Vec<Option<KeyEntry>>> {
+        let mut raw = Vec::with_capacity(ids.len());
+        self.keys.get_many_valid(ids, &mut Vec::new(), |f, buf| {
+            raw.push(f.map(|f| Entry {
+                value: std::mem::take(buf),
+                mtime: f.mtime,
+                slot: f.slot,
+            }))
+        })?;
+        raw.into_iter()
+            .zip(ids)
+            .map(|(r, id)| r.map(|r| entry_of(&self.keys, id.as_ref(), r)).transpose())
+            .collect()
+    }
+
+    /// [`Store::get_many`] into `batch` (its previous contents dropped): the
+    /// same lookups, without an allocation per key. `batch.get(i)` is the
+    /// entry of `ids[i]`.
+    pub fn get_many_in(&self, ids: &[MinionId], batch: &mut KeyBatch) -> Result<()> {
+        let KeyBatch { buf, entries } = batch;
+        buf.clear();
+        entries.clear();
+        entries.reserve(ids.len());
+        let mut bad = None;
+        self.keys.get_many_valid(ids, buf, |f, buf| {
+            let e = f.and_then(|f| match decode_key_value(f.value(buf)) {
+                Some((state, _)) => Some((state, f)),
+                None => {
+                    bad = bad.or(Some((entries.len(), f)));
+                    None
+                }
+            });
+            entries.push(e);
+        })?;
+        if let Some((i, f)) = bad {
+            entries.clear();
+            return Err(not_a_key(&self.keys, ids[i].as_ref(), f.slot, f.len));
+        }
+        Ok(())
+    }
+
+    /// Whether `id` is in the `keys` bank (in any state).
+    pub fn contains(&self, id: &MinionId) -> Result<bool> {
+        Ok(self.get(id)?.is_some())
+    }
+
+    /// The denied key of `id`, if there is one (trailing NULs stripped, as
+    /// Salt reads it).
+    pub fn denied(&self, id: &MinionId) -> Result<Option<Vec<u8>>> {
+        Ok(self
+            .denied
+            .get_valid(id.as_ref())?
+            .map(|r| strip_nuls(r.value)))
+    }
+
+    /// Whether `id` has a denied key.
+    pub fn is_denied(&self, id: &MinionId) -> Result<bool> {
+        Ok(self.denied(id)?.is_some())
+    }
+
+    /// The `keys` bank in roster order (Salt's listing order), optionally
+    /// only one state. Entries that cannot be read back intact come as
+    /// errors; iteration goes on after them.
+    pub fn keys(
+        &self,
+        state: Option<KeyState>,
+    ) -> Result<impl Iterator<Item = Result<(String, KeyEntry)>> + '_> {
+        Ok(self.keys.iter()?.filter_map(move |r| {
+            let r = match r {
+                Ok(r) => r,
+                Err(e) => return Some(Err(e)),
+            };
+            let id = String::from_utf8_lossy(&r.id).into_owned();
+            let e = Entry {
+                value: r.value,
+                mtime: r.mtime,
+                slot: r.slot,
+            };
+            match entry_of(&self.keys, &r.id, e) {
+                Ok(e) if state.is_none_or(|s| s == e.state) => Some(Ok((id, e))),
+                Ok(_) => None,
+                Err(e) => Some(Err(e)),
+            }
+        }))
+    }
+
+    /// The `denied_keys` bank in roster order: (id, key).
+    pub fn denied_keys(&self) -> Result<impl Iterator<Item = Result<(String, Vec<u8>)>> + '_> {
+        Ok(self.denied.iter()?.map(|r| {
+            r.map(|r| {
+                (
+                    String::from_utf8_lossy(&r.id).into_owned(),
+                    strip_nuls(r.value),
+                )
+            })
+        }))
+    }
+
+    /// Keys per state; entries that cannot be read are not counted.
+    pub fn counts(&self) -> Result<Counts> {
+        let mut c = Counts::default();
+        for (_, e) in self.keys(None)?.flatten() {
+            match e.state {
+                KeyState::Accepted => c.accepted += 1,
+                KeyState::Pending => c.pending += 1,
+                KeyState::Rejected => c.rejected += 1,
+            }
+        }
+        c.denied = self.denied_keys()?.flatten().count() as u64;
+        Ok(c)
+    }
+
+    /// Header counters and heap sizes of both banks.
+    pub fn stats(&self) -> Result<StoreStats> {
+        Ok(StoreStats {
+            keys: self.keys.stats()?,
+            denied_keys: self.denied.stats()?,
+        })
+    }
+
+    /// Puts `id` into the `keys` bank with `state` and `pem`, durably.
+    pub fn put(&self, id: &MinionId, state: KeyState, pem: &[u8]) -> Result<()> {
+        self.batch(|b| b.put(id, state, pem)).map(|_| ())
+    }
+
+    /// Gives `id` a new state, keeping its key. Returns false when `id` is
+    /// not in the `keys` bank.
+    pub fn set_state(&self, id: &MinionId, state: KeyState) -> Result<bool> {
+        self.batch(|b| b.set_state(id, state))
+            .map(|(found, _)| found)
+    }
+
+    /// Stores a denied key for `id`, durably.
+    pub fn deny(&self, id: &MinionId, pem: &[u8]) -> Result<()> {
+        self.batch(|b| b.deny(id, pem)).map(|_| ())
+    }
+
+    /// Removes `id` from the `keys` bank. Returns whether it was there.
+    pub fn remove(&self, id: &MinionId) -> Result<bool> {
+        self.keys.remove(id.as_str().as_bytes())
+    }
+
+    /// Removes `id`'s denied key. Returns whether there was one.
+    pub fn remove_denied(&self, id: &MinionId) -> Result<bool> {
+        self.denied.remove(id.as_str().as_bytes())
+    }
+
+    /// Applies several writes under the banks' locks, made durable by one
+    /// round of fsyncs per bank at the end. The `keys` lock is taken first,
+    /// then, only when the batch writes to it, the `denied_keys` one; both
+    /// banks' writes are planned before any is made, so a batch that fails
+    /// (an error from `f`, [`Error::TableFull`]) changes nothing. Inserts
+    /// may take the slots the batch's own removals free. Not atomic across
+    /// a crash: each id is then as before or as after.
+    pub fn batch<T>(
+        &self,
+        f: impl FnOnce(&mut Batch<'_, '_>) -> Result<T>,
+    ) -> Result<(T, Applied)> {
+        self.keys.with_writer(|kix| {
+            let mut keys = Txn::new(&self.keys);
+            let mut denied_ops: Vec<(Vec<u8>, Option<Vec<u8>>)> = Vec::new();
+            let out = f(&mut Batch {
+                keys: &mut keys,
+                denied: &mut denied_ops,
+            })?;
+            if denied_ops.is_empty() {
+                let plan = self.keys.plan(kix, keys)?;
+                return Ok((out, self.keys.apply(kix, plan)?));
+            }
+            // Both banks locked (keys first, always), both planned before
+            // either is written: a batch that does not fit changes nothing.
+            self.denied.with_writer(|dix| {
+                let mut denied = Txn::new(&self.denied);
+                for (id, v) in &denied_ops {
+                    match v {
+                        Some(v) => denied.put(id, v)?,
+                        None => denied.remove(id)?,
+                    }
+                }
+                let kplan = self.keys.plan(kix, keys)?;
+                let dplan = self.denied.plan(dix, denied)?;
+                let mut applied = self.keys.apply(kix, kplan)?;
+                let a = self.denied.apply(dix, dplan)?;
+                applied.inserted += a.inserted;
+                applied.updated += a.updated;
+                applied.removed += a.removed;
+                Ok((out, applied))
+            })
+        })
+    }
+
+    /// Compacts both banks (see [`crate::rebuild::compact`]), optionally into
+    /// tables of `size` slots, in one atomic rebuild: both banks are locked
+    /// and rebuilt together, so a failure (an entry that cannot be read, a
+    /// size too small) or a crash leaves both as they were, or both new.
+    pub fn compact(&self, size: Option<u64>) -> Result<()> {
+        let (kt, dt) = (&self.keys, &self.denied);
+        kt.exclusive(|| {
+            dt.exclusive(|| {
+                crate::rebuild::remove_temps_of(kt.path())?;
+                crate::rebuild::remove_temps_of(dt.path())?;
+                let kimg = crate::rebuild::compacted(kt, size)?;
+                let dimg = crate::rebuild::compacted(dt, size)?;
+                let mut c = crate::rebuild::Commit::default();
+                c.stage(kt.path(), kimg, &kt.ownership())?;
+                c.stage(dt.path(), dimg, &dt.ownership())?;
+                c.apply()
+            })
+        })
+    }
+}
+
+/// The writes of a [`Store::batch`].
+pub struct Batch<'t, 'a> {
+    keys: &'a mut Txn<'t>,
+    denied: &'a mut Vec<(Vec<u8>, Option<Vec<u8>>)>,
+}
+
+fn check_pem(id: &MinionId, pem: &[u8]) -> Result<()> {
+    if pem.is_empty() {
+        return Err(Error::InvalidId {
+            id: id.to_string(),
+            why: "its public key is empty",
+        });
+    }
+    Ok(())
+}
+
+impl Batch<'_, '_> {
+    /// Stages a put into the `keys` bank.
+    pub fn put(&mut self, id: &MinionId, state: KeyState, pem: &[u8]) -> Result<()> {
+        check_pem(id, pem)?;
+        self.keys
+            .put(id.as_str().as_bytes(), &encode_key_value(state, pem))
+    }
+
+    /// Stages a state change; false when `id` is not in the `keys` bank.
+    pub fn set_state(&mut self, id: &MinionId, state: KeyState) -> Result<bool> {
+        let Some(mut v) = self.keys.get(id.as_str().as_bytes())? else {
+            return Ok(false);
+        };
+        if decode_key_value(&v).is_none() {
+            return Err(Error::Corrupt {
+                path: PathBuf::from(KEYS_INDEX),
+                id: Some(id.to_string()),
+                why: "value is not [state][public key]".into(),
+            });
+        }
+        v[0] = state.byte();
+        self.keys.put(id.as_str().as_bytes(), &v)?;
+        Ok(true)
+    }
+
+    /// Stages a removal from the `keys` bank.
+    pub fn remove(&mut self, id: &MinionId) -> Result<()> {
+        self.keys.remove(id.as_str().as_bytes())
+    }
+
+    /// Stages a denied key.
+    pub fn deny(&mut self, id: &MinionId, pem: &[u8]) -> Result<()> {
+        check_pem(id, pem)?;
+        self.keys.table().check_id(id.as_str().as_bytes())?;
+        self.denied
+            .push((id.as_str().as_bytes().to_vec(), Some(pem.to_vec())));
+        Ok(())
+    }
+
+    /// Stages the removal of a denied key.
+    pub fn remove_denied(&mut self, id: &MinionId) -> Result<()> {
+        self.keys.table().check_id(id.as_str().as_bytes())?;
+        self.denied.push((id.as_str().as_bytes().to_vec(), None));
+        Ok(())
+    }
+
+    /// The current entry of `id` as this batch would leave it.
+    pub fn get(&self, id: &MinionId) -> Result<Option<(KeyState, Vec<u8>)>> {
+        Ok(self
+            .keys
+            .get(id.as_str().as_bytes())?
+            .and_then(|v| decode_key_value(&v).map(|(s, p)| (s, p.to_vec()))))
+    }
+}
+
+#[allow(unused)]
+fn _assert_send_sync() {
+    fn f<T: Send + Sync>() {}
+    f::<Store>();
+    f::<table::Table>();
+}
