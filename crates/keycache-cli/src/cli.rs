@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 
 use keycache::layout::{self, Params};
 use keycache::migrate::{self, MigrateOptions};
-use keycache::store::{KeyState, Store, DENIED_INDEX, KEYS_INDEX};
+use keycache::store::{KeyState, Store};
 use keycache::table::OpenOptions;
 use keycache::{verify, Error, MinionId};
 
@@ -56,38 +56,39 @@ impl Layout {
     /// [`Layout::params`], finishing an interrupted compaction first only
     /// when `finish` (a dry run writes nothing).
     fn params_of(&self, dir: &Path, finish: bool) -> Result<Params, Error> {
-        if finish && self.size.is_none() && dir.join(keycache::rebuild::JOURNAL).exists() {
-            keycache::rebuild::finish_interrupted(dir)?;
-        }
-        let size = self.size.unwrap_or_else(|| {
-            [KEYS_INDEX, DENIED_INDEX]
-                .iter()
-                .filter_map(|n| std::fs::symlink_metadata(dir.join(n)).ok())
-                .find(|m| {
-                    m.is_file()
-                        && self.slot_size > 0
-                        && m.len() > 0
-                        && m.len() % self.slot_size as u64 == 0
-                })
-                .map(|m| m.len() / self.slot_size as u64)
-                .unwrap_or(layout::DEFAULT_SIZE)
-        });
-        Ok(Params {
-            size,
+        let base = self.options(Params {
+            size: self.size.unwrap_or(layout::DEFAULT_SIZE),
             slot_size: self.slot_size,
             id_size: self.id_size,
             max_segment_bytes: self.max_segment_bytes,
-        })
+        });
+        match (self.size, finish) {
+            (Some(_), _) => Ok(base.params),
+            (None, true) => Params::detect(dir, &base),
+            (None, false) => Ok(Params::from_files(dir, base.params)),
+        }
+    }
+
+    /// Open options with `params` and the tunables of the environment
+    /// (`KEYCACHE_READ_RETRY_MS`, `KEYCACHE_REBUILD_SETTLE_MS`).
+    fn options(&self, params: Params) -> OpenOptions {
+        let ms = |name: &str| {
+            std::env::var(name)
+                .ok()
+                .and_then(|v| v.parse::<u64>().ok())
+                .map(std::time::Duration::from_millis)
+        };
+        let d = OpenOptions::default();
+        OpenOptions {
+            params,
+            read_retry: ms("KEYCACHE_READ_RETRY_MS").unwrap_or(d.read_retry),
+            rebuild_settle: ms("KEYCACHE_REBUILD_SETTLE_MS").unwrap_or(d.rebuild_settle),
+            ..d
+        }
     }
 
     fn open(&self, dir: &Path) -> Result<Store, Error> {
-        Store::open_with(
-            dir,
-            &OpenOptions {
-                params: self.params(dir)?,
-                ..OpenOptions::default()
-            },
-        )
+        Store::open_with(dir, &self.options(self.params(dir)?))
     }
 }
 
@@ -330,8 +331,10 @@ fn run(cmd: Command) -> Out {
             layout,
         } => {
             let target = out.clone().unwrap_or_else(|| pki_dir.clone());
+            let params = layout.params_of(&target, !dry_run)?;
             let opts = MigrateOptions {
-                params: layout.params_of(&target, !dry_run)?,
+                rebuild_settle: layout.options(params).rebuild_settle,
+                params,
                 out,
                 dry_run,
                 replace,
@@ -380,9 +383,8 @@ fn run(cmd: Command) -> Out {
             let store = Store::open_with(
                 &dir,
                 &OpenOptions {
-                    params: layout.params(&dir)?,
                     ownership,
-                    ..OpenOptions::default()
+                    ..layout.options(layout.params(&dir)?)
                 },
             )?;
             let before = store.stats()?;

@@ -52,7 +52,7 @@ struct Truth {
 /// A store with history; every value has a length of its own, so damage to
 /// a pointer can never land on another whole record of the same length.
 fn build(dir: &Path) -> Truth {
-    let s = Store::open_with(dir, &layout().options()).unwrap();
+    let s = Store::open_with(dir, &layout().options_with(Duration::ZERO, Duration::ZERO)).unwrap();
     let mut t = Truth::default();
     let mut rng = Rng(0xC0FFEE);
     let mut len = 40usize;
@@ -356,7 +356,8 @@ fn findings(s: &Store) -> keycache::Result<Vec<Finding>> {
 fn check_damaged(dir: &Path, truth: &Truth, d: &Damage, tally: &mut Tally) {
     let ctx = &d.what;
     tally.cases += 1;
-    let store = match Store::open_with(dir, &layout().options()) {
+    let store = match Store::open_with(dir, &layout().options_with(Duration::ZERO, Duration::ZERO))
+    {
         Ok(s) => s,
         Err(e) => {
             let p =
@@ -513,7 +514,8 @@ fn check_damaged(dir: &Path, truth: &Truth, d: &Damage, tally: &mut Tally) {
         verify::repair(store.denied_table(), None)
             .unwrap_or_else(|e| panic!("{ctx}: repair denied: {e}"));
         tally.repaired += 1;
-        let again = Store::open_with(dir, &layout().options()).unwrap();
+        let again =
+            Store::open_with(dir, &layout().options_with(Duration::ZERO, Duration::ZERO)).unwrap();
         let after = findings(&again).unwrap();
         assert!(after.is_empty(), "{ctx}: findings after repair: {after:?}");
         if !dup {
@@ -556,8 +558,6 @@ fn with_watchdog<T: Send + 'static>(what: String, f: impl FnOnce() -> T + Send +
 
 #[test]
 fn damaged_files_never_panic_hang_or_lie() {
-    keycache::rebuild::set_settle_time(Duration::ZERO);
-    keycache::table::set_read_retry_time(Duration::ZERO);
     install_sigbus();
     let n = std::env::var("KEYCACHE_CORRUPTIONS")
         .ok()
@@ -617,8 +617,6 @@ fn damaged_files_never_panic_hang_or_lie() {
 /// never blocking.
 #[test]
 fn bank_files_that_are_not_regular_files_are_refused() {
-    keycache::rebuild::set_settle_time(Duration::ZERO);
-    keycache::table::set_read_retry_time(Duration::ZERO);
     let t = tempfile::tempdir().unwrap();
     let base = t.path().join("base");
     std::fs::create_dir(&base).unwrap();
@@ -659,22 +657,24 @@ fn bank_files_that_are_not_regular_files_are_refused() {
             let msgs = with_watchdog(ctx.clone(), move || {
                 let mut msgs = Vec::new();
                 // Library: open, read, list, write.
-                let r = Store::open_with(&d2, &layout().options()).and_then(|s| {
-                    let id = MinionId::new("host-001.corrupt.example").unwrap();
-                    s.get(&id)?;
-                    s.keys(None)?.count();
-                    s.denied_keys()?.count();
-                    s.put(
-                        &id,
-                        KeyState::Accepted,
-                        b"-----BEGIN PUBLIC KEY-----\nx\n-----END PUBLIC KEY-----\n",
-                    )?;
-                    s.deny(
-                        &id,
-                        b"-----BEGIN PUBLIC KEY-----\ny\n-----END PUBLIC KEY-----\n",
-                    )?;
-                    Ok(())
-                });
+                let r =
+                    Store::open_with(&d2, &layout().options_with(Duration::ZERO, Duration::ZERO))
+                        .and_then(|s| {
+                            let id = MinionId::new("host-001.corrupt.example").unwrap();
+                            s.get(&id)?;
+                            s.keys(None)?.count();
+                            s.denied_keys()?.count();
+                            s.put(
+                                &id,
+                                KeyState::Accepted,
+                                b"-----BEGIN PUBLIC KEY-----\nx\n-----END PUBLIC KEY-----\n",
+                            )?;
+                            s.deny(
+                                &id,
+                                b"-----BEGIN PUBLIC KEY-----\ny\n-----END PUBLIC KEY-----\n",
+                            )?;
+                            Ok(())
+                        });
                 let e = r.expect_err("refused");
                 msgs.push(e.to_string());
                 assert!(matches!(e, Error::NotARegularFile { .. }), "{n2}: {e:?}");
@@ -730,8 +730,6 @@ fn bank_files_that_are_not_regular_files_are_refused() {
 /// Header counters that overflow when added.
 #[test]
 fn stats_survive_absurd_header_counters() {
-    keycache::rebuild::set_settle_time(Duration::ZERO);
-    keycache::table::set_read_retry_time(Duration::ZERO);
     let t = tempfile::tempdir().unwrap();
     build(t.path());
     let idx = t.path().join(KEYS_INDEX);
@@ -739,7 +737,11 @@ fn stats_survive_absurd_header_counters() {
     b[1..9].copy_from_slice(&u64::MAX.to_le_bytes());
     b[9..17].copy_from_slice(&7u64.to_le_bytes());
     std::fs::write(&idx, &b).unwrap();
-    let s = Store::open_with(t.path(), &layout().options()).unwrap();
+    let s = Store::open_with(
+        t.path(),
+        &layout().options_with(Duration::ZERO, Duration::ZERO),
+    )
+    .unwrap();
     let _ = s.stats();
     let f = findings(&s).unwrap();
     assert!(!f.is_empty());
@@ -749,13 +751,15 @@ fn stats_survive_absurd_header_counters() {
 /// keycache checks lengths before touching mapped bytes past them.
 #[test]
 fn files_shrinking_under_an_open_store_are_reported_not_faulted() {
-    keycache::rebuild::set_settle_time(Duration::ZERO);
-    keycache::table::set_read_retry_time(Duration::ZERO);
     install_sigbus();
     let t = tempfile::tempdir().unwrap();
     let truth = build(t.path());
     set_case("files shrinking under an open store");
-    let s = Store::open_with(t.path(), &layout().options()).unwrap();
+    let s = Store::open_with(
+        t.path(),
+        &layout().options_with(Duration::ZERO, Duration::ZERO),
+    )
+    .unwrap();
     // Warm the mappings.
     for id in truth.keys.keys() {
         s.get(&MinionId::new(id.clone()).unwrap()).unwrap();

@@ -90,9 +90,10 @@ fn kc(dir: &Path, extra: &[&str]) -> std::process::Output {
     kc_cmd().args(args_of(dir, extra)).output().unwrap()
 }
 
-/// Rebuilds in this process do not wait for Salt's writers either.
-fn no_settle() {
-    keycache::rebuild::set_settle_time(Duration::ZERO);
+/// Open options of the crash tests: rebuilds in this process do not wait
+/// for Salt's writers either.
+fn opts() -> keycache::OpenOptions {
+    layout().options_with(keycache::table::DEFAULT_READ_RETRY, Duration::ZERO)
 }
 
 /// Global tallies, printed by the tests.
@@ -243,8 +244,7 @@ fn child_writer() {
     let mut rng = Rng(env_u64("KEYCACHE_CRASH_SEED", 1) | 1);
     let seq0 = env_u64("KEYCACHE_CRASH_SEQ", 0);
     let max = env_u64("KEYCACHE_CRASH_OPS", u64::MAX);
-    no_settle();
-    let store = Store::open_with(&dir, &layout().options()).unwrap();
+    let store = Store::open_with(&dir, &opts()).unwrap();
     println!("@@READY");
     for seq in seq0..seq0.saturating_add(max) {
         let op = random_op(&mut rng, seq, 0);
@@ -422,8 +422,7 @@ fn try_check_crashed(
     after: &Model,
     tally: &mut Tally,
 ) -> Result<Model, Problem> {
-    let store =
-        Store::open_with(dir, &layout().options()).map_err(|e| (None, format!("reopen: {e}")))?;
+    let store = Store::open_with(dir, &opts()).map_err(|e| (None, format!("reopen: {e}")))?;
     let got = read_model(&store)?;
     for id in ids() {
         let ok = |m: &Model| m.keys.get(&id) == got.keys.get(&id);
@@ -506,7 +505,7 @@ fn try_check_crashed(
             ));
         }
         tally.repaired += 1;
-        let store = Store::open_with(dir, &layout().options()).unwrap();
+        let store = Store::open_with(dir, &opts()).unwrap();
         assert!(findings(&store).is_empty(), "not clean after repair");
         assert_eq!(Model::read(&store), got, "repair changed entries");
         assert_eq!(listing(&store), got, "listing after repair");
@@ -612,7 +611,6 @@ fn temp_files(dir: &Path) -> Vec<String> {
 
 #[test]
 fn writer_killed_at_random_moments() {
-    no_settle();
     let n = kills();
     let t = tempfile::tempdir().unwrap();
     let dir = t.path().join("store");
@@ -1083,7 +1081,6 @@ fn stdout_of(s: &tracer::Stop, text: &mut String) -> bool {
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
 #[test]
 fn writer_killed_at_random_syscalls() {
-    no_settle();
     let n = kills() * 2 / 3;
     let t = tempfile::tempdir().unwrap();
     let dir = t.path().join("store");
@@ -1198,7 +1195,6 @@ fn syscall_name(nr: i64) -> String {
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
 #[test]
 fn writer_power_loss() {
-    no_settle();
     let torn = power_loss_runs((kills() / 50).max(2), 0x9999_aaaa_5555);
     eprintln!("power loss (writer): {torn} images with a slot torn across pages (known bug)");
 }
@@ -1211,7 +1207,6 @@ fn writer_power_loss() {
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
 #[test]
 fn writer_power_loss_never_tears_a_slot() {
-    no_settle();
     let torn = power_loss_runs(8, 0x1357_2468);
     assert_eq!(torn, 0, "images with a torn slot");
 }
@@ -1233,7 +1228,7 @@ fn power_loss_runs(runs: u64, seed: u64) -> u64 {
         std::fs::create_dir(&dir).unwrap();
         // A store with some history, durable before the run.
         let seed_log = {
-            let store = Store::open_with(&dir, &layout().options()).unwrap();
+            let store = Store::open_with(&dir, &opts()).unwrap();
             let mut m = Model::default();
             // Odd runs start from an empty directory (bank creation).
             for s in 0..(30 * (run % 2)) {
@@ -1317,7 +1312,7 @@ fn power_loss_runs(runs: u64, seed: u64) -> u64 {
 /// several heap segments.
 fn history_store(dir: &Path, rng: &mut Rng) -> Value {
     std::fs::create_dir_all(dir).unwrap();
-    let store = Store::open_with(dir, &layout().options()).unwrap();
+    let store = Store::open_with(dir, &opts()).unwrap();
     for s in 0..60 {
         let op = random_op(rng, 2_000_000 + s, 1);
         apply(&store, &op).unwrap();
@@ -1419,7 +1414,7 @@ fn copy_tree(from: &Path, to: &Path) {
 }
 
 fn assert_clean(dir: &Path, ctx: &str) {
-    let store = Store::open_with(dir, &layout().options()).unwrap_or_else(|e| panic!("{ctx}: {e}"));
+    let store = Store::open_with(dir, &opts()).unwrap_or_else(|e| panic!("{ctx}: {e}"));
     let f = findings(&store);
     assert!(f.is_empty(), "{ctx}: {f:?}");
 }
@@ -1427,7 +1422,6 @@ fn assert_clean(dir: &Path, ctx: &str) {
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
 #[test]
 fn compact_killed_at_every_step() {
-    no_settle();
     let t = tempfile::tempdir().unwrap();
     let template = t.path().join("template");
     let want = history_store(&template.join("store"), &mut Rng(31337));
@@ -1470,7 +1464,6 @@ fn compact_killed_at_every_step() {
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
 #[test]
 fn compact_to_size_killed_at_every_step() {
-    no_settle();
     let t = tempfile::tempdir().unwrap();
     let template = t.path().join("template");
     let want = history_store(&template.join("store"), &mut Rng(4711));
@@ -1510,7 +1503,11 @@ fn compact_to_size_killed_at_every_step() {
             );
             let size = k / 96;
             let l = Layout { size, ..layout() };
-            let store = Store::open_with(dir, &l.options()).unwrap();
+            let store = Store::open_with(
+                dir,
+                &l.options_with(keycache::table::DEFAULT_READ_RETRY, Duration::ZERO),
+            )
+            .unwrap();
             let f = verify::verify_store(&store).unwrap();
             assert!(f.is_empty(), "{ctx}: {f:?}");
             assert_eq!(common::kc_dump(dir, &l), want, "{ctx}: entries changed");
@@ -1546,7 +1543,6 @@ fn make_tree(root: &Path, rng: &mut Rng) {
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
 #[test]
 fn migrate_killed_at_every_step() {
-    no_settle();
     let t = tempfile::tempdir().unwrap();
     let template = t.path().join("template");
     let mut rng = Rng(0xbeef);
@@ -1625,7 +1621,6 @@ fn migrate_killed_at_every_step() {
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
 #[test]
 fn journal_left_by_root_is_finished_by_the_masters_user() {
-    no_settle();
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
     use std::os::unix::process::CommandExt;
     if !is_root() {
@@ -1699,7 +1694,6 @@ fn journal_left_by_root_is_finished_by_the_masters_user() {
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
 #[test]
 fn journal_of_a_moved_store_rolls_forward_and_never_reaches_outside() {
-    no_settle();
     let t = tempfile::tempdir().unwrap();
     let dir = t.path().join("a/store");
     let want = history_store(&dir, &mut Rng(7));
@@ -1739,7 +1733,7 @@ fn journal_of_a_moved_store_rolls_forward_and_never_reaches_outside() {
         ),
     )
     .unwrap();
-    let r = Store::open_with(&moved, &layout().options());
+    let r = Store::open_with(&moved, &opts());
     let e = r.expect_err("a hostile journal is refused");
     assert!(e.to_string().contains("journal"), "{e}");
     assert_eq!(std::fs::read(&victim).unwrap(), b"precious");

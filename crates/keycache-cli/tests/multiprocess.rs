@@ -101,15 +101,16 @@ fn run(secs: u64) -> u64 {
     // whatever the environment says.
     // (`KEYCACHE_MP_NO_SETTLE=1` drops it, to show what Salt's writers do
     // without it.)
-    keycache::rebuild::set_settle_time(if std::env::var_os("KEYCACHE_MP_NO_SETTLE").is_some() {
+    let settle = if std::env::var_os("KEYCACHE_MP_NO_SETTLE").is_some() {
         Duration::ZERO
     } else {
         keycache::rebuild::DEFAULT_SETTLE
-    });
+    };
     let l = layout();
     let t = tempfile::tempdir().unwrap();
     let dir = t.path().to_path_buf();
-    let store = Arc::new(Store::open_with(&dir, &l.options()).unwrap());
+    let opts = l.options_with(keycache::table::DEFAULT_READ_RETRY, settle);
+    let store = Arc::new(Store::open_with(&dir, &opts).unwrap());
     let t_ids: Vec<String> = (0..30).map(|i| format!("t-{i:02}.mp.example")).collect();
     let c_ids: Vec<String> = (0..40).map(|i| format!("c-{i:02}.mp.example")).collect();
     let s_ids: Vec<String> = (0..30).map(|i| format!("s-{i:02}.mp.example")).collect();
@@ -417,7 +418,7 @@ fn run(secs: u64) -> u64 {
     );
 
     // The end state: every owner's last word, as keycache and Salt read it.
-    let fresh = Store::open_with(&dir, &l.options()).unwrap();
+    let fresh = Store::open_with(&dir, &opts).unwrap();
     let read = |id: &str| {
         let m = MinionId::new(id).unwrap();
         (

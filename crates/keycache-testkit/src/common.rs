@@ -72,11 +72,28 @@ impl Layout {
         }
     }
 
+    /// Open options of this layout: no refresh interval, the library's
+    /// default tunables.
     pub fn options(&self) -> keycache::OpenOptions {
         keycache::OpenOptions {
             params: self.params(),
             refresh: std::time::Duration::from_millis(0),
-            ownership: None,
+            ..keycache::OpenOptions::default()
+        }
+    }
+
+    /// [`Layout::options`] with the given read retry time and rebuild
+    /// settle time (zero: damaged stores read at full speed, rebuilds that
+    /// no Salt writer shares do not wait).
+    pub fn options_with(
+        &self,
+        read_retry: std::time::Duration,
+        rebuild_settle: std::time::Duration,
+    ) -> keycache::OpenOptions {
+        keycache::OpenOptions {
+            read_retry,
+            rebuild_settle,
+            ..self.options()
         }
     }
 }

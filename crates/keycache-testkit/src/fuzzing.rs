@@ -108,6 +108,8 @@ fn opts(params: Params) -> OpenOptions {
         params,
         refresh: Duration::ZERO,
         ownership: None,
+        read_retry: Duration::ZERO,
+        rebuild_settle: Duration::ZERO,
     }
 }
 
@@ -436,8 +438,6 @@ fn snapshot(root: &Path) -> BTreeMap<PathBuf, (char, Vec<u8>)> {
 /// Opens, reads, lists, verifies, repairs and compacts a store made of the
 /// input's bytes; checks every answer against a reference reader.
 pub fn store_bytes(data: &[u8]) {
-    keycache::rebuild::set_settle_time(Duration::ZERO);
-    keycache::table::set_read_retry_time(Duration::ZERO);
     let mut inp = Input::new(data);
     let (b0, b1) = (inp.u8(), inp.u8());
     let p = store_params(b0, b1);
@@ -975,8 +975,6 @@ fn mtimes(store: &Store) -> BTreeMap<(bool, String), u64> {
 
 /// Random operation sequences on tiny tables, checked against a model.
 pub fn ops_model(data: &[u8]) {
-    keycache::rebuild::set_settle_time(Duration::ZERO);
-    keycache::table::set_read_retry_time(Duration::ZERO);
     const SIZES: [u64; 5] = [2, 3, 5, 9, 13];
     const SEG_CAPS: [u64; 4] = [40, 100, 400, 1 << 20];
     let mut inp = Input::new(data);
@@ -1148,8 +1146,6 @@ fn big_pem(len: usize) -> Vec<u8> {
 /// Migrates a tree made from the input and checks the result against a
 /// model of the migrator's rules.
 pub fn migrate_tree(data: &[u8]) {
-    keycache::rebuild::set_settle_time(Duration::ZERO);
-    keycache::table::set_read_retry_time(Duration::ZERO);
     let mut inp = Input::new(data);
     let flags = inp.u8();
     let (replace, skip_long, existing, dry_run) = (
@@ -1376,6 +1372,7 @@ pub fn migrate_tree(data: &[u8]) {
         replace,
         skip_long_ids: skip_long,
         ownership: None,
+        rebuild_settle: Duration::ZERO,
     };
     let r = migrate::migrate(&pki, &mo, &|_, _| {});
     assert_eq!(snapshot(&pki), tree_before, "the tree changed");

@@ -104,6 +104,7 @@ fn library_store_seeds(out: &Path) -> usize {
                     params: p,
                     refresh: std::time::Duration::ZERO,
                     ownership: None,
+                    ..OpenOptions::default()
                 },
             )
             .unwrap();

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use crate::error::{Error, Result};
 use crate::files::Ownership;
 use crate::layout::Params;
-use crate::rebuild::{self, Commit, Image};
+use crate::rebuild::{self, Image};
 use crate::store::{KeyState, Store, DENIED_INDEX, KEYS_INDEX};
 use crate::table::OpenOptions;
 
@@ -41,7 +41,7 @@ pub const TREE_DIRS: [&str; 4] = [
 ];
 
 /// Options of [`migrate`].
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct MigrateOptions {
     /// Layout of the target banks.
     pub params: Params,
@@ -55,6 +55,22 @@ pub struct MigrateOptions {
     pub skip_long_ids: bool,
     /// Owner and mode of new files (default: those of the target directory, 0600).
     pub ownership: Option<Ownership>,
+    /// [`OpenOptions::rebuild_settle`] of the rebuild that swaps the banks in.
+    pub rebuild_settle: std::time::Duration,
+}
+
+impl Default for MigrateOptions {
+    fn default() -> Self {
+        MigrateOptions {
+            params: Params::default(),
+            out: None,
+            dry_run: false,
+            replace: false,
+            skip_long_ids: false,
+            ownership: None,
+            rebuild_settle: crate::rebuild::DEFAULT_SETTLE,
+        }
+    }
 }
 
 /// Why an entry of the tree was not migrated.
@@ -1005,6 +1021,7 @@ pub fn migrate(
     let topts = OpenOptions {
         params: opts.params,
         ownership: opts.ownership,
+        rebuild_settle: opts.rebuild_settle,
         ..OpenOptions::default()
     };
     let store = if target.is_dir() {
@@ -1018,23 +1035,10 @@ pub fn migrate(
     if let (Some(store), false) = (&store, opts.dry_run) {
         let kt = store.keys_table();
         let dt = store.denied_table();
-        kt.exclusive(|| {
-            dt.exclusive(|| {
-                rebuild::remove_temps_of(kt.path())?;
-                rebuild::remove_temps_of(dt.path())?;
-                plan = tree.plan(Some(store), &target, opts)?;
-                let (kimg, dimg) = tree.images(&plan, &target, opts.params)?;
-                let mut c = Commit::default();
-                let own = kt.ownership();
-                c.stage_all(
-                    vec![
-                        (kt.path().to_path_buf(), kimg),
-                        (dt.path().to_path_buf(), dimg),
-                    ],
-                    &own,
-                )?;
-                c.apply()
-            })
+        rebuild::replace(&[kt, dt], || {
+            plan = tree.plan(Some(store), &target, opts)?;
+            let (kimg, dimg) = tree.images(&plan, &target, opts.params)?;
+            Ok(vec![kimg, dimg])
         })?;
     }
     report.kept = plan.kept;

@@ -14,6 +14,7 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::files::{self, Ownership};
@@ -383,7 +384,7 @@ impl Segment {
 
 /// A set of bank images to swap into place together.
 #[derive(Debug, Default)]
-pub struct Commit {
+struct Commit {
     renames: Vec<(PathBuf, PathBuf)>,
     removals: Vec<PathBuf>,
     locks: Vec<PathBuf>,
@@ -525,15 +526,10 @@ fn write_all(jobs: &[(PathBuf, File, Body<'_>)]) -> Result<()> {
 }
 
 impl Commit {
-    /// Writes `image` for the bank whose index is `index` under temporary
-    /// names (fsynced), to be renamed into place by [`Commit::apply`].
-    pub fn stage(&mut self, index: &Path, image: Image, own: &Ownership) -> Result<()> {
-        self.stage_all(vec![(index.to_path_buf(), image)], own)
-    }
-
-    /// [`Commit::stage`] for several banks (index path, image) at once: the
-    /// files of all of them are written and fsynced together.
-    pub fn stage_all(&mut self, banks: Vec<(PathBuf, Image)>, own: &Ownership) -> Result<()> {
+    /// Writes the images of several banks (index path, image) under
+    /// temporary names, all of them written and fsynced together, to be
+    /// renamed into place by [`Commit::apply`].
+    fn stage_all(&mut self, banks: Vec<(PathBuf, Image)>, own: &Ownership) -> Result<()> {
         let rosters: Vec<Vec<u8>> = banks
             .iter()
             .map(|(_, image)| roster::encode(&image.roster))
@@ -601,7 +597,10 @@ impl Commit {
 
     /// Journals the renames, performs them, removes stale segments and the
     /// journal. The caller holds the locks of every bank staged.
-    pub fn apply(self) -> Result<()> {
+    ///
+    /// `settle` is how long to keep the locks after the renames while other
+    /// processes map the replaced files ([`DEFAULT_SETTLE`]).
+    fn apply(self, settle: Duration) -> Result<()> {
         let Some(dir) = self.dir.clone() else {
             return Ok(());
         };
@@ -613,7 +612,7 @@ impl Commit {
         remove_matching(&dir, |n| n.starts_with(JOURNAL_TMP_PREFIX))?;
         let held: Vec<String> = self.locks.iter().filter_map(|l| file_name(l)).collect();
         // A journal that a crash left for another bank of this directory.
-        process_journal(&dir, &held)?;
+        process_journal(&dir, &held, settle)?;
         let mut text = String::new();
         let name = |p: &Path| file_name(p).unwrap_or_default();
         for l in &self.locks {
@@ -639,13 +638,12 @@ impl Commit {
         write_file(&tmp, text.as_bytes(), &dir_ownership(&dir))?;
         files::rename(&tmp, &journal)?;
         files::sync_dir(&dir)?;
-        finish(&dir, &steps)
+        finish(&dir, &steps, settle)
     }
 }
 
 /// How long a rebuild keeps its banks locked after renaming the new files
-/// into place, unless set otherwise (`KEYCACHE_REBUILD_SETTLE_MS` or
-/// [`set_settle_time`]).
+/// into place, unless set otherwise ([`crate::OpenOptions::rebuild_settle`]).
 ///
 /// Salt 3008's writers re-check whether the index was replaced at most every
 /// 0.25 s (`MmapCache.open`, `staleness_check_interval`), also under the
@@ -657,28 +655,6 @@ impl Commit {
 /// new files. The wait happens only when another process maps one of the
 /// replaced files (found in `/proc/PID/maps`).
 pub const DEFAULT_SETTLE: std::time::Duration = std::time::Duration::from_millis(300);
-
-static SETTLE_MS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(u64::MAX);
-
-/// Sets, for this process, how long rebuilds keep their banks locked after
-/// the renames (see [`DEFAULT_SETTLE`]); zero where no Salt writer shares the
-/// store (tests, fuzzing).
-#[doc(hidden)]
-pub fn set_settle_time(d: std::time::Duration) {
-    SETTLE_MS.store(d.as_millis() as u64, std::sync::atomic::Ordering::Relaxed);
-}
-
-fn settle_time() -> std::time::Duration {
-    let ms = SETTLE_MS.load(std::sync::atomic::Ordering::Relaxed);
-    if ms != u64::MAX {
-        return std::time::Duration::from_millis(ms);
-    }
-    std::env::var("KEYCACHE_REBUILD_SETTLE_MS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .map(std::time::Duration::from_millis)
-        .unwrap_or(DEFAULT_SETTLE)
-}
 
 /// Prefix of a journal being written.
 const JOURNAL_TMP_PREFIX: &str = ".keycache-journal.new.";
@@ -772,7 +748,7 @@ fn parse_journal(text: &str) -> std::result::Result<Vec<Step>, String> {
 /// files that another process maps were replaced, waits out Salt's
 /// staleness interval (see [`DEFAULT_SETTLE`]) before the caller releases
 /// the locks.
-fn finish(dir: &Path, steps: &[Step]) -> Result<()> {
+fn finish(dir: &Path, steps: &[Step], settle: Duration) -> Result<()> {
     use std::os::unix::fs::MetadataExt;
     // The files about to be replaced, to look for them in other processes'
     // mappings afterwards.
@@ -803,7 +779,7 @@ fn finish(dir: &Path, steps: &[Step]) -> Result<()> {
     files::remove_if_exists(&dir.join(JOURNAL))?;
     files::sync_dir(dir)?;
     if !replaced.is_empty() && mapped_elsewhere(&replaced) {
-        std::thread::sleep(settle_time());
+        std::thread::sleep(settle);
     }
     Ok(())
 }
@@ -866,7 +842,7 @@ fn mapped_elsewhere(files: &[(u64, u64)]) -> bool {
 /// `held` are the names of the bank lock files the caller holds; the other
 /// banks' locks that the journal names are taken here (waiting at most
 /// [`OTHER_LOCK_WAIT`]: their holder finishes the journal when it gets ours).
-fn process_journal(dir: &Path, held: &[String]) -> Result<()> {
+fn process_journal(dir: &Path, held: &[String], settle: Duration) -> Result<()> {
     let journal = dir.join(JOURNAL);
     let text = match files::open_regular(&journal, false) {
         Ok(mut f) => {
@@ -926,7 +902,7 @@ fn process_journal(dir: &Path, held: &[String]) -> Result<()> {
         }
         locks.push(f);
     }
-    finish(dir, &steps)?;
+    finish(dir, &steps, settle)?;
     drop(locks);
     Ok(())
 }
@@ -934,13 +910,13 @@ fn process_journal(dir: &Path, held: &[String]) -> Result<()> {
 /// Finishes a rebuild that a crash interrupted, if `dir` has a complete
 /// journal. `held` is the lock file the caller already holds; the locks of
 /// the other banks in the journal are taken here.
-pub(crate) fn roll_forward(dir: &Path, held: Option<&Path>) -> Result<()> {
+pub(crate) fn roll_forward(dir: &Path, held: Option<&Path>, settle: Duration) -> Result<()> {
     if std::fs::symlink_metadata(dir.join(JOURNAL)).is_err() {
         return Ok(());
     }
     let _journal_lock = lock_journal(dir)?;
     let held: Vec<String> = held.and_then(file_name).into_iter().collect();
-    process_journal(dir, &held)
+    process_journal(dir, &held, settle)
 }
 
 /// Finishes a rebuild of a bank of `dir` that a crash interrupted, when it
@@ -948,8 +924,10 @@ pub(crate) fn roll_forward(dir: &Path, held: Option<&Path>) -> Result<()> {
 /// banks it names. A tool that reads a store's layout off its files (the
 /// table size from an index's length) calls this first: a compaction into
 /// another size is half-way between the two sizes until its journal is done.
-pub fn finish_interrupted(dir: &Path) -> Result<()> {
-    roll_forward(dir, None)
+///
+/// `settle` is [`crate::OpenOptions::rebuild_settle`].
+pub fn finish_interrupted(dir: &Path, settle: Duration) -> Result<()> {
+    roll_forward(dir, None, settle)
 }
 
 /// Removes leftovers of rebuilds killed before their journal was written,
@@ -991,7 +969,46 @@ fn remove_matching(dir: &Path, f: impl Fn(&str) -> bool) -> Result<()> {
 /// Refuses (changing nothing) when an entry cannot be read intact: run
 /// `keycache verify --repair` first.
 pub fn compact(table: &Table, size: Option<u64>) -> Result<()> {
-    table.replace_with(|t| compacted(t, size))
+    replace(&[table], || Ok(vec![compacted(table, size)?]))
+}
+
+/// Replaces the banks of `tables` (one or two banks of one directory, locked
+/// in the order given) by the images that `build` makes under their locks,
+/// in one atomic rebuild: leftovers of killed rebuilds are removed first,
+/// then the images are staged under temporary names and renamed into place
+/// through one journal. A failure of `build` (or a crash) changes nothing.
+pub(crate) fn replace(tables: &[&Table], build: impl FnOnce() -> Result<Vec<Image>>) -> Result<()> {
+    let Some(first) = tables.first() else {
+        return Ok(());
+    };
+    let run = || -> Result<()> {
+        for t in tables {
+            remove_temps_of(t.path())?;
+        }
+        let images = build()?;
+        if images.len() != tables.len() {
+            return Err(Error::InvalidParams(format!(
+                "a rebuild of {} banks was given {} images",
+                tables.len(),
+                images.len()
+            )));
+        }
+        let banks = tables
+            .iter()
+            .zip(images)
+            .map(|(t, image)| (t.path().to_path_buf(), image))
+            .collect();
+        let mut c = Commit::default();
+        c.stage_all(banks, &first.ownership())?;
+        c.apply(first.rebuild_settle())
+    };
+    match tables {
+        [t] => t.exclusive(run),
+        [k, d] => k.exclusive(|| d.exclusive(run)),
+        _ => Err(Error::InvalidParams(
+            "a rebuild replaces one or two banks".into(),
+        )),
+    }
 }
 
 /// The image of `table` compacted (see [`compact`]); the caller holds its

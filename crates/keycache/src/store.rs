@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
 use crate::id::MinionId;
+use crate::layout::Params;
 use crate::table::{self, Applied, Entry, Found, OpenOptions, Table, TableStats, Txn, View};
 
 /// Index file of the `keys` bank, in the store directory.
@@ -361,7 +362,7 @@ impl Store {
             });
         }
         if dir.join(crate::rebuild::JOURNAL).exists() {
-            Table::open(dir.join(KEYS_INDEX), opts)?.settle()?;
+            Table::open(dir.join(KEYS_INDEX), opts)?.finish_interrupted()?;
         }
         Ok(Store {
             keys: Table::open(dir.join(KEYS_INDEX), opts)?,
@@ -611,17 +612,11 @@ impl Store {
     /// size too small) or a crash leaves both as they were, or both new.
     pub fn compact(&self, size: Option<u64>) -> Result<()> {
         let (kt, dt) = (&self.keys, &self.denied);
-        kt.exclusive(|| {
-            dt.exclusive(|| {
-                crate::rebuild::remove_temps_of(kt.path())?;
-                crate::rebuild::remove_temps_of(dt.path())?;
-                let kimg = crate::rebuild::compacted(kt, size)?;
-                let dimg = crate::rebuild::compacted(dt, size)?;
-                let mut c = crate::rebuild::Commit::default();
-                c.stage(kt.path(), kimg, &kt.ownership())?;
-                c.stage(dt.path(), dimg, &dt.ownership())?;
-                c.apply()
-            })
+        crate::rebuild::replace(&[kt, dt], || {
+            Ok(vec![
+                crate::rebuild::compacted(kt, size)?,
+                crate::rebuild::compacted(dt, size)?,
+            ])
         })
     }
 }
@@ -702,4 +697,37 @@ fn _assert_send_sync() {
     fn f<T: Send + Sync>() {}
     f::<Store>();
     f::<table::Table>();
+}
+
+impl Params {
+    /// The layout of the store in `dir`: `opts.params` with the table size
+    /// read off its index files (see [`Params::from_files`]), after finishing
+    /// a rebuild that a crash interrupted (a compaction into another size is
+    /// half-way between two sizes until its journal is done).
+    pub fn detect(dir: impl AsRef<Path>, opts: &OpenOptions) -> Result<Params> {
+        let dir = dir.as_ref();
+        if dir.join(crate::rebuild::JOURNAL).exists() {
+            crate::rebuild::finish_interrupted(dir, opts.rebuild_settle)?;
+        }
+        Ok(Params::from_files(dir, opts.params))
+    }
+
+    /// `base` with the table size read off the store's index files: the
+    /// length of the first regular, non-empty `keys` or `denied_keys` index
+    /// whose length is a multiple of `base.slot_size`, divided by it. `base`
+    /// as it is when there is no such file. Reads only: a journal left by a
+    /// crash is not finished (see [`Params::detect`]).
+    pub fn from_files(dir: impl AsRef<Path>, base: Params) -> Params {
+        let dir = dir.as_ref();
+        let slot = base.slot_size as u64;
+        let size = [KEYS_INDEX, DENIED_INDEX]
+            .iter()
+            .filter_map(|n| std::fs::symlink_metadata(dir.join(n)).ok())
+            .find(|m| m.is_file() && slot > 0 && m.len() > 0 && m.len() % slot == 0)
+            .map(|m| m.len() / slot);
+        Params {
+            size: size.unwrap_or(base.size),
+            ..base
+        }
+    }
 }

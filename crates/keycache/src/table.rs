@@ -51,7 +51,7 @@ const READ_ATTEMPTS: u32 = 64;
 
 /// How long, in all, a lookup keeps re-reading an entry that still fails its
 /// checksum after the quick rounds, before reporting it corrupt, unless set
-/// otherwise ([`set_read_retry_time`], or `KEYCACHE_READ_RETRY_MS`).
+/// otherwise ([`OpenOptions::read_retry`]).
 ///
 /// Salt's writer rewrites a record in place and fsyncs the heap *before* it
 /// stores the record's new length in the slot: for the length of that fsync
@@ -67,30 +67,6 @@ pub const DEFAULT_READ_RETRY: Duration = Duration::from_secs(1);
 
 /// How long after a lookup gave up other reads skip the wait.
 const GAVE_UP_COOLDOWN_NS: u64 = 10_000_000_000;
-
-static READ_RETRY_MS: AtomicU64 = AtomicU64::new(u64::MAX);
-
-/// Sets, for this process, how long readers wait for an entry that fails its
-/// checksum to be finished by a writer (see [`DEFAULT_READ_RETRY`]); zero
-/// keeps only the quick rounds (tests of damaged stores, fuzzing).
-pub fn set_read_retry_time(d: Duration) {
-    READ_RETRY_MS.store(
-        u64::try_from(d.as_millis()).unwrap_or(u64::MAX - 1),
-        Ordering::Relaxed,
-    );
-}
-
-fn read_retry_time() -> Duration {
-    let ms = READ_RETRY_MS.load(Ordering::Relaxed);
-    if ms != u64::MAX {
-        return Duration::from_millis(ms);
-    }
-    std::env::var("KEYCACHE_READ_RETRY_MS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .map(Duration::from_millis)
-        .unwrap_or(DEFAULT_READ_RETRY)
-}
 
 /// The retry policy of one read: quick rounds, then a bounded wait.
 struct Retry<'t> {
@@ -128,7 +104,7 @@ impl<'t> Retry<'t> {
             now + if recent {
                 Duration::ZERO
             } else {
-                read_retry_time()
+                self.table.read_retry
             }
         });
         if now >= deadline {
@@ -153,6 +129,15 @@ pub struct OpenOptions {
     pub refresh: Duration,
     /// Owner and mode of files this handle creates.
     pub ownership: Option<Ownership>,
+    /// How long, in all, a lookup keeps re-reading an entry that fails its
+    /// checksum before reporting it corrupt (see [`DEFAULT_READ_RETRY`]);
+    /// zero keeps only the quick rounds (damaged stores, fuzzing).
+    pub read_retry: Duration,
+    /// How long a rebuild keeps its banks locked after renaming new files
+    /// into place while other processes map the old ones (see
+    /// [`crate::rebuild::DEFAULT_SETTLE`]); zero where no Salt writer shares
+    /// the store.
+    pub rebuild_settle: Duration,
 }
 
 impl Default for OpenOptions {
@@ -161,6 +146,8 @@ impl Default for OpenOptions {
             params: Params::default(),
             refresh: Duration::from_millis(250),
             ownership: None,
+            read_retry: DEFAULT_READ_RETRY,
+            rebuild_settle: crate::rebuild::DEFAULT_SETTLE,
         }
     }
 }
@@ -289,6 +276,8 @@ pub struct Table {
     next_check: AtomicU64,
     /// When a read last gave up on an entry (coarse clock, ns; 0: never).
     gave_up_at: AtomicU64,
+    read_retry: Duration,
+    rebuild_settle: Duration,
     writer: Mutex<WriterState>,
 }
 
@@ -409,6 +398,8 @@ impl Table {
                 map::coarse_now_ns().saturating_add(opts.refresh.as_nanos() as u64),
             ),
             gave_up_at: AtomicU64::new(0),
+            read_retry: opts.read_retry,
+            rebuild_settle: opts.rebuild_settle,
             writer: Mutex::new(WriterState::default()),
         })
     }
@@ -942,13 +933,7 @@ impl Table {
         &self,
         build: impl FnOnce(&Table) -> Result<crate::rebuild::Image>,
     ) -> Result<()> {
-        self.exclusive(|| {
-            crate::rebuild::remove_temps_of(&self.path)?;
-            let image = build(self)?;
-            let mut c = crate::rebuild::Commit::default();
-            c.stage(&self.path, image, &self.ownership)?;
-            c.apply()
-        })
+        crate::rebuild::replace(&[self], || Ok(vec![build(self)?]))
     }
 
     /// The live entries in roster order, as Salt lists them: tombstones,
@@ -1006,6 +991,12 @@ impl Table {
         self.ownership
     }
 
+    /// How long a rebuild of this bank keeps its lock after the renames
+    /// ([`OpenOptions::rebuild_settle`]).
+    pub(crate) fn rebuild_settle(&self) -> Duration {
+        self.rebuild_settle
+    }
+
     /// Runs `f` holding the bank's write lock (this process's mutex, then
     /// `flock` on the `.lock` file). `f` gets the index mapped for writing,
     /// (re)opened on the current file, creating the bank when `create`.
@@ -1041,7 +1032,8 @@ impl Table {
         lock.lock()
             .map_err(|e| Error::io(lock_path(), "flock", e))?;
         let result =
-            crate::rebuild::roll_forward(&self.dir, Some(&lock_path())).and_then(|()| f(ws));
+            crate::rebuild::roll_forward(&self.dir, Some(&lock_path()), self.rebuild_settle)
+                .and_then(|()| f(ws));
         let unlock = lock
             .unlock()
             .map_err(|e| Error::io(lock_path(), "unlock", e));
@@ -1067,7 +1059,7 @@ impl Table {
     }
 
     /// Finishes a rebuild that a crash interrupted, if any.
-    pub(crate) fn settle(&self) -> Result<()> {
+    pub(crate) fn finish_interrupted(&self) -> Result<()> {
         self.locked(|_| Ok(()))
     }
 

@@ -24,6 +24,7 @@ fn opts(size: u64, max_segment_bytes: u64, refresh_ms: u64) -> OpenOptions {
         },
         refresh: Duration::from_millis(refresh_ms),
         ownership: None,
+        ..OpenOptions::default()
     }
 }
 

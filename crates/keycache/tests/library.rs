@@ -22,6 +22,7 @@ fn small(size: u64, seg: u64) -> OpenOptions {
         },
         refresh: Duration::from_millis(0),
         ownership: None,
+        ..OpenOptions::default()
     }
 }
 

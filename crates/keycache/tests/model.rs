@@ -174,6 +174,7 @@ fn options(size: u64, max_segment_bytes: u64, refresh_ms: u64) -> OpenOptions {
         },
         refresh: Duration::from_millis(refresh_ms),
         ownership: None,
+        ..OpenOptions::default()
     }
 }
 
