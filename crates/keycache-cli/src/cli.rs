@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 use serde_json::{json, Value};
 
-use keycache::layout::{self, Params};
+use keycache::format::{self, Params};
 use keycache::migrate::{self, MigrateOptions};
 use keycache::store::{KeyState, Store};
 use keycache::table::OpenOptions;
@@ -35,13 +35,13 @@ pub struct Layout {
     #[arg(long, value_name = "N")]
     size: Option<u64>,
     /// Bytes per slot (`mmap_key_slot_size`).
-    #[arg(long, value_name = "N", default_value_t = layout::DEFAULT_SLOT_SIZE)]
+    #[arg(long, value_name = "N", default_value_t = format::DEFAULT_SLOT_SIZE)]
     slot_size: usize,
     /// Bytes of minion id per slot (`mmap_key_id_size`).
-    #[arg(long, value_name = "N", default_value_t = layout::DEFAULT_ID_SIZE)]
+    #[arg(long, value_name = "N", default_value_t = format::DEFAULT_ID_SIZE)]
     id_size: usize,
     /// Cap of one heap segment (`mmap_key_max_segment_bytes`).
-    #[arg(long, value_name = "N", default_value_t = layout::DEFAULT_MAX_SEGMENT_BYTES)]
+    #[arg(long, value_name = "N", default_value_t = format::DEFAULT_MAX_SEGMENT_BYTES)]
     max_segment_bytes: u64,
 }
 
@@ -57,7 +57,7 @@ impl Layout {
     /// when `finish` (a dry run writes nothing).
     fn params_of(&self, dir: &Path, finish: bool) -> Result<Params, Error> {
         let base = self.options(Params {
-            size: self.size.unwrap_or(layout::DEFAULT_SIZE),
+            size: self.size.unwrap_or(format::DEFAULT_SIZE),
             slot_size: self.slot_size,
             id_size: self.id_size,
             max_segment_bytes: self.max_segment_bytes,

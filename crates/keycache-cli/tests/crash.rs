@@ -340,9 +340,9 @@ fn legit_after_crash(f: &Finding) -> bool {
             || (f.slot.is_none()
                 && matches!(
                     f.offset,
-                    Some(o) if o == keycache::layout::HDR_OCCUPIED as u64
-                        || o == keycache::layout::HDR_DELETED as u64
-                        || o == keycache::layout::HDR_HWM as u64
+                    Some(o) if o == keycache::format::HDR_OCCUPIED as u64
+                        || o == keycache::format::HDR_DELETED as u64
+                        || o == keycache::format::HDR_HWM as u64
                 )))
 }
 

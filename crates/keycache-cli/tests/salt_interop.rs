@@ -296,9 +296,9 @@ fn layout_hash_is_pythons_xxh3() {
     assert_eq!(
         v,
         vec![
-            keycache::layout::hash(b""),
-            keycache::layout::hash(b"a"),
-            keycache::layout::hash(b"web-01.dc1.example.com")
+            keycache::format::hash(b""),
+            keycache::format::hash(b"a"),
+            keycache::format::hash(b"web-01.dc1.example.com")
         ]
     );
 }
@@ -325,11 +325,11 @@ fn salts_misplaced_tombstone_is_skipped_and_mended() {
         3,
         "two entries and the appended tombstone: {roster:?}"
     );
-    assert_eq!(roster[2], keycache::layout::ROSTER_TOMBSTONE, "{roster:?}");
+    assert_eq!(roster[2], keycache::format::ROSTER_TOMBSTONE, "{roster:?}");
     assert!(
         roster[..2]
             .iter()
-            .all(|&x| x != keycache::layout::ROSTER_TOMBSTONE),
+            .all(|&x| x != keycache::format::ROSTER_TOMBSTONE),
         "Salt's tombstone did not land on alpha's entry: {roster:?}"
     );
     let listed: Vec<String> = s.keys(None).unwrap().map(|r| r.unwrap().0).collect();

@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use keycache::error::Error;
-use keycache::layout::{self, Params, DELETED, EMPTY, OCCUPIED, ROSTER_TOMBSTONE};
+use keycache::format::{self, Params, DELETED, EMPTY, OCCUPIED, ROSTER_TOMBSTONE};
 use keycache::migrate::{self, MigrateOptions, SkipReason};
 use keycache::store::{KeyState, Store, DENIED_INDEX, KEYS_INDEX};
 use keycache::table::{OpenOptions, Table};
@@ -147,7 +147,7 @@ pub fn store_params(b0: u8, b1: u8) -> Params {
     Params {
         size: SIZES[usize::from(b0 % 8)],
         id_size,
-        slot_size: layout::min_slot_size(id_size) + usize::from(b1 % 8),
+        slot_size: format::min_slot_size(id_size) + usize::from(b1 % 8),
         max_segment_bytes: SEG_CAPS[usize::from((b1 >> 3) % 4)],
     }
 }
@@ -260,20 +260,20 @@ impl RefBank {
     }
 
     fn record(&self, slot: &[u8]) -> Option<Vec<u8>> {
-        let f = layout::SlotFields::decode(&self.p, slot);
+        let f = format::SlotFields::decode(&self.p, slot);
         if f.len == 0 {
             return Some(Vec::new());
         }
-        let (seg, off) = layout::unpack_offset(f.offset);
+        let (seg, off) = format::unpack_offset(f.offset);
         let data = self.segs.get(usize::from(seg))?.as_deref()?;
         let end = off.checked_add(8 + u64::from(f.len))?;
         if end > data.len() as u64 {
             return None;
         }
         let off = off as usize;
-        let sum = layout::le_u64(&data[off..]);
+        let sum = format::le_u64(&data[off..]);
         let value = &data[off + 8..end as usize];
-        (layout::hash(value) == sum).then(|| value.to_vec())
+        (format::hash(value) == sum).then(|| value.to_vec())
     }
 
     fn get(&self, id: &[u8]) -> RefGet {
@@ -290,7 +290,7 @@ impl RefBank {
                 DELETED => continue,
                 _ => {}
             }
-            if layout::slot_id(p, slot) != id {
+            if format::slot_id(p, slot) != id {
                 continue;
             }
             // The record is read before the status is looked at.
@@ -322,7 +322,7 @@ impl RefBank {
             }
             out.push(
                 self.record(slot)
-                    .map(|v| (layout::slot_id(&self.p, slot).to_vec(), v)),
+                    .map(|v| (format::slot_id(&self.p, slot).to_vec(), v)),
             );
         }
         Some(out)
@@ -335,7 +335,7 @@ impl RefBank {
             for s in 1..self.p.size {
                 let slot = self.slot(s);
                 if slot[0] != EMPTY {
-                    out.push(layout::slot_id(&self.p, slot).to_vec());
+                    out.push(format::slot_id(&self.p, slot).to_vec());
                 }
             }
         }
@@ -639,8 +639,8 @@ fn check_store(dir: &Path, store: &Store, p: Params, planted: bool) {
         // counters whose sum overflows panic in builds with overflow checks;
         // skipped here until that is a saturating add.
         let overflow = rb.index.as_ref().is_some_and(|ix| {
-            let occ = layout::le_u64(&ix[layout::HDR_OCCUPIED..]);
-            let del = layout::le_u64(&ix[layout::HDR_DELETED..]);
+            let occ = format::le_u64(&ix[format::HDR_OCCUPIED..]);
+            let del = format::le_u64(&ix[format::HDR_DELETED..]);
             occ.checked_add(del).is_none()
         });
         if !overflow {
@@ -982,7 +982,7 @@ pub fn ops_model(data: &[u8]) {
     let mut params = Params {
         size: SIZES[usize::from(b % 5)],
         id_size: MODEL_ID_SIZE,
-        slot_size: layout::min_slot_size(MODEL_ID_SIZE) + 3,
+        slot_size: format::min_slot_size(MODEL_ID_SIZE) + 3,
         max_segment_bytes: SEG_CAPS[usize::from((b >> 3) % 4)],
     };
     let scratch = Scratch::new("ops");
@@ -1158,7 +1158,7 @@ pub fn migrate_tree(data: &[u8]) {
     let params = Params {
         size: sizes[usize::from((flags >> 3) % 3)],
         id_size: TREE_ID_SIZE,
-        slot_size: layout::min_slot_size(TREE_ID_SIZE) + 3,
+        slot_size: format::min_slot_size(TREE_ID_SIZE) + 3,
         max_segment_bytes: 1 << 20,
     };
     let layout_byte = inp.u8();

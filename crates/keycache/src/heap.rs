@@ -11,22 +11,13 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::error::{Error, Result};
-use crate::layout::{self, CHECKSUM_LEN};
+use crate::format::{self, CHECKSUM_LEN};
 use crate::map::Mapping;
 
 /// Granularity of the address space reserved for a segment.
 const RESERVE_ALIGN: u64 = 1 << 20;
 
-/// Path of heap segment `n` of the bank whose index is `index`.
-pub(crate) fn segment_path(index: &Path, n: u16) -> PathBuf {
-    let mut s = index.as_os_str().to_owned();
-    if n == 0 {
-        s.push(".heap");
-    } else {
-        s.push(format!(".heap.{n}"));
-    }
-    PathBuf::from(s)
-}
+pub(crate) use crate::format::segment_path;
 
 /// One mapped heap segment.
 #[derive(Debug)]
@@ -105,7 +96,7 @@ impl Segment {
     /// skipped by [`Mapping::prefetch`](crate::map::Mapping::prefetch).
     #[inline]
     pub(crate) fn prefetch_record(&self, off: u64, len: u32) {
-        let end = off.saturating_add(layout::record_len(len as usize).min(PREFETCH_MAX));
+        let end = off.saturating_add(format::record_len(len as usize).min(PREFETCH_MAX));
         let mut line = off & !63;
         while line < end {
             self.map.prefetch(line as usize);
@@ -139,7 +130,7 @@ impl Segment {
         {
             return Ok(Read::Remap);
         }
-        if layout::hash(&out[at..]) != u64::from_le_bytes(sum) {
+        if !format::record_matches(&sum, &out[at..]) {
             out.truncate(at);
             // A file truncated under us reads as zeros up to the end of its
             // last page: say so, and remember the new length.
@@ -186,7 +177,7 @@ mod tests {
         let p = segment_path(&idx, 0);
         let mut f = std::fs::File::create(&p).unwrap();
         let mut rec = Vec::new();
-        layout::encode_record(b"hello", &mut rec);
+        format::encode_record(b"hello", &mut rec);
         f.write_all(&rec).unwrap();
         let seg = Segment::open(&p, 4096, 0).unwrap();
         let read = |off, len| {
@@ -203,7 +194,7 @@ mod tests {
         assert!(matches!(read(u64::MAX - 3, 5), (Read::PastEnd { .. }, _)));
         // Growth after mapping is seen without remapping.
         let mut rec2 = Vec::new();
-        layout::encode_record(b"world!", &mut rec2);
+        format::encode_record(b"world!", &mut rec2);
         f.write_all(&rec2).unwrap();
         assert!(matches!(read(13, 6), (Read::Value, v) if v == b"keptworld!"));
         assert_eq!(discover(&idx), vec![p]);

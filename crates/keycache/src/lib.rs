@@ -3,9 +3,9 @@
 pub mod error;
 pub mod export;
 pub mod files;
+pub mod format;
 mod heap;
 pub mod id;
-pub mod layout;
 #[allow(unsafe_code)]
 mod map;
 pub mod migrate;
@@ -16,7 +16,7 @@ pub mod table;
 pub mod verify;
 
 pub use error::{Error, Result};
+pub use format::Params;
 pub use id::MinionId;
-pub use layout::Params;
 pub use store::{Counts, KeyBatch, KeyEntry, KeyRef, KeyState, Reader, Store};
 pub use table::OpenOptions;

@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::files::Ownership;
-use crate::layout::Params;
+use crate::format::Params;
 use crate::rebuild::{self, Image};
 use crate::store::{KeyState, Store, DENIED_INDEX, KEYS_INDEX};
 use crate::table::OpenOptions;
@@ -201,7 +201,7 @@ struct Span {
 }
 
 /// Bytes before the value in a record: its checksum.
-const SUM: usize = crate::layout::CHECKSUM_LEN;
+const SUM: usize = crate::format::CHECKSUM_LEN;
 
 /// Bytes of a `dir` value before the PEM: the state byte, but in
 /// `minions_denied`.
@@ -284,7 +284,7 @@ fn read_entry(
             id: id.into(),
             len: id.len(),
             id_size: params.id_size,
-            slot: crate::layout::min_slot_size(id.len()).max(params.slot_size),
+            slot: crate::format::min_slot_size(id.len()).max(params.slot_size),
         };
         if skip_long {
             return skip(SkipReason::IdTooLong, e.to_string());
@@ -384,8 +384,8 @@ fn read_entry(
         .saturating_mul(1_000_000_000)
         .saturating_add(meta.mtime_nsec().max(0) as u64);
     // The record's checksum, so that the heap is written from this buffer.
-    let sum = crate::layout::hash(&buf[off + SUM..]);
-    buf[off..off + SUM].copy_from_slice(&sum.to_le_bytes());
+    let sum = crate::format::record_checksum(&buf[off + SUM..]);
+    buf[off..off + SUM].copy_from_slice(&sum);
     Ok(Ok(Span { off, len, mtime }))
 }
 
@@ -644,7 +644,7 @@ fn read_unit(
                 p.ids.push_str(id);
                 p.keys.push(TreeKey {
                     dir: e.dir,
-                    idh: crate::layout::hash(name),
+                    idh: crate::format::hash(name),
                     id: (start, id.len()),
                     part: 0,
                     span,

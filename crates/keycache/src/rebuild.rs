@@ -18,8 +18,8 @@ use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::files::{self, Ownership};
+use crate::format::{self, Header, Params, SlotFields, HDR_LEN, OCCUPIED};
 use crate::heap;
-use crate::layout::{self, Params, HEADER_MAGIC, OCCUPIED};
 use crate::roster;
 use crate::table::Table;
 
@@ -87,7 +87,7 @@ impl Image {
     /// of values in all (a hint: inserting past it only costs reallocations).
     pub fn reserve(&mut self, entries: usize, value_bytes: usize) {
         self.reserve_slots(entries);
-        let heap = value_bytes.saturating_add(entries.saturating_mul(layout::CHECKSUM_LEN));
+        let heap = value_bytes.saturating_add(entries.saturating_mul(format::CHECKSUM_LEN));
         let p = self.params;
         let last = self.segments.len() - 1;
         let room = (p.max_segment_bytes as usize).saturating_sub(self.segments[last].len as usize);
@@ -116,13 +116,13 @@ impl Image {
     pub fn insert(&mut self, id: &[u8], value: &[u8], mtime: u64, path: &Path) -> Result<()> {
         self.insert_with(id, value.len(), mtime, path, |seg| {
             let start = seg.owned.len();
-            layout::encode_record(value, &mut seg.owned);
+            format::encode_record(value, &mut seg.owned);
             seg.push_run(None, start, seg.owned.len());
         })
     }
 
     /// Inserts (or replaces) `id` with a value of `value_len` bytes whose
-    /// whole record (checksum, then value: what [`layout::encode_record`]
+    /// whole record (checksum, then value: what [`format::encode_record`]
     /// makes of it) is `range` of shared buffer `buf`: the heap refers to
     /// those bytes, and they are written from there.
     pub(crate) fn insert_record(
@@ -139,7 +139,7 @@ impl Image {
             .0
             .get(buf)
             .is_some_and(|b| range.end <= b.len() && range.start <= range.end)
-            && range.len() as u64 == layout::record_len(value_len);
+            && range.len() as u64 == format::record_len(value_len);
         if !well_formed {
             return Err(Error::InvalidParams(format!(
                 "record {range:?} of buffer {buf} does not hold a value of {value_len} bytes"
@@ -168,7 +168,7 @@ impl Image {
                 id: String::from_utf8_lossy(id).into_owned(),
                 len: id.len(),
                 id_size: p.id_size,
-                slot: layout::min_slot_size(id.len()).max(p.slot_size),
+                slot: format::min_slot_size(id.len()).max(p.slot_size),
             });
         }
         let vlen = u32::try_from(value_len).map_err(|_| Error::ValueTooLarge {
@@ -185,7 +185,7 @@ impl Image {
                 break;
             }
             let off = (e - 1) as usize * p.slot_size;
-            if layout::slot_id_eq(&p, &self.slots[off..off + p.slot_used()], id) {
+            if format::slot_id_eq(&p, &self.slots[off..off + p.slot_used()], id) {
                 target = Some((slot, Some(e - 1)));
                 break;
             }
@@ -197,7 +197,7 @@ impl Image {
             });
         };
         // Append the record, rolling segments as Salt does.
-        let rec = layout::record_len(value_len);
+        let rec = format::record_len(value_len);
         let mut seg = self.segments.len() - 1;
         if self.segments[seg].len != 0 && self.segments[seg].len + rec > p.max_segment_bytes {
             if seg == usize::from(u16::MAX) {
@@ -208,7 +208,7 @@ impl Image {
             self.segments.push(Segment::default());
             seg += 1;
         }
-        let packed = layout::pack_offset(seg as u16, self.segments[seg].len);
+        let packed = format::pack_offset(seg as u16, self.segments[seg].len);
         append(&mut self.segments[seg]);
         self.segments[seg].len += rec;
         let entry = match existing {
@@ -226,21 +226,25 @@ impl Image {
         let off = entry as usize * p.slot_size;
         let s = &mut self.slots[off..off + p.slot_size];
         s[0] = OCCUPIED;
-        s[1..1 + p.id_size].fill(0);
-        s[1..1 + id.len()].copy_from_slice(id);
-        s[p.offset_field()..p.offset_field() + 8].copy_from_slice(&packed.to_le_bytes());
-        s[p.length_field()..p.length_field() + 4].copy_from_slice(&vlen.to_le_bytes());
-        s[p.mtime_field()..p.mtime_field() + 8].copy_from_slice(&mtime.to_le_bytes());
+        let fields = SlotFields {
+            status: OCCUPIED,
+            offset: packed,
+            len: vlen,
+            mtime,
+        };
+        fields.encode_body(&p, id, &mut s[1..p.slot_used()]);
         Ok(())
     }
 
     /// Slot 0: magic and counters.
     fn header(&self) -> Vec<u8> {
         let mut h = vec![0u8; self.params.slot_size];
-        h[0] = HEADER_MAGIC;
-        h[layout::HDR_OCCUPIED..layout::HDR_OCCUPIED + 8]
-            .copy_from_slice(&self.occupied.to_le_bytes());
-        h[layout::HDR_HWM..layout::HDR_HWM + 8].copy_from_slice(&self.hwm.to_le_bytes());
+        let header = Header {
+            occupied: self.occupied,
+            deleted: 0,
+            high_water: self.hwm,
+        };
+        h[..HDR_LEN].copy_from_slice(&header.encode());
         h
     }
 
@@ -549,22 +553,17 @@ impl Commit {
             );
             let tmp = |suffix: &str| dir.join(format!("{tag}{suffix}"));
             let mut plan = Vec::new();
-            for n in (1..image.segments.len()).rev() {
+            for n in (0..image.segments.len()).rev() {
                 plan.push((
-                    tmp(&format!(".heap.{n}")),
-                    heap::segment_path(index, n as u16),
+                    tmp(&format::segment_suffix(n as u16)),
+                    format::segment_path(index, n as u16),
                     Body::Heap(image, n),
                 ));
             }
-            plan.push((
-                tmp(".heap"),
-                heap::segment_path(index, 0),
-                Body::Heap(image, 0),
-            ));
             plan.push((tmp(""), index.clone(), Body::Index(image)));
             plan.push((
-                tmp(".roster"),
-                files::with_suffix(index, ".roster"),
+                tmp(format::ROSTER_SUFFIX),
+                format::roster_path(index),
                 Body::Bytes(roster_bytes),
             ));
             plans.push(plan);
@@ -589,7 +588,7 @@ impl Commit {
                 self.removals.push(old);
             }
             self.renames.extend(r);
-            self.locks.push(files::with_suffix(index, ".lock"));
+            self.locks.push(format::lock_path(index));
             self.dir = Some(index.parent().unwrap_or(Path::new(".")).to_path_buf());
         }
         Ok(())

@@ -7,7 +7,7 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use crate::error::{Error, Result};
-use crate::layout::ROSTER_TOMBSTONE;
+use crate::format::{ROSTER_ENTRY_LEN, ROSTER_TOMBSTONE, ROSTER_TOMBSTONE_BYTES};
 
 /// Reads a roster file whole. A missing roster is empty; a trailing partial
 /// entry (a torn append) is ignored, as Salt ignores it.
@@ -25,17 +25,7 @@ pub(crate) fn read(path: &Path) -> Result<Vec<u32>> {
     Ok(decode(&buf))
 }
 
-/// Decodes roster bytes into entries, tombstones included.
-pub(crate) fn decode(buf: &[u8]) -> Vec<u32> {
-    buf.chunks_exact(4)
-        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
-}
-
-/// Encodes entries as roster bytes.
-pub(crate) fn encode(slots: &[u32]) -> Vec<u8> {
-    slots.iter().flat_map(|s| s.to_le_bytes()).collect()
-}
+pub(crate) use crate::format::{decode_roster as decode, encode_roster as encode};
 
 /// Number of entries that are not tombstones (Salt's live count).
 pub(crate) fn live_count(entries: &[u32]) -> usize {
@@ -51,12 +41,11 @@ pub(crate) fn patch(path: &Path, file: &File, positions: &[usize], append: &[u32
         .metadata()
         .map_err(|e| Error::io(path, "stat", e))?
         .len();
-    len -= len % 4;
-    let tomb = ROSTER_TOMBSTONE.to_le_bytes();
+    len -= len % ROSTER_ENTRY_LEN as u64;
     for &i in positions {
-        let at = i as u64 * 4;
-        if at + 4 <= len {
-            file.write_all_at(&tomb, at)
+        let at = (i * ROSTER_ENTRY_LEN) as u64;
+        if at + ROSTER_ENTRY_LEN as u64 <= len {
+            file.write_all_at(&ROSTER_TOMBSTONE_BYTES, at)
                 .map_err(|e| Error::io(path, "write", e))?;
         }
     }
@@ -76,15 +65,14 @@ pub(crate) fn update(path: &Path, file: &File, remove: &[u32], append: &[u32]) -
         .map_err(|e| Error::io(path, "stat", e))?
         .len();
     // A torn append leaves a partial entry: write after the last whole one.
-    len -= len % 4;
+    len -= len % ROSTER_ENTRY_LEN as u64;
     if !remove.is_empty() {
         let mut buf = vec![0u8; len as usize];
         file.read_exact_at(&mut buf, 0)
             .map_err(|e| Error::io(path, "read", e))?;
-        let tomb = ROSTER_TOMBSTONE.to_le_bytes();
         for (i, s) in decode(&buf).into_iter().enumerate() {
             if s != ROSTER_TOMBSTONE && remove.contains(&s) {
-                file.write_all_at(&tomb, i as u64 * 4)
+                file.write_all_at(&ROSTER_TOMBSTONE_BYTES, (i * ROSTER_ENTRY_LEN) as u64)
                     .map_err(|e| Error::io(path, "write", e))?;
             }
         }

@@ -8,16 +8,10 @@
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
+use crate::format::Params;
+pub use crate::format::{DENIED_INDEX, KEYS_INDEX, MASTER_INDEX};
 use crate::id::MinionId;
-use crate::layout::Params;
 use crate::table::{self, Applied, Entry, Found, OpenOptions, Table, TableStats, Txn, View};
-
-/// Index file of the `keys` bank, in the store directory.
-pub const KEYS_INDEX: &str = ".mmap_keys.idx";
-/// Index file of the `denied_keys` bank.
-pub const DENIED_INDEX: &str = ".mmap_denied.idx";
-/// Index file of Salt's `master_keys` bank (the master's own PEM files).
-pub const MASTER_INDEX: &str = ".mmap_master.idx";
 
 /// The state of a key in the `keys` bank.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

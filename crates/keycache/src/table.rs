@@ -39,8 +39,8 @@ use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
 use crate::files::{self, Ownership};
+use crate::format::{self, Header, Params, SlotFields, DELETED, EMPTY, HEADER_MAGIC, OCCUPIED};
 use crate::heap::{self, Read, Segment};
-use crate::layout::{self, Params, SlotFields, DELETED, EMPTY, HEADER_MAGIC, OCCUPIED};
 use crate::map::{self, Mapping};
 use crate::roster;
 
@@ -338,7 +338,7 @@ fn is_not_found(e: &Error) -> bool {
 /// Starts loading the heap record that slot fields `f` point at.
 #[inline]
 fn prefetch_record(g: &Generation, f: &SlotFields) {
-    let (seg, off) = layout::unpack_offset(f.offset);
+    let (seg, off) = format::unpack_offset(f.offset);
     if let Some(s) = g.segments.get(usize::from(seg)) {
         s.prefetch_record(off, f.len);
     }
@@ -441,7 +441,7 @@ impl Table {
                 id: String::from_utf8_lossy(id).into_owned(),
                 len: id.len(),
                 id_size: self.params.id_size,
-                slot: layout::min_slot_size(id.len()).max(self.params.slot_size),
+                slot: format::min_slot_size(id.len()).max(self.params.slot_size),
             });
         }
         Ok(())
@@ -667,7 +667,7 @@ impl Table {
                         _ => {}
                     }
                     ix.map.copy_out(off, copy);
-                    if layout::slot_id_eq(p, copy, id) {
+                    if format::slot_id_eq(p, copy, id) {
                         let f = SlotFields::decode(p, copy);
                         prefetch_record(&g, &f);
                         found[i] = (slot, f);
@@ -731,7 +731,7 @@ impl Table {
                 _ => {}
             }
             ix.map.copy_out(off, buf);
-            if !layout::slot_id_eq(p, buf, id) {
+            if !format::slot_id_eq(p, buf, id) {
                 continue;
             }
             let f = SlotFields::decode(p, buf);
@@ -754,7 +754,7 @@ impl Table {
         out: &mut Vec<u8>,
     ) -> Result<Attempt> {
         let p = &self.params;
-        let (seg_no, off) = layout::unpack_offset(f.offset);
+        let (seg_no, off) = format::unpack_offset(f.offset);
         let start = out.len();
         if f.len != 0 {
             let Some(seg) = g.segments.get(usize::from(seg_no)) else {
@@ -850,7 +850,7 @@ impl Table {
                 _ => return Ok(None),
             }
             ix.map.copy_out(off, &mut buf);
-            let id = layout::slot_id(p, &buf).to_vec();
+            let id = format::slot_id(p, &buf).to_vec();
             let mut value = Vec::new();
             match self.read_entry(&g, ix, slot, &SlotFields::decode(p, &buf), &buf, &mut value)? {
                 Attempt::Found(f) => {
@@ -890,7 +890,7 @@ impl Table {
         let mut scan = Scan {
             status: vec![EMPTY; p.size as usize],
             slots: Vec::new(),
-            header: (0, 0, 0),
+            header: Header::default(),
             magic: false,
             exists: g.index.is_some(),
         };
@@ -909,7 +909,7 @@ impl Table {
                 scan.slots.push(ScannedSlot {
                     slot,
                     status: st,
-                    id: layout::slot_id(p, &buf).to_vec(),
+                    id: format::slot_id(p, &buf).to_vec(),
                     fields: SlotFields::decode(p, &buf),
                 });
             }
@@ -919,7 +919,7 @@ impl Table {
 
     /// The roster's entries as stored, tombstones included.
     pub fn roster(&self) -> Result<Vec<u32>> {
-        roster::read(&self.companion(".roster"))
+        roster::read(&format::roster_path(&self.path))
     }
 
     /// Reads the entry in data slot `slot` (checksum verified), if it is occupied.
@@ -942,7 +942,7 @@ impl Table {
     /// intact is yielded as an error, and iteration goes on.
     pub fn iter(&self) -> Result<Iter<'_>> {
         self.refresh(false)?;
-        let entries = roster::read(&files::with_suffix(&self.path, ".roster"))?;
+        let entries = roster::read(&format::roster_path(&self.path))?;
         Ok(Iter {
             table: self,
             entries,
@@ -961,10 +961,10 @@ impl Table {
             ..TableStats::default()
         };
         if let Some(ix) = g.index.as_deref() {
-            let (occ, del, hwm) = read_header(&ix.map);
-            s.occupied = occ;
-            s.deleted = del;
-            s.high_water = hwm;
+            let h = read_header(&ix.map);
+            s.occupied = h.occupied;
+            s.deleted = h.deleted;
+            s.high_water = h.high_water;
         }
         s.load_factor = s.occupied.saturating_add(s.deleted) as f64 / p.capacity() as f64;
         for seg in &g.segments {
@@ -972,7 +972,7 @@ impl Table {
         }
         s.segments = g.segments.len() as u64;
         for r in self.iter()?.flatten() {
-            s.heap_live_bytes += layout::record_len(r.value.len());
+            s.heap_live_bytes += format::record_len(r.value.len());
         }
         Ok(s)
     }
@@ -982,9 +982,6 @@ impl Table {
     // ------------------------------------------------------------------
 
     /// Path of a companion file (`.lock`, `.roster`, ...).
-    pub(crate) fn companion(&self, suffix: &str) -> PathBuf {
-        files::with_suffix(&self.path, suffix)
-    }
 
     /// Ownership of new files.
     pub(crate) fn ownership(&self) -> Ownership {
@@ -1021,7 +1018,7 @@ impl Table {
         if ws.lock.is_none() {
             ws.lock = Some(self.open_lock_file()?);
         }
-        let lock_path = || self.companion(".lock");
+        let lock_path = || format::lock_path(&self.path);
         let Some(lock) = ws.lock.take() else {
             return Err(Error::io(
                 lock_path(),
@@ -1064,7 +1061,7 @@ impl Table {
     }
 
     fn open_lock_file(&self) -> Result<File> {
-        let path = self.companion(".lock");
+        let path = format::lock_path(&self.path);
         match files::open_regular(&path, true) {
             Ok(f) => Ok(f),
             Err(e) if is_not_found(&e) => match files::create_new(&path, &self.ownership) {
@@ -1155,13 +1152,13 @@ impl Table {
     /// the header's occupied count, rebuild the roster from the slots.
     fn recover_roster(&self, ix: &Index) -> Result<()> {
         let p = &self.params;
-        let rpath = self.companion(".roster");
+        let rpath = format::roster_path(&self.path);
         let entries = roster::read(&rpath)?;
-        let (occupied, _, hwm) = read_header(&ix.map);
-        if roster::live_count(&entries) as u64 == occupied {
+        let header = read_header(&ix.map);
+        if roster::live_count(&entries) as u64 == header.occupied {
             return Ok(());
         }
-        let end = hwm.saturating_add(2).min(p.size);
+        let end = header.high_water.saturating_add(2).min(p.size);
         let mut slots = Vec::new();
         for s in 1..end {
             if ix.map.load_u8(p.slot_offset(s)) == Some(OCCUPIED) {
@@ -1179,7 +1176,7 @@ impl Table {
         let mut seen = HashSet::new();
         let mut dead = Vec::new();
         for (i, s) in entries.iter().enumerate() {
-            if *s != layout::ROSTER_TOMBSTONE && !(live.contains(s) && seen.insert(*s)) {
+            if *s != format::ROSTER_TOMBSTONE && !(live.contains(s) && seen.insert(*s)) {
                 dead.push(i);
             }
         }
@@ -1195,7 +1192,12 @@ impl Table {
         };
         roster::patch(&rpath, &rf, &dead, &missing)?;
         files::sync_data(&rf, &rpath)?;
-        write_u64(&ix.map, layout::HDR_OCCUPIED, slots.len() as u64);
+        let header = Header {
+            occupied: slots.len() as u64,
+            ..header
+        };
+        ix.map
+            .copy_in(format::HDR_OCCUPIED, &header.encode_counters());
         ix.map
             .flush_range(0, p.slot_size)
             .map_err(|e| Error::io(&self.path, "msync", e))
@@ -1274,7 +1276,7 @@ impl Table {
             match status {
                 OCCUPIED => {
                     ix.map.copy_out(off, &mut buf);
-                    if layout::slot_id_eq(p, &buf, id) {
+                    if format::slot_id_eq(p, &buf, id) {
                         return Ok(slot);
                     }
                 }
@@ -1380,7 +1382,11 @@ impl Table {
             app.finish()?;
         }
         let mut applied = Applied::default();
-        let (mut occ, mut del, mut hwm) = read_header(&ix.map);
+        let Header {
+            occupied: mut occ,
+            deleted: mut del,
+            high_water: mut hwm,
+        } = read_header(&ix.map);
         let mut removed_slots = Vec::new();
         let mut inserted_slots = Vec::new();
         let (mut lo, mut hi) = (usize::MAX, 0usize);
@@ -1406,13 +1412,15 @@ impl Table {
             let off = p.slot_offset(w.slot);
             lo = lo.min(off);
             hi = hi.max(off + p.slot_size);
-            let mut fields = vec![0u8; p.slot_used() - 1];
-            fields[..w.id.len()].copy_from_slice(&w.id);
-            let k = p.id_size;
-            fields[k..k + 8].copy_from_slice(&packed.to_le_bytes());
-            fields[k + 8..k + 12].copy_from_slice(&(v.len() as u32).to_le_bytes());
-            fields[k + 12..k + 20].copy_from_slice(&mtime.to_le_bytes());
-            ix.map.copy_in(off + 1, &fields);
+            let mut body = vec![0u8; p.slot_used() - 1];
+            let fields = SlotFields {
+                status: OCCUPIED,
+                offset: *packed,
+                len: v.len() as u32,
+                mtime,
+            };
+            fields.encode_body(&p, &w.id, &mut body);
+            ix.map.copy_in(off + 1, &body);
             hwm = hwm.max(w.slot);
             if w.insert {
                 if off / PAGE != (off + p.slot_size - 1) / PAGE {
@@ -1440,12 +1448,16 @@ impl Table {
         for off in new_slots {
             ix.map.store_u8(off, OCCUPIED);
         }
-        write_u64(&ix.map, layout::HDR_OCCUPIED, occ);
-        write_u64(&ix.map, layout::HDR_DELETED, del);
-        write_u64(&ix.map, layout::HDR_HWM, hwm);
+        let header = Header {
+            occupied: occ,
+            deleted: del,
+            high_water: hwm,
+        };
+        ix.map
+            .copy_in(format::HDR_OCCUPIED, &header.encode_counters());
         // 5. Roster, then the index.
         if !removed_slots.is_empty() || !inserted_slots.is_empty() {
-            let rpath = self.companion(".roster");
+            let rpath = format::roster_path(&self.path);
             let rf = match files::open_regular(&rpath, true) {
                 Ok(f) => f,
                 Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
@@ -1603,12 +1615,12 @@ impl<'a> Appender<'a> {
 
     /// The packed offset Salt gives a zero-length value.
     fn empty_offset(&self) -> u64 {
-        layout::pack_offset(self.seg_no, self.len)
+        format::pack_offset(self.seg_no, self.len)
     }
 
     fn append(&mut self, value: &[u8], id: &[u8]) -> Result<u64> {
         let p = &self.table.params;
-        let rec = layout::record_len(value.len());
+        let rec = format::record_len(value.len());
         if self.len > 0 && self.len + rec > p.max_segment_bytes {
             self.flush_pending()?;
             let next = self.seg_no.checked_add(1).ok_or_else(|| {
@@ -1627,8 +1639,8 @@ impl<'a> Appender<'a> {
             self.len = 0;
             self.new_segment = true;
         }
-        let at = layout::pack_offset(self.seg_no, self.len);
-        layout::encode_record(value, &mut self.pending);
+        let at = format::pack_offset(self.seg_no, self.len);
+        format::encode_record(value, &mut self.pending);
         self.len += rec;
         if self.pending.len() >= 1 << 20 {
             self.flush_pending()?;
@@ -1665,7 +1677,7 @@ impl Iterator for Iter<'_> {
             let s = self.entries[self.pos];
             self.pos += 1;
             let slot = u64::from(s);
-            if s == layout::ROSTER_TOMBSTONE || slot == 0 || slot >= self.table.params.size {
+            if s == format::ROSTER_TOMBSTONE || slot == 0 || slot >= self.table.params.size {
                 continue;
             }
             let (w, b) = ((slot / 64) as usize, slot % 64);
@@ -1691,7 +1703,7 @@ pub struct Scan {
     /// Every slot that is not EMPTY.
     pub slots: Vec<ScannedSlot>,
     /// Header: (occupied, deleted, high-water mark).
-    pub header: (u64, u64, u64),
+    pub header: Header,
     /// Whether the header magic is stamped.
     pub magic: bool,
     /// Whether the index file exists.
@@ -1711,19 +1723,11 @@ pub struct ScannedSlot {
     pub fields: SlotFields,
 }
 
-/// Reads (occupied, deleted, high-water mark) from the header.
-pub(crate) fn read_header(m: &Mapping) -> (u64, u64, u64) {
-    let mut h = [0u8; layout::HDR_LEN];
+/// Reads the header's counters.
+pub(crate) fn read_header(m: &Mapping) -> Header {
+    let mut h = [0u8; format::HDR_LEN];
     m.copy_out(0, &mut h);
-    (
-        layout::le_u64(&h[layout::HDR_OCCUPIED..]),
-        layout::le_u64(&h[layout::HDR_DELETED..]),
-        layout::le_u64(&h[layout::HDR_HWM..]),
-    )
-}
-
-fn write_u64(m: &Mapping, off: usize, v: u64) {
-    m.copy_in(off, &v.to_le_bytes());
+    Header::decode(&h)
 }
 
 /// Refuses an index whose length does not match the parameters.

@@ -10,7 +10,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 
 use crate::error::Result;
-use crate::layout::{self, DELETED, EMPTY, OCCUPIED, ROSTER_TOMBSTONE};
+use crate::format::{self, DELETED, EMPTY, OCCUPIED, ROSTER_TOMBSTONE};
 use crate::rebuild::Image;
 use crate::table::{Scan, Table};
 
@@ -160,7 +160,11 @@ pub fn verify(t: &Table, check: Option<ValueCheck>) -> Result<Vec<Finding>> {
     };
     let occupied: Vec<_> = scan.slots.iter().filter(|s| s.status == OCCUPIED).collect();
     let deleted = scan.slots.iter().filter(|s| s.status == DELETED).count() as u64;
-    let (h_occ, h_del, h_hwm) = scan.header;
+    let (h_occ, h_del, h_hwm) = (
+        scan.header.occupied,
+        scan.header.deleted,
+        scan.header.high_water,
+    );
     if !scan.magic && !scan.slots.is_empty() {
         find(
             &index,
@@ -175,7 +179,7 @@ pub fn verify(t: &Table, check: Option<ValueCheck>) -> Result<Vec<Finding>> {
         find(
             &index,
             None,
-            Some(layout::HDR_OCCUPIED as u64),
+            Some(format::HDR_OCCUPIED as u64),
             None,
             format!(
                 "header says {h_occ} occupied, the slots hold {}",
@@ -188,7 +192,7 @@ pub fn verify(t: &Table, check: Option<ValueCheck>) -> Result<Vec<Finding>> {
         find(
             &index,
             None,
-            Some(layout::HDR_DELETED as u64),
+            Some(format::HDR_DELETED as u64),
             None,
             format!("header says {h_del} deleted, the slots hold {deleted}"),
             true,
@@ -199,7 +203,7 @@ pub fn verify(t: &Table, check: Option<ValueCheck>) -> Result<Vec<Finding>> {
             find(
                 &index,
                 None,
-                Some(layout::HDR_HWM as u64),
+                Some(format::HDR_HWM as u64),
                 None,
                 format!("high-water mark {h_hwm} is below slot {max}, which is in use"),
                 true,
@@ -322,7 +326,7 @@ pub fn verify(t: &Table, check: Option<ValueCheck>) -> Result<Vec<Finding>> {
             }
             Ok(None) => {}
             Err(e) => {
-                let (seg, off) = layout::unpack_offset(s.fields.offset);
+                let (seg, off) = format::unpack_offset(s.fields.offset);
                 find(
                     &crate::heap::segment_path(&index, seg),
                     Some(s.slot),

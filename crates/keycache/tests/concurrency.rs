@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Mutex};
 use std::time::{Duration, Instant};
 
-use keycache::layout::{self, Params};
+use keycache::format::{self, Params};
 use keycache::store::{encode_key_value, KEYS_INDEX};
 use keycache::{Error, KeyState, MinionId, OpenOptions, Store};
 
@@ -627,7 +627,7 @@ fn salt_style_in_place_rewrites_never_yield_a_wrong_value() {
     s.put(&target, KeyState::Accepted, &pem_a).unwrap();
     let rec = |v: &[u8]| {
         let mut r = Vec::new();
-        layout::encode_record(v, &mut r);
+        format::encode_record(v, &mut r);
         r
     };
     let (rec_a, rec_b) = (rec(&va), rec(&vb));
@@ -643,13 +643,13 @@ fn salt_style_in_place_rewrites_never_yield_a_wrong_value() {
     let slot = (1..p.size)
         .find(|&i| {
             let b = &index[p.slot_offset(i)..p.slot_offset(i) + p.slot_used()];
-            b[0] == layout::OCCUPIED && layout::slot_id(&p, b) == b"target"
+            b[0] == format::OCCUPIED && format::slot_id(&p, b) == b"target"
         })
         .expect("slot of target");
     let so = p.slot_offset(slot);
-    assert_eq!(layout::le_u64(&index[so + p.offset_field()..]), 0);
+    assert_eq!(format::le_u64(&index[so + p.offset_field()..]), 0);
     assert_eq!(
-        layout::le_u32(&index[so + p.length_field()..]) as usize,
+        format::le_u32(&index[so + p.length_field()..]) as usize,
         va.len()
     );
     assert_eq!(std::fs::read(&heap_path).unwrap(), rec_a);
@@ -781,10 +781,10 @@ fn a_length_caught_between_its_byte_stores_is_read_again() {
     let heap_path = d.path().join(format!("{KEYS_INDEX}.heap"));
     let index = std::fs::read(&index_path).unwrap();
     let slot = (1..p.size)
-        .find(|&i| layout::slot_id(&p, &index[p.slot_offset(i)..]) == b"target")
+        .find(|&i| format::slot_id(&p, &index[p.slot_offset(i)..]) == b"target")
         .expect("slot of target");
     let so = p.slot_offset(slot);
-    assert_eq!(layout::le_u32(&index[so + p.length_field()..]), 200);
+    assert_eq!(format::le_u32(&index[so + p.length_field()..]), 200);
 
     // Salt's append path, stopped half-way through the length: record
     // appended, offset repointed, low byte of 256 (0x00) stored, the high
@@ -792,7 +792,7 @@ fn a_length_caught_between_its_byte_stores_is_read_again() {
     let heap = File::options().write(true).open(&heap_path).unwrap();
     let at = heap.metadata().unwrap().len();
     let mut rec = Vec::new();
-    layout::encode_record(&vb, &mut rec);
+    format::encode_record(&vb, &mut rec);
     heap.write_all_at(&rec, at).unwrap();
     let idx = File::options().write(true).open(&index_path).unwrap();
     idx.write_all_at(&at.to_le_bytes(), (so + p.offset_field()) as u64)
@@ -800,7 +800,7 @@ fn a_length_caught_between_its_byte_stores_is_read_again() {
     idx.write_all_at(&[0], (so + p.length_field()) as u64)
         .unwrap();
     assert_eq!(
-        layout::le_u32(&std::fs::read(&index_path).unwrap()[so + p.length_field()..]),
+        format::le_u32(&std::fs::read(&index_path).unwrap()[so + p.length_field()..]),
         0,
         "the torn length reads as zero"
     );

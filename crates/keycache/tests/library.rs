@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use keycache::layout::{self, Params};
+use keycache::format::{self, Params};
 use keycache::store::{DENIED_INDEX, KEYS_INDEX};
 use keycache::{Error, KeyState, MinionId, OpenOptions, Store};
 
@@ -114,7 +114,7 @@ fn probing_wraps_and_deleted_slots_are_reused() {
     // Roster: the removed id's entry is a tombstone, the new one appended.
     let r = roster(d.path(), KEYS_INDEX);
     assert_eq!(r.len(), 5);
-    assert_eq!(r[2], layout::ROSTER_TOMBSTONE);
+    assert_eq!(r[2], format::ROSTER_TOMBSTONE);
     let order: Vec<String> = s.keys(None).unwrap().map(|e| e.unwrap().0).collect();
     assert_eq!(order, vec!["m0", "m1", "m3", "extra"]);
 }

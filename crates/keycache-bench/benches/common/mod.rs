@@ -234,7 +234,7 @@ pub fn checked_map(entries: &[(String, u8, Vec<u8>)]) -> hashbrown::HashMap<Stri
     for (id, s, k) in entries {
         let state = KeyState::from_byte(*s).expect("a keys bank state");
         let v = keycache::store::encode_key_value(state, k);
-        m.insert(id.clone(), (keycache::layout::hash(&v), v));
+        m.insert(id.clone(), (keycache::format::hash(&v), v));
     }
     m
 }
@@ -252,7 +252,7 @@ pub fn checked_get(
     buf.clear();
     buf.extend_from_slice(v);
     match buf.split_first() {
-        Some((s, k)) if keycache::layout::hash(buf) == *sum => touch(*s, k),
+        Some((s, k)) if keycache::format::hash(buf) == *sum => touch(*s, k),
         _ => 0,
     }
 }

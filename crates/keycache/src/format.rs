@@ -1,8 +1,11 @@
-//! The Salt 3008 `mmap_key` layout: constants, field offsets, parameters,
-//! hashing and probing, all in one place.
+//! Salt 3008's `mmap_key` layout: every byte of it, in one place. Nothing
+//! else in the crate encodes or decodes a field, names a bank file, or
+//! computes a checksum; offsets are derived from the field widths below.
 //!
-//! A bank is an index file `I`, heap segments `I.heap`, `I.heap.1`, ...,
-//! a roster `I.roster` and a lock file `I.lock`. All integers little-endian.
+//! A bank is an index file `I` (`.mmap_keys.idx`, `.mmap_denied.idx`,
+//! `.mmap_master.idx`), heap segments `I.heap`, `I.heap.1`, ..., a roster
+//! `I.roster` and a lock file `I.lock` (`flock`ed by every writer, Salt's
+//! included). All integers are little-endian.
 //!
 //! ```text
 //! index file: size * slot_size bytes
@@ -12,7 +15,7 @@
 //! | 0      | magic 0xAB       | | 0      | 1 .. 1+K   | 1+K    | 9+K    | 13+K   | 21+K .. |
 //! | 1..9   | occupied, u64    | | status | id, UTF-8, | packed | value  | mtime  | zero    |
 //! | 9..17  | deleted, u64     | | 0/1/2  | NUL-padded | heap   | length | unix   | padding |
-//! | 17..25 | high-water, u64  | |        |            | offset | u32    | ns u64 |         |
+//! | 17..25 | high-water, u64  | |  u8    |  K bytes   | offset | u32    | ns u64 |         |
 //! | 25..   | reserved, zero   | +--------+------------+--------+--------+--------+---------+
 //! +--------+------------------+   K = id_size; packed offset = segment << 48 | byte offset
 //!
@@ -22,8 +25,42 @@
 //!
 //! Home slot of an id: `xxh3(id) % (size - 1) + 1`; probe step `j` visits
 //! `(home - 1 + j) % (size - 1) + 1`, wrapping over data slots only.
+//!
+//! The values of the key banks (`[state byte][PEM]` in `keys`, the PEM in
+//! `denied_keys`) are encoded in [`crate::store`]: they are keycache's
+//! reading of Salt's driver, not part of the table layout.
+
+use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
+
+/// Index file of the `keys` bank (accepted, pending and rejected keys).
+pub const KEYS_INDEX: &str = ".mmap_keys.idx";
+/// Index file of the `denied_keys` bank.
+pub const DENIED_INDEX: &str = ".mmap_denied.idx";
+/// Index file of the `master_keys` bank (the master's own key files).
+pub const MASTER_INDEX: &str = ".mmap_master.idx";
+/// Suffix of heap segment 0; segment `n > 0` adds `.n`.
+pub const HEAP_SUFFIX: &str = ".heap";
+/// Suffix of the roster file.
+pub const ROSTER_SUFFIX: &str = ".roster";
+/// Suffix of the lock file.
+pub const LOCK_SUFFIX: &str = ".lock";
+
+/// Width of a slot's status byte.
+pub const STATUS_LEN: usize = 1;
+/// Width of a slot's packed heap offset.
+pub const OFFSET_LEN: usize = 8;
+/// Width of a slot's value length.
+pub const LENGTH_LEN: usize = 4;
+/// Width of a slot's mtime.
+pub const MTIME_LEN: usize = 8;
+/// Width of each header counter.
+pub const COUNTER_LEN: usize = 8;
+/// Bytes of checksum in front of every heap record.
+pub const CHECKSUM_LEN: usize = 8;
+/// Width of a roster entry.
+pub const ROSTER_ENTRY_LEN: usize = 4;
 
 /// Header magic in byte 0 of slot 0, stamped when a writer first opens the file.
 pub const HEADER_MAGIC: u8 = 0xAB;
@@ -34,19 +71,18 @@ pub const OCCUPIED: u8 = 1;
 /// Slot status: held an entry that was removed; probing continues past it.
 pub const DELETED: u8 = 2;
 
-/// Header field: occupied count, u64.
+/// Header field: occupied count, u64 (after the magic byte).
 pub const HDR_OCCUPIED: usize = 1;
 /// Header field: deleted count, u64.
-pub const HDR_DELETED: usize = 9;
+pub const HDR_DELETED: usize = HDR_OCCUPIED + COUNTER_LEN;
 /// Header field: high-water mark (highest data slot ever written), u64.
-pub const HDR_HWM: usize = 17;
+pub const HDR_HWM: usize = HDR_DELETED + COUNTER_LEN;
 /// Bytes of slot 0 that the header uses.
-pub const HDR_LEN: usize = 25;
+pub const HDR_LEN: usize = HDR_HWM + COUNTER_LEN;
 
-/// Status byte, id and the three pointer fields: the fixed part of a slot.
-pub const SLOT_FIXED: usize = 1 + 8 + 4 + 8;
-/// Bytes of checksum in front of every heap record.
-pub const CHECKSUM_LEN: usize = 8;
+/// Status byte, and the three pointer fields: the fixed part of a slot
+/// (the id comes on top).
+pub const SLOT_FIXED: usize = STATUS_LEN + OFFSET_LEN + LENGTH_LEN + MTIME_LEN;
 /// Bits of a packed heap offset that hold the byte offset; the segment is above.
 pub const SEGMENT_SHIFT: u32 = 48;
 /// Mask of the byte-offset part of a packed heap offset.
@@ -169,25 +205,25 @@ impl Params {
     /// Offset of the id field within a slot.
     #[inline]
     pub const fn id_field(&self) -> usize {
-        1
+        STATUS_LEN
     }
 
     /// Offset of the packed heap offset within a slot.
     #[inline]
     pub const fn offset_field(&self) -> usize {
-        1 + self.id_size
+        STATUS_LEN + self.id_size
     }
 
     /// Offset of the value length within a slot.
     #[inline]
     pub const fn length_field(&self) -> usize {
-        9 + self.id_size
+        self.offset_field() + OFFSET_LEN
     }
 
     /// Offset of the mtime within a slot.
     #[inline]
     pub const fn mtime_field(&self) -> usize {
-        13 + self.id_size
+        self.length_field() + LENGTH_LEN
     }
 
     /// Bytes of a slot that carry data (status, id, pointer fields).
@@ -255,6 +291,62 @@ impl SlotFields {
             mtime: le_u64(&slot[p.mtime_field()..]),
         }
     }
+
+    /// Encodes `id` (NUL-padded to the id size) and the pointer fields into
+    /// `body`, a slot's bytes after the status byte (`slot_used - 1` bytes
+    /// at least). The status byte is the caller's: a new entry's is stored
+    /// last, once the fields it vouches for are in place.
+    pub fn encode_body(&self, p: &Params, id: &[u8], body: &mut [u8]) {
+        let at = |field: usize| field - STATUS_LEN;
+        body[..p.id_size].fill(0);
+        body[..id.len()].copy_from_slice(id);
+        body[at(p.offset_field())..at(p.offset_field()) + OFFSET_LEN]
+            .copy_from_slice(&self.offset.to_le_bytes());
+        body[at(p.length_field())..at(p.length_field()) + LENGTH_LEN]
+            .copy_from_slice(&self.len.to_le_bytes());
+        body[at(p.mtime_field())..at(p.mtime_field()) + MTIME_LEN]
+            .copy_from_slice(&self.mtime.to_le_bytes());
+    }
+}
+
+/// The counters of slot 0.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    /// Occupied data slots.
+    pub occupied: u64,
+    /// Deleted data slots (tombstones on probe chains).
+    pub deleted: u64,
+    /// Highest data slot ever written.
+    pub high_water: u64,
+}
+
+impl Header {
+    /// Decodes the counters from a copy of the header's first [`HDR_LEN`] bytes.
+    pub fn decode(h: &[u8; HDR_LEN]) -> Header {
+        Header {
+            occupied: le_u64(&h[HDR_OCCUPIED..]),
+            deleted: le_u64(&h[HDR_DELETED..]),
+            high_water: le_u64(&h[HDR_HWM..]),
+        }
+    }
+
+    /// The header's first [`HDR_LEN`] bytes: the magic and the counters.
+    pub fn encode(&self) -> [u8; HDR_LEN] {
+        let mut h = [0u8; HDR_LEN];
+        h[0] = HEADER_MAGIC;
+        h[HDR_OCCUPIED..HDR_OCCUPIED + COUNTER_LEN].copy_from_slice(&self.occupied.to_le_bytes());
+        h[HDR_DELETED..HDR_DELETED + COUNTER_LEN].copy_from_slice(&self.deleted.to_le_bytes());
+        h[HDR_HWM..HDR_HWM + COUNTER_LEN].copy_from_slice(&self.high_water.to_le_bytes());
+        h
+    }
+
+    /// The counters' bytes (the header without its magic byte), to be
+    /// stored at [`HDR_OCCUPIED`] of a live index whose magic is in place.
+    pub fn encode_counters(&self) -> [u8; HDR_LEN - HDR_OCCUPIED] {
+        let mut c = [0u8; HDR_LEN - HDR_OCCUPIED];
+        c.copy_from_slice(&self.encode()[HDR_OCCUPIED..]);
+        c
+    }
 }
 
 /// The id stored in a copy of a slot, cut at the first NUL.
@@ -294,8 +386,20 @@ pub fn encode_record(value: &[u8], out: &mut Vec<u8>) {
     if value.is_empty() {
         return;
     }
-    out.extend_from_slice(&hash(value).to_le_bytes());
+    out.extend_from_slice(&record_checksum(value));
     out.extend_from_slice(value);
+}
+
+/// The checksum bytes that precede a value's record.
+#[inline]
+pub fn record_checksum(value: &[u8]) -> [u8; CHECKSUM_LEN] {
+    hash(value).to_le_bytes()
+}
+
+/// Whether `value` matches the checksum bytes stored in front of it.
+#[inline]
+pub fn record_matches(checksum: &[u8; CHECKSUM_LEN], value: &[u8]) -> bool {
+    hash(value) == u64::from_le_bytes(*checksum)
 }
 
 /// Length on the heap of a value's record.
@@ -306,6 +410,53 @@ pub fn record_len(value_len: usize) -> u64 {
     } else {
         (value_len + CHECKSUM_LEN) as u64
     }
+}
+
+/// Decodes roster bytes into entries, tombstones included; a trailing
+/// partial entry (a torn append) is ignored, as Salt ignores it.
+pub fn decode_roster(buf: &[u8]) -> Vec<u32> {
+    buf.chunks_exact(ROSTER_ENTRY_LEN)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+/// Encodes roster entries.
+pub fn encode_roster(slots: &[u32]) -> Vec<u8> {
+    slots.iter().flat_map(|s| s.to_le_bytes()).collect()
+}
+
+/// The bytes of a roster tombstone.
+pub const ROSTER_TOMBSTONE_BYTES: [u8; ROSTER_ENTRY_LEN] = ROSTER_TOMBSTONE.to_le_bytes();
+
+/// `index` with `suffix` appended to its file name.
+fn companion(index: &Path, suffix: &str) -> PathBuf {
+    let mut s = index.as_os_str().to_owned();
+    s.push(suffix);
+    PathBuf::from(s)
+}
+
+/// The file-name suffix of heap segment `n` (`.heap`, `.heap.1`, ...).
+pub fn segment_suffix(n: u16) -> String {
+    if n == 0 {
+        HEAP_SUFFIX.to_owned()
+    } else {
+        format!("{HEAP_SUFFIX}.{n}")
+    }
+}
+
+/// Path of heap segment `n` of the bank whose index is `index`.
+pub fn segment_path(index: &Path, n: u16) -> PathBuf {
+    companion(index, &segment_suffix(n))
+}
+
+/// Path of the roster of the bank whose index is `index`.
+pub fn roster_path(index: &Path) -> PathBuf {
+    companion(index, ROSTER_SUFFIX)
+}
+
+/// Path of the lock file of the bank whose index is `index`.
+pub fn lock_path(index: &Path) -> PathBuf {
+    companion(index, LOCK_SUFFIX)
 }
 
 #[cfg(test)]
@@ -322,7 +473,60 @@ mod tests {
         assert_eq!(p.slot_used(), 85);
         assert_eq!(p.index_len(), Some(96_000_000));
         assert_eq!(min_slot_size(64), 85);
+        assert_eq!(
+            (HDR_OCCUPIED, HDR_DELETED, HDR_HWM, HDR_LEN),
+            (1, 9, 17, 25)
+        );
+        assert_eq!(SLOT_FIXED, 21);
         assert_eq!(min_slot_size(1), 25);
+    }
+
+    #[test]
+    fn slot_bodies_and_headers_round_trip() {
+        let p = Params::default();
+        let f = SlotFields {
+            status: OCCUPIED,
+            offset: pack_offset(2, 77),
+            len: 451,
+            mtime: 1_700_000_000_123_456_789,
+        };
+        let mut slot = vec![0xEEu8; p.slot_size];
+        slot[0] = OCCUPIED;
+        f.encode_body(&p, b"web-01", &mut slot[1..p.slot_used()]);
+        assert_eq!(SlotFields::decode(&p, &slot), f);
+        assert_eq!(slot_id(&p, &slot), b"web-01");
+        assert!(
+            slot[p.slot_used()..].iter().all(|&b| b == 0xEE),
+            "wrote past the fields"
+        );
+        let h = Header {
+            occupied: 3,
+            deleted: 1,
+            high_water: 9,
+        };
+        let bytes = h.encode();
+        assert_eq!(bytes[0], HEADER_MAGIC);
+        assert_eq!(Header::decode(&bytes), h);
+        assert_eq!(&bytes[HDR_OCCUPIED..], &h.encode_counters()[..]);
+        assert_eq!(
+            decode_roster(&encode_roster(&[5, ROSTER_TOMBSTONE, 7])),
+            [5, ROSTER_TOMBSTONE, 7]
+        );
+        assert_eq!(
+            decode_roster(&[1, 0, 0, 0, 9]),
+            [1],
+            "a torn entry is ignored"
+        );
+        assert_eq!(
+            segment_path(Path::new("/d/.mmap_keys.idx"), 0),
+            Path::new("/d/.mmap_keys.idx.heap")
+        );
+        assert_eq!(
+            segment_path(Path::new("/d/.mmap_keys.idx"), 2),
+            Path::new("/d/.mmap_keys.idx.heap.2")
+        );
+        assert_eq!(roster_path(Path::new("/d/x")), Path::new("/d/x.roster"));
+        assert_eq!(lock_path(Path::new("/d/x")), Path::new("/d/x.lock"));
     }
 
     #[test]
