@@ -981,7 +981,6 @@ impl Table {
     // Writing
     // ------------------------------------------------------------------
 
-    /// Path of a companion file (`.lock`, `.roster`, ...).
 
     /// Ownership of new files.
     pub(crate) fn ownership(&self) -> Ownership {
@@ -1419,7 +1418,7 @@ impl Table {
                 len: v.len() as u32,
                 mtime,
             };
-            fields.encode_body(&p, &w.id, &mut body);
+            fields.encode_body(p, &w.id, &mut body);
             ix.map.copy_in(off + 1, &body);
             hwm = hwm.max(w.slot);
             if w.insert {
