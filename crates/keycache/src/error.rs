@@ -73,7 +73,7 @@ pub enum Error {
     },
 
     /// Every data slot is taken.
-    #[error("{path}: the table is full ({capacity} data slots); compact into a larger table (keycache compact --size N) and raise mmap_key_size")]
+    #[error("{path}: the table is full ({capacity} data slots); compact into a larger table (keycache compact --to-size N) and raise mmap_key_size")]
     TableFull {
         /// The index file.
         path: PathBuf,

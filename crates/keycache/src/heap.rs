@@ -32,7 +32,7 @@ pub(crate) struct Segment {
 }
 
 /// What a read of a record found.
-pub(crate) enum Read {
+pub(crate) enum RecordRead {
     /// The record's value, checksum verified, was appended to the buffer.
     Value,
     /// The record's bytes do not match their checksum (torn or corrupt).
@@ -106,21 +106,21 @@ impl Segment {
 
     /// Reads the record of `len` value bytes at byte offset `off`, checks
     /// it, and appends its value to `out` (which is left as it was unless
-    /// the answer is [`Read::Value`]).
-    pub(crate) fn read_into(&self, off: u64, len: u32, out: &mut Vec<u8>) -> Result<Read> {
+    /// the answer is [`RecordRead::Value`]).
+    pub(crate) fn read_into(&self, off: u64, len: u32, out: &mut Vec<u8>) -> Result<RecordRead> {
         if len == 0 {
-            return Ok(Read::Value);
+            return Ok(RecordRead::Value);
         }
         let end = off.saturating_add(CHECKSUM_LEN as u64 + u64::from(len));
         if end > self.known_len.load(Ordering::Relaxed) {
             let file_len = self.file_len()?;
             if end > file_len {
                 // The file may have been replaced or truncated; never touch it.
-                return Ok(Read::PastEnd { file_len });
+                return Ok(RecordRead::PastEnd { file_len });
             }
         }
         if end > self.reserved() {
-            return Ok(Read::Remap);
+            return Ok(RecordRead::Remap);
         }
         let off = off as usize;
         let mut sum = [0u8; CHECKSUM_LEN];
@@ -128,7 +128,7 @@ impl Segment {
         if !self.map.copy_out(off, &mut sum)
             || !self.map.append_to(off + CHECKSUM_LEN, len as usize, out)
         {
-            return Ok(Read::Remap);
+            return Ok(RecordRead::Remap);
         }
         if !format::record_matches(&sum, &out[at..]) {
             out.truncate(at);
@@ -136,11 +136,11 @@ impl Segment {
             // last page: say so, and remember the new length.
             let file_len = self.file_len()?;
             if end > file_len {
-                return Ok(Read::PastEnd { file_len });
+                return Ok(RecordRead::PastEnd { file_len });
             }
-            return Ok(Read::Mismatch);
+            return Ok(RecordRead::Mismatch);
         }
-        Ok(Read::Value)
+        Ok(RecordRead::Value)
     }
 }
 
@@ -185,18 +185,21 @@ mod tests {
             let r = seg.read_into(off, len, &mut v).unwrap();
             (r, v)
         };
-        assert!(matches!(read(0, 5), (Read::Value, v) if v == b"kepthello"));
-        assert!(matches!(read(0, 4), (Read::Mismatch, v) if v == b"kept"));
+        assert!(matches!(read(0, 5), (RecordRead::Value, v) if v == b"kepthello"));
+        assert!(matches!(read(0, 4), (RecordRead::Mismatch, v) if v == b"kept"));
         assert!(matches!(
             read(1, 5),
-            (Read::PastEnd { file_len: 13 }, v) if v == b"kept"
+            (RecordRead::PastEnd { file_len: 13 }, v) if v == b"kept"
         ));
-        assert!(matches!(read(u64::MAX - 3, 5), (Read::PastEnd { .. }, _)));
+        assert!(matches!(
+            read(u64::MAX - 3, 5),
+            (RecordRead::PastEnd { .. }, _)
+        ));
         // Growth after mapping is seen without remapping.
         let mut rec2 = Vec::new();
         format::encode_record(b"world!", &mut rec2);
         f.write_all(&rec2).unwrap();
-        assert!(matches!(read(13, 6), (Read::Value, v) if v == b"keptworld!"));
+        assert!(matches!(read(13, 6), (RecordRead::Value, v) if v == b"keptworld!"));
         assert_eq!(discover(&idx), vec![p]);
     }
 }

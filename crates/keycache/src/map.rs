@@ -11,7 +11,7 @@
 //! bound it further by the file's length, so a short or damaged file yields
 //! an error rather than SIGBUS. (A file truncated by someone else *while* it
 //! is mapped can still raise SIGBUS: that is true of every mmap reader,
-//! Salt's included, and is documented in README.)
+//! Salt's included, and is documented in docs/design.md.)
 
 use std::fs::File;
 use std::io;
@@ -75,7 +75,14 @@ impl Mapping {
         off.checked_add(n).is_some_and(|end| end <= self.raw.len())
     }
 
-    /// Loads one byte with acquire ordering (a slot's status byte).
+    /// Loads one byte with acquire semantics (a slot's status byte).
+    ///
+    /// Readers map the files read-only, and std promises only relaxed loads
+    /// on read-only memory (an acquire load may be compiled to a
+    /// read-modify-write on some targets), so this is a relaxed load
+    /// followed by an acquire fence: the fence makes the writes that came
+    /// before the release store of the byte visible, as an acquire load
+    /// would. On x86 and aarch64 both cost the same.
     #[inline]
     pub(crate) fn load_u8(&self, off: usize) -> Option<u8> {
         if !self.in_bounds(off, 1) {
@@ -86,7 +93,9 @@ impl Mapping {
         // every access to mapped memory in this process is atomic, so the
         // `&AtomicU8` never aliases a non-atomic access.
         let a = unsafe { AtomicU8::from_ptr(self.raw.as_mut_ptr().add(off)) };
-        Some(a.load(Ordering::Acquire))
+        let v = a.load(Ordering::Relaxed);
+        std::sync::atomic::fence(Ordering::Acquire);
+        Some(v)
     }
 
     /// Copies `dst.len()` bytes starting at `off` into `dst`, with relaxed

@@ -11,163 +11,8 @@ use crate::error::{Error, Result};
 use crate::format::Params;
 pub use crate::format::{DENIED_INDEX, KEYS_INDEX, MASTER_INDEX};
 use crate::id::MinionId;
-use crate::table::{self, Applied, Entry, Found, OpenOptions, Table, TableStats, Txn, View};
-
-/// The state of a key in the `keys` bank.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize))]
-#[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
-pub enum KeyState {
-    /// Accepted (`minions/`).
-    Accepted,
-    /// Pending, unaccepted (`minions_pre/`).
-    Pending,
-    /// Rejected (`minions_rejected/`).
-    Rejected,
-}
-
-impl KeyState {
-    /// Every state, in `salt-key -L` order.
-    pub const ALL: [KeyState; 3] = [KeyState::Accepted, KeyState::Pending, KeyState::Rejected];
-
-    /// The state byte stored in front of the PEM.
-    pub fn byte(self) -> u8 {
-        match self {
-            KeyState::Accepted => 1,
-            KeyState::Pending => 2,
-            KeyState::Rejected => 3,
-        }
-    }
-
-    /// The state of a state byte.
-    pub fn from_byte(b: u8) -> Option<KeyState> {
-        match b {
-            1 => Some(KeyState::Accepted),
-            2 => Some(KeyState::Pending),
-            3 => Some(KeyState::Rejected),
-            _ => None,
-        }
-    }
-
-    /// Salt's name: `accepted`, `pending`, `rejected`.
-    pub fn name(self) -> &'static str {
-        match self {
-            KeyState::Accepted => "accepted",
-            KeyState::Pending => "pending",
-            KeyState::Rejected => "rejected",
-        }
-    }
-
-    /// The localfs_key directory and `salt-key --out json` group name.
-    pub fn dir_name(self) -> &'static str {
-        match self {
-            KeyState::Accepted => "minions",
-            KeyState::Pending => "minions_pre",
-            KeyState::Rejected => "minions_rejected",
-        }
-    }
-}
-
-impl std::str::FromStr for KeyState {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<KeyState> {
-        match s {
-            "accepted" | "minions" => Ok(KeyState::Accepted),
-            "pending" | "unaccepted" | "minions_pre" => Ok(KeyState::Pending),
-            "rejected" | "minions_rejected" => Ok(KeyState::Rejected),
-            _ => Err(Error::UnknownState(s.to_owned())),
-        }
-    }
-}
-
-impl std::fmt::Display for KeyState {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-/// An entry of the `keys` bank.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KeyEntry {
-    /// Its state.
-    pub state: KeyState,
-    /// The minion's public key, PEM bytes as stored.
-    pub public_key: Vec<u8>,
-    /// Unix nanoseconds of the last write.
-    pub mtime: u64,
-}
-
-/// An entry of the `keys` bank borrowed from the buffer it was read into
-/// ([`Store::get_in`], [`KeyBatch`]): no allocation per lookup.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct KeyRef<'a> {
-    /// Its state.
-    pub state: KeyState,
-    /// The minion's public key, PEM bytes as stored.
-    pub public_key: &'a [u8],
-    /// Unix nanoseconds of the last write.
-    pub mtime: u64,
-}
-
-impl KeyRef<'_> {
-    /// An owned copy.
-    pub fn to_entry(&self) -> KeyEntry {
-        KeyEntry {
-            state: self.state,
-            public_key: self.public_key.to_vec(),
-            mtime: self.mtime,
-        }
-    }
-}
-
-/// The reusable buffers of [`Store::get_many_in`]: the keys of the last
-/// batch, one after another in one buffer, and where each is. Reused across
-/// batches, it makes them allocation-free once it has grown to a batch's
-/// size.
-#[derive(Debug, Default, Clone)]
-pub struct KeyBatch {
-    buf: Vec<u8>,
-    entries: Vec<Option<(KeyState, Found)>>,
-}
-
-impl KeyBatch {
-    /// An empty batch.
-    pub fn new() -> KeyBatch {
-        KeyBatch::default()
-    }
-
-    /// Number of ids in the last batch.
-    pub fn len(&self) -> usize {
-        self.entries.len()
-    }
-
-    /// Whether the last batch had no ids.
-    pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
-    }
-
-    /// The entry of the `i`-th id of the last batch; `None` when it has
-    /// none (or `i` is past the batch).
-    pub fn get(&self, i: usize) -> Option<KeyRef<'_>> {
-        let (state, f) = self.entries.get(i).copied().flatten()?;
-        Some(self.key_ref(state, &f))
-    }
-
-    /// The entries of the last batch, in the order of its ids.
-    pub fn iter(&self) -> impl Iterator<Item = Option<KeyRef<'_>>> + '_ {
-        self.entries
-            .iter()
-            .map(|e| e.map(|(state, f)| self.key_ref(state, &f)))
-    }
-
-    fn key_ref(&self, state: KeyState, f: &Found) -> KeyRef<'_> {
-        KeyRef {
-            state,
-            public_key: &f.value(&self.buf)[1..],
-            mtime: f.mtime,
-        }
-    }
-}
+pub use crate::key::{decode_key_value, encode_key_value, KeyBatch, KeyEntry, KeyRef, KeyState};
+use crate::table::{self, Applied, Found, OpenOptions, Stored, Table, TableStats, Txn, View};
 
 /// Keys per state, and denied keys.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -193,23 +38,6 @@ pub struct StoreStats {
     pub denied_keys: TableStats,
 }
 
-/// Decodes a `keys` bank value; `None` when it is not one (Salt then answers
-/// "no entry").
-pub fn decode_key_value(value: &[u8]) -> Option<(KeyState, &[u8])> {
-    if value.len() < 2 {
-        return None;
-    }
-    Some((KeyState::from_byte(value[0])?, &value[1..]))
-}
-
-/// Encodes a `keys` bank value.
-pub fn encode_key_value(state: KeyState, pem: &[u8]) -> Vec<u8> {
-    let mut v = Vec::with_capacity(pem.len() + 1);
-    v.push(state.byte());
-    v.extend_from_slice(pem);
-    v
-}
-
 /// Salt strips trailing NULs from denied keys when reading them.
 fn strip_nuls(mut v: Vec<u8>) -> Vec<u8> {
     while v.last() == Some(&0) {
@@ -219,7 +47,7 @@ fn strip_nuls(mut v: Vec<u8>) -> Vec<u8> {
 }
 
 /// Turns a `keys` bank value into an entry, reusing its buffer.
-fn entry_of(t: &Table, id: &[u8], r: Entry) -> Result<KeyEntry> {
+fn entry_of(t: &Table, id: &[u8], r: Stored) -> Result<KeyEntry> {
     let mut v = r.value;
     let Some(state) = decode_key_value(&v).map(|(s, _)| s) else {
         return Err(not_a_key(t, id, r.slot, v.len()));
@@ -294,7 +122,7 @@ impl Reader<'_> {
             Some(f) => entry_of(
                 t,
                 id.as_ref(),
-                Entry {
+                Stored {
                     value,
                     mtime: f.mtime,
                     slot: f.slot,
@@ -412,7 +240,7 @@ impl Store {
     pub fn get_many(&self, ids: &[MinionId]) -> Result<Vec<Option<KeyEntry>>> {
         let mut raw = Vec::with_capacity(ids.len());
         self.keys.get_many_valid(ids, &mut Vec::new(), |f, buf| {
-            raw.push(f.map(|f| Entry {
+            raw.push(f.map(|f| Stored {
                 value: std::mem::take(buf),
                 mtime: f.mtime,
                 slot: f.slot,
@@ -482,7 +310,7 @@ impl Store {
                 Err(e) => return Some(Err(e)),
             };
             let id = String::from_utf8_lossy(&r.id).into_owned();
-            let e = Entry {
+            let e = Stored {
                 value: r.value,
                 mtime: r.mtime,
                 slot: r.slot,

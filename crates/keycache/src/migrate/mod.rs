@@ -15,7 +15,7 @@ use std::io::Read;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 
 use crate::error::{Error, Result};
 use crate::files::Ownership;
@@ -23,6 +23,9 @@ use crate::format::Params;
 use crate::rebuild::{self, Image};
 use crate::store::{KeyState, Store, DENIED_INDEX, KEYS_INDEX};
 use crate::table::OpenOptions;
+
+mod scan;
+use scan::{scan_tree, state_bytes, Span, SUM};
 
 /// The highest share of data slots a migration fills before it refuses and
 /// asks for a bigger table: linear probing degrades quickly past it.
@@ -170,500 +173,6 @@ pub struct Report {
     pub seconds: f64,
 }
 
-fn is_pem_public_key(b: &[u8]) -> bool {
-    let Ok(s) = std::str::from_utf8(b) else {
-        return false;
-    };
-    let t = s.trim_start();
-    t.starts_with("-----BEGIN ") && s.contains("PUBLIC KEY-----") && s.contains("-----END ")
-}
-
-/// One entry of a tree directory, as listed.
-struct Listed {
-    /// Index in [`TREE_DIRS`].
-    dir: usize,
-    /// Where its name is in the listing's [`Names`].
-    name: (usize, usize),
-    /// The type the directory listing gives (no `stat` on most filesystems).
-    kind: std::io::Result<std::fs::FileType>,
-}
-
-/// Where a key read from the tree lies in its reader's buffer: its whole
-/// heap record, `[xxh3(value)][value]`, is at `off .. off + 8 + value
-/// length`. The value is the PEM for `minions_denied`, and the state byte of
-/// its directory then the PEM for the other three (their `keys` value).
-#[derive(Clone, Copy)]
-struct Span {
-    off: usize,
-    /// Length of the PEM.
-    len: usize,
-    mtime: u64,
-}
-
-/// Bytes before the value in a record: its checksum.
-const SUM: usize = crate::format::CHECKSUM_LEN;
-
-/// Bytes of a `dir` value before the PEM: the state byte, but in
-/// `minions_denied`.
-fn state_bytes(dir: usize) -> usize {
-    usize::from(dir < 3)
-}
-
-/// A key read from the tree, or why the entry was skipped.
-type Entry = std::result::Result<Span, (SkipReason, String)>;
-
-/// The names of a listing, one after the other (one allocation, not one
-/// per name: walked in order, they are in cache).
-#[derive(Default)]
-struct Names(Vec<u8>);
-
-impl Names {
-    fn push(&mut self, name: &[u8]) -> (usize, usize) {
-        let start = self.0.len();
-        self.0.extend_from_slice(name);
-        (start, name.len())
-    }
-
-    fn get(&self, (start, len): (usize, usize)) -> &[u8] {
-        self.0.get(start..start + len).unwrap_or_default()
-    }
-}
-
-/// What one reader thread hands back: its entries in order, and the buffer
-/// holding their bytes.
-struct Part {
-    /// The ids of `keys`, one after the other.
-    ids: String,
-    /// Key files read, in scan order.
-    keys: Vec<TreeKey>,
-    /// Entries skipped, in scan order.
-    skipped: Vec<Skipped>,
-    found: StateCounts,
-    buf: Vec<u8>,
-}
-
-/// Reads one entry of a tree directory into `buf`, or says why it is skipped.
-/// Never follows a symlink: the listing's type is checked first, and the
-/// file is opened with `O_NOFOLLOW` and checked again on the descriptor.
-fn read_entry(
-    path: &Path,
-    e: &Listed,
-    name: &[u8],
-    params: &Params,
-    skip_long: bool,
-    buf: &mut Vec<u8>,
-) -> Result<Entry> {
-    let skip = |r: SkipReason, d: String| Ok(Err((r, d)));
-    let kind = match &e.kind {
-        Ok(k) => *k,
-        Err(err) => return skip(SkipReason::Unreadable, err.to_string()),
-    };
-    if kind.is_symlink() {
-        return skip(SkipReason::Symlink, "symlinks are never followed".into());
-    }
-    if !kind.is_file() {
-        return skip(SkipReason::NotARegularFile, "not a regular file".into());
-    }
-    let Ok(id) = std::str::from_utf8(name) else {
-        return skip(
-            SkipReason::NonUtf8Name,
-            format!("file name {:?} is not UTF-8", String::from_utf8_lossy(name)),
-        );
-    };
-    if id.starts_with('.') {
-        return skip(
-            SkipReason::DotFile,
-            "names starting with '.' are not keys".into(),
-        );
-    }
-    if let Err(e) = crate::id::validate(id) {
-        return skip(SkipReason::InvalidId, e.to_string());
-    }
-    if id.len() > params.id_size {
-        let e = Error::IdTooLong {
-            id: id.into(),
-            len: id.len(),
-            id_size: params.id_size,
-            slot: crate::format::min_slot_size(id.len()).max(params.slot_size),
-        };
-        if skip_long {
-            return skip(SkipReason::IdTooLong, e.to_string());
-        }
-        return Err(e);
-    }
-    let mut f = match std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
-        .open(path)
-    {
-        Ok(f) => f,
-        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
-            return skip(SkipReason::Symlink, "symlinks are never followed".into())
-        }
-        Err(e) => return skip(SkipReason::Unreadable, e.to_string()),
-    };
-    // Replaced since the listing: the descriptor is what counts.
-    let meta = match f.metadata() {
-        Ok(m) => m,
-        Err(e) => return skip(SkipReason::Unreadable, e.to_string()),
-    };
-    if !meta.is_file() {
-        return skip(SkipReason::NotARegularFile, "not a regular file".into());
-    }
-    if meta.len() > MAX_KEY_BYTES {
-        return skip(
-            SkipReason::TooLarge,
-            format!(
-                "{} bytes; a public key is under {MAX_KEY_BYTES}",
-                meta.len()
-            ),
-        );
-    }
-    // One read of the size fstat gave, plus one byte to see a file that grew
-    // meanwhile; short reads go on until end of file.
-    let size = meta.len() as usize;
-    let off = buf.len();
-    let start = off + SUM + state_bytes(e.dir);
-    buf.resize(start + size + 1, 0);
-    // The state byte of this directory, for a `keys` value (the entry that
-    // wins for an id found in several directories is that of the last).
-    if let (1, Some(s)) = (state_bytes(e.dir), KeyState::ALL.get(e.dir)) {
-        buf[off + SUM] = s.byte();
-    }
-    let mut got = 0;
-    let res = loop {
-        match f.read(&mut buf[start + got..]) {
-            Ok(0) => break Ok(()),
-            Ok(n) => {
-                got += n;
-                // All fstat announced (the usual case: no read to see end
-                // of file), or more than that.
-                if got >= size {
-                    break Ok(());
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => break Err(e),
-        }
-    };
-    buf.truncate(start + got);
-    if got > size {
-        // The file grew since fstat: the rest, up to the limit.
-        let room = (MAX_KEY_BYTES + 1).saturating_sub(got as u64);
-        if let Err(e) = (&mut f).take(room).read_to_end(buf) {
-            buf.truncate(off);
-            return skip(SkipReason::Unreadable, e.to_string());
-        }
-    }
-    let res = res.map(|()| buf.len() - start);
-    let len = match res {
-        Ok(n) => n,
-        Err(e) => {
-            buf.truncate(off);
-            return skip(SkipReason::Unreadable, e.to_string());
-        }
-    };
-    let reject = |buf: &mut Vec<u8>, r: SkipReason, d: &str| {
-        buf.truncate(off);
-        Ok(Err((r, d.to_owned())))
-    };
-    if len as u64 > MAX_KEY_BYTES {
-        return reject(
-            buf,
-            SkipReason::TooLarge,
-            "file grew past the limit while read",
-        );
-    }
-    if len == 0 {
-        return reject(buf, SkipReason::Empty, "empty file");
-    }
-    if !is_pem_public_key(&buf[start..]) {
-        return reject(buf, SkipReason::NotAPublicKey, "not a PEM public key");
-    }
-    let mtime = (meta.mtime().max(0) as u64)
-        .saturating_mul(1_000_000_000)
-        .saturating_add(meta.mtime_nsec().max(0) as u64);
-    // The record's checksum, so that the heap is written from this buffer.
-    let sum = crate::format::record_checksum(&buf[off + SUM..]);
-    buf[off..off + SUM].copy_from_slice(&sum);
-    Ok(Ok(Span { off, len, mtime }))
-}
-
-/// Lists one directory of the tree (`dir`, an index in [`TREE_DIRS`]),
-/// sorted by name (byte order).
-fn list_dir(p: &Path, dir: usize) -> Result<DirListing> {
-    let cannot = |e: std::io::Error| Error::PkiDir {
-        path: p.into(),
-        why: format!("cannot list it: {e}"),
-    };
-    let mut names = Names::default();
-    let mut entries = Vec::new();
-    for e in std::fs::read_dir(p).map_err(cannot)? {
-        let e = e.map_err(cannot)?;
-        entries.push(Listed {
-            dir,
-            name: names.push(e.file_name().as_bytes()),
-            kind: e.file_type(),
-        });
-    }
-    entries.sort_unstable_by(|a, b| names.get(a.name).cmp(names.get(b.name)));
-    Ok(DirListing { names, entries })
-}
-
-/// The entries of one directory of the tree.
-struct DirListing {
-    names: Names,
-    entries: Vec<Listed>,
-}
-
-/// Entries of one directory for a reader to read: `listing.entries[range]`,
-/// the `chunk`th share of directory `dir`.
-struct Unit {
-    dir: usize,
-    chunk: usize,
-    listing: Arc<DirListing>,
-    range: std::ops::Range<usize>,
-}
-
-/// Entries of a directory in one [`Unit`] (a share for one reader at a time,
-/// small enough for the readers to stay busy until the end).
-const UNIT_ENTRIES: usize = 2048;
-
-/// Units waiting for a reader, and how many directory listers are still at
-/// work (readers wait for them before finishing).
-struct Queue {
-    units: std::collections::VecDeque<Unit>,
-    listers: usize,
-}
-
-/// The shares of a listing, queued for the readers.
-fn enqueue(queue: &(std::sync::Mutex<Queue>, std::sync::Condvar), listing: DirListing, dir: usize) {
-    let listing = Arc::new(listing);
-    let n = listing.entries.len();
-    let mut q = queue.0.lock().unwrap_or_else(|e| e.into_inner());
-    for (chunk, start) in (0..n).step_by(UNIT_ENTRIES).enumerate() {
-        q.units.push_back(Unit {
-            dir,
-            chunk,
-            listing: listing.clone(),
-            range: start..n.min(start + UNIT_ENTRIES),
-        });
-    }
-    drop(q);
-    queue.1.notify_all();
-}
-
-/// Checks the tree, lists its directories and reads every entry. Listing
-/// and reading overlap: the small directories (`minions_pre`,
-/// `minions_rejected`, `minions_denied`) are listed by one thread, which
-/// starts reading them while the main thread still lists `minions`; then
-/// every reader takes shares of any directory until all are read. Returns
-/// the parts in scan order (directory, then name).
-fn scan_tree(
-    pki_dir: &Path,
-    opts: &MigrateOptions,
-    progress: &(dyn Fn(u64, u64) + Sync),
-) -> Result<Vec<Part>> {
-    let bad = |why: String| Error::PkiDir {
-        path: pki_dir.into(),
-        why,
-    };
-    let meta = std::fs::metadata(pki_dir).map_err(|e| bad(format!("cannot open it: {e}")))?;
-    if !meta.is_dir() {
-        return Err(bad("it is not a directory".into()));
-    }
-    let paths: Vec<PathBuf> = TREE_DIRS.iter().map(|d| pki_dir.join(d)).collect();
-    let mut present = [false; 4];
-    for (i, (d, p)) in TREE_DIRS.iter().zip(&paths).enumerate() {
-        match std::fs::symlink_metadata(p) {
-            Ok(m) if m.is_dir() => present[i] = true,
-            Ok(_) => {
-                // The directories before it are listed first, as a scan in
-                // order would (their errors come first).
-                for j in (0..i).filter(|&j| present[j]) {
-                    list_dir(&paths[j], j)?;
-                }
-                return Err(bad(format!(
-                    "{d} is not a directory (symlinked directories are not followed)"
-                )));
-            }
-            Err(_) => {}
-        }
-    }
-    if !present.iter().any(|&p| p) {
-        return Err(bad(format!(
-            "it has none of {}; is it a Salt pki_dir?",
-            TREE_DIRS.join(", ")
-        )));
-    }
-    let readers = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1)
-        .clamp(2, 8);
-    let queue = (
-        std::sync::Mutex::new(Queue {
-            units: Default::default(),
-            listers: 2,
-        }),
-        std::sync::Condvar::new(),
-    );
-    // Counts a lister out when dropped (even by a panic: readers would
-    // wait for it forever).
-    struct Lister<'a>(&'a (std::sync::Mutex<Queue>, std::sync::Condvar));
-    impl Drop for Lister<'_> {
-        fn drop(&mut self) {
-            let mut q = self.0 .0.lock().unwrap_or_else(|e| e.into_inner());
-            q.listers = q.listers.saturating_sub(1);
-            drop(q);
-            self.0 .1.notify_all();
-        }
-    }
-    let total = std::sync::atomic::AtomicU64::new(0);
-    let done = std::sync::atomic::AtomicU64::new(0);
-    // "DIR/" of each directory.
-    let prefixes: Vec<OsString> = paths
-        .iter()
-        .map(|p| {
-            let mut s = p.clone().into_os_string();
-            s.push("/");
-            s
-        })
-        .collect();
-    type Read = ((usize, usize), Result<Part>);
-    // Reads units until none is left and the listers are done.
-    let read_units = || -> Vec<Read> {
-        let mut out = Vec::new();
-        loop {
-            let unit = {
-                let mut q = queue.0.lock().unwrap_or_else(|e| e.into_inner());
-                loop {
-                    if let Some(u) = q.units.pop_front() {
-                        break Some(u);
-                    }
-                    if q.listers == 0 {
-                        break None;
-                    }
-                    q = queue.1.wait(q).unwrap_or_else(|e| e.into_inner());
-                }
-            };
-            let Some(u) = unit else {
-                return out;
-            };
-            let part = read_unit(&prefixes, &u, opts, &|n| {
-                let d = done.fetch_add(n, std::sync::atomic::Ordering::Relaxed) + n;
-                progress(d, total.load(std::sync::atomic::Ordering::Relaxed));
-            });
-            out.push(((u.dir, u.chunk), part));
-        }
-    };
-    let list = |i: usize| -> Result<()> {
-        if present[i] {
-            let l = list_dir(&paths[i], i)?;
-            total.fetch_add(l.entries.len() as u64, std::sync::atomic::Ordering::Relaxed);
-            enqueue(&queue, l, i);
-        }
-        Ok(())
-    };
-    let panicked = || Error::PkiDir {
-        path: pki_dir.into(),
-        why: "a reader thread panicked".into(),
-    };
-    let (listed, small_listed, mut reads) = std::thread::scope(|s| {
-        // The small directories, then reading.
-        let small = s.spawn(|| {
-            let lister = Lister(&queue);
-            let r = (1..4).try_for_each(list);
-            drop(lister);
-            (r, read_units())
-        });
-        let others: Vec<_> = (2..readers).map(|_| s.spawn(read_units)).collect();
-        let lister = Lister(&queue);
-        let listed = list(0);
-        drop(lister);
-        let mut reads = read_units();
-        for h in others {
-            match h.join() {
-                Ok(r) => reads.extend(r),
-                Err(_) => reads.push(((usize::MAX, 0), Err(panicked()))),
-            }
-        }
-        let small_listed = match small.join() {
-            Ok((l, r)) => {
-                reads.extend(r);
-                l
-            }
-            Err(_) => Err(panicked()),
-        };
-        (listed, small_listed, reads)
-    });
-    // Errors as a scan in order would meet them: listing `minions`, listing
-    // the others, then reading, in scan order.
-    listed?;
-    small_listed?;
-    let n = total.load(std::sync::atomic::Ordering::Relaxed);
-    progress(n, n);
-    reads.sort_unstable_by_key(|r| r.0);
-    reads.into_iter().map(|(_, p)| p).collect()
-}
-
-/// Reads the entries of `unit`, reporting progress through `tick` (entries
-/// read since its last call).
-fn read_unit(
-    prefixes: &[OsString],
-    unit: &Unit,
-    opts: &MigrateOptions,
-    tick: &dyn Fn(u64),
-) -> Result<Part> {
-    let share = unit
-        .listing
-        .entries
-        .get(unit.range.clone())
-        .unwrap_or_default();
-    let names = &unit.listing.names;
-    // Most keys are PEM of well under 1 KiB.
-    let mut p = Part {
-        ids: String::with_capacity(share.len() * 32),
-        keys: Vec::with_capacity(share.len()),
-        skipped: Vec::new(),
-        found: StateCounts::default(),
-        buf: Vec::with_capacity(share.len() * 512),
-    };
-    let mut path = OsString::new();
-    for (n, e) in share.iter().enumerate() {
-        let name = names.get(e.name);
-        path.clear();
-        path.push(&prefixes[e.dir]);
-        path.push(std::ffi::OsStr::from_bytes(name));
-        let path = Path::new(&path);
-        match read_entry(path, e, name, &opts.params, opts.skip_long_ids, &mut p.buf)? {
-            Ok(span) => {
-                bump(&mut p.found, e.dir);
-                // UTF-8: checked by `read_entry`.
-                let id = std::str::from_utf8(name).unwrap_or_default();
-                let start = p.ids.len();
-                p.ids.push_str(id);
-                p.keys.push(TreeKey {
-                    dir: e.dir,
-                    idh: crate::format::hash(name),
-                    id: (start, id.len()),
-                    part: 0,
-                    span,
-                });
-            }
-            Err((reason, detail)) => p.skipped.push(Skipped {
-                path: path.to_string_lossy().into_owned(),
-                reason,
-                detail,
-            }),
-        }
-        if n % 256 == 255 {
-            tick(256);
-        }
-    }
-    tick((share.len() % 256) as u64);
-    Ok(p)
-}
-
 /// A key of the tree that is migrated.
 struct TreeKey {
     dir: usize,
@@ -689,7 +198,7 @@ type KeptEntry = (String, Vec<u8>, u64);
 
 /// The contents of both new banks, in insertion (roster) order.
 #[derive(Default)]
-struct Plan {
+struct MigrationPlan {
     keys: Vec<Src>,
     denied: Vec<Src>,
     kept_keys: Vec<KeptEntry>,
@@ -742,10 +251,15 @@ impl Tree {
 
     /// Merges the tree with what the target banks hold (unless `replace`)
     /// and checks the load factor.
-    fn plan(&self, store: Option<&Store>, target: &Path, opts: &MigrateOptions) -> Result<Plan> {
+    fn plan(
+        &self,
+        store: Option<&Store>,
+        target: &Path,
+        opts: &MigrateOptions,
+    ) -> Result<MigrationPlan> {
         let kpath = target.join(KEYS_INDEX);
         let dpath = target.join(DENIED_INDEX);
-        let mut plan = Plan::default();
+        let mut plan = MigrationPlan::default();
         let mut placed = vec![false; self.keys.len()];
         let mut dplaced = vec![false; self.denied.len()];
         if let Some(store) = store {
@@ -841,7 +355,12 @@ impl Tree {
     }
 
     /// Both bank images of `plan`.
-    fn images(&self, plan: &Plan, target: &Path, params: Params) -> Result<(Image, Image)> {
+    fn images(
+        &self,
+        plan: &MigrationPlan,
+        target: &Path,
+        params: Params,
+    ) -> Result<(Image, Image)> {
         let kpath = target.join(KEYS_INDEX);
         let dpath = target.join(DENIED_INDEX);
         let mut kimg = Image::with_shared(params, self.parts.clone())?;

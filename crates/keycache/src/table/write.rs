@@ -1,0 +1,464 @@
+//! The write path: transactions planned in full, then applied (records
+//! appended and fsynced, slots pointed at them, status bytes last, roster,
+//! msync).
+
+use super::*;
+
+impl Table {
+    /// Applies `f`'s writes atomically with respect to other writers and
+    /// makes them durable with one round of fsyncs at the end. When `f`
+    /// fails, or the writes do not fit ([`Error::TableFull`]), nothing is
+    /// written.
+    pub fn transaction<T>(
+        &self,
+        f: impl FnOnce(&mut Txn<'_>) -> Result<T>,
+    ) -> Result<(T, Applied)> {
+        self.with_writer(|ix| {
+            let mut tx = Txn::new(self);
+            let out = f(&mut tx)?;
+            let plan = self.plan(ix, tx)?;
+            let applied = self.apply(ix, plan)?;
+            Ok((out, applied))
+        })
+    }
+
+    /// Runs `f` holding the bank's write lock, with the index mapped for
+    /// writing (the bank is created if missing). For writes spanning banks:
+    /// take the locks in one order (`keys`, then `denied_keys`), plan every
+    /// bank's writes, then apply them.
+    pub(crate) fn with_writer<T>(&self, f: impl FnOnce(&Index) -> Result<T>) -> Result<T> {
+        self.with_lock(true, |w| {
+            let ix =
+                w.ok_or_else(|| corrupt(&self.path, None, "bank vanished while locked".into()))?;
+            f(ix)
+        })
+    }
+
+    /// Puts one entry, durably.
+    pub fn put(&self, id: &[u8], value: &[u8]) -> Result<Applied> {
+        self.transaction(|tx| tx.put(id, value)).map(|(_, a)| a)
+    }
+
+    /// Removes one entry, durably. Returns whether it existed.
+    pub fn remove(&self, id: &[u8]) -> Result<bool> {
+        self.check_id(id)?;
+        if files::file_id(&self.path).is_none() {
+            return Ok(false);
+        }
+        self.transaction(|tx| tx.remove(id))
+            .map(|(_, a)| a.removed > 0)
+    }
+
+    /// Finds `id` in the locked index: `Ok(slot)` when present, `Err(slot)`
+    /// with the slot a new entry would take (None when full). Slots in
+    /// `claimed` are taken by other writes of the same plan; slots in
+    /// `freed` are removed by it, and count as DELETED.
+    fn find_locked(
+        &self,
+        ix: &Index,
+        id: &[u8],
+        claimed: &HashSet<u64>,
+        freed: &HashSet<u64>,
+    ) -> std::result::Result<u64, Option<u64>> {
+        let p = &self.params;
+        let home = p.home(id);
+        let mut first_free = None;
+        let mut buf = vec![0u8; p.slot_used()];
+        for step in 0..p.capacity() {
+            let slot = p.probe(home, step);
+            if claimed.contains(&slot) {
+                continue;
+            }
+            let off = p.slot_offset(slot);
+            let status = if freed.contains(&slot) {
+                DELETED
+            } else {
+                ix.map.load_u8(off).unwrap_or(EMPTY)
+            };
+            match status {
+                OCCUPIED => {
+                    ix.map.copy_out(off, &mut buf);
+                    if format::slot_id_eq(p, &buf, id) {
+                        return Ok(slot);
+                    }
+                }
+                DELETED => {
+                    if first_free.is_none() {
+                        first_free = Some(slot);
+                    }
+                }
+                _ => return Err(Some(first_free.unwrap_or(slot))),
+            }
+        }
+        Err(first_free)
+    }
+
+    /// Works out, under the lock and without writing anything, where every
+    /// write of `tx` goes. Removals are placed first, so that the batch's
+    /// inserts may reuse the slots they free; fails with
+    /// [`Error::TableFull`] when the inserts do not fit.
+    pub(crate) fn plan(&self, ix: &Index, tx: Txn<'_>) -> Result<Plan> {
+        let Txn {
+            order, mut staged, ..
+        } = tx;
+        let mut claimed = HashSet::new();
+        let mut freed = HashSet::new();
+        let mut writes = Vec::with_capacity(order.len());
+        for id in &order {
+            if let Some(None) = staged.get(id) {
+                if let Ok(slot) = self.find_locked(ix, id, &claimed, &freed) {
+                    freed.insert(slot);
+                    writes.push(Planned {
+                        slot,
+                        insert: false,
+                        was_deleted: false,
+                        value: None,
+                        id: id.clone(),
+                    });
+                }
+            }
+        }
+        for id in order {
+            let Some(Some(value)) = staged.remove(&id) else {
+                continue;
+            };
+            match self.find_locked(ix, &id, &claimed, &freed) {
+                Ok(slot) => {
+                    claimed.insert(slot);
+                    writes.push(Planned {
+                        slot,
+                        insert: false,
+                        was_deleted: false,
+                        value: Some(value),
+                        id,
+                    });
+                }
+                Err(None) => {
+                    return Err(Error::TableFull {
+                        path: self.path.clone(),
+                        capacity: self.params.capacity(),
+                    });
+                }
+                Err(Some(slot)) => {
+                    claimed.insert(slot);
+                    let was_deleted = freed.contains(&slot)
+                        || ix.map.load_u8(self.params.slot_offset(slot)) == Some(DELETED);
+                    writes.push(Planned {
+                        slot,
+                        insert: true,
+                        was_deleted,
+                        value: Some(value),
+                        id,
+                    });
+                }
+            }
+        }
+        Ok(Plan { writes })
+    }
+
+    /// Performs a [`Plan`], durably: the heap records are appended and
+    /// fsynced; removals mark their slots DELETED; new entries get their
+    /// fields, then (after an msync of the two pages of each slot that spans
+    /// two, so that a power loss never keeps a status byte without the
+    /// fields it vouches for) their status; then the header, the roster
+    /// (fsynced) and the index (msync).
+    pub(crate) fn apply(&self, ix: &Index, plan: Plan) -> Result<Applied> {
+        const PAGE: usize = 4096;
+        let p = &self.params;
+        let writes = plan.writes;
+        if writes.is_empty() {
+            return Ok(Applied::default());
+        }
+        let mtime = files::now_ns();
+        // 1. Append every record and make the heap durable.
+        let mut offsets = Vec::with_capacity(writes.len());
+        {
+            let mut app = Appender::open(self)?;
+            for w in &writes {
+                offsets.push(match &w.value {
+                    Some(v) if !v.is_empty() => app.append(v, &w.id)?,
+                    Some(_) => app.empty_offset(),
+                    None => 0,
+                });
+            }
+            app.finish()?;
+        }
+        let mut applied = Applied::default();
+        let Header {
+            occupied: mut occ,
+            deleted: mut del,
+            high_water: mut hwm,
+        } = read_header(&ix.map);
+        let mut removed_slots = Vec::new();
+        let mut inserted_slots = Vec::new();
+        let (mut lo, mut hi) = (usize::MAX, 0usize);
+        // New entries whose slot spans two pages (about one in 43 with
+        // 96-byte slots): their fields are made durable before their status.
+        let mut spanning = Vec::new();
+        // 2. Removals (placed first by the plan): status DELETED.
+        for w in writes.iter().filter(|w| w.value.is_none()) {
+            let off = p.slot_offset(w.slot);
+            lo = lo.min(off);
+            hi = hi.max(off + p.slot_size);
+            ix.map.store_u8(off, DELETED);
+            occ = occ.saturating_sub(1);
+            del = del.saturating_add(1);
+            removed_slots.push(w.slot as u32);
+            applied.removed += 1;
+        }
+        // 3. Fields of every put; an existing entry's slot is repointed at
+        // once (its status stays OCCUPIED), a new entry's status waits.
+        let mut new_slots = Vec::new();
+        for (w, packed) in writes.iter().zip(&offsets) {
+            let Some(v) = &w.value else { continue };
+            let off = p.slot_offset(w.slot);
+            lo = lo.min(off);
+            hi = hi.max(off + p.slot_size);
+            let mut body = vec![0u8; p.slot_used() - 1];
+            let fields = SlotFields {
+                status: OCCUPIED,
+                offset: *packed,
+                len: v.len() as u32,
+                mtime,
+            };
+            fields.encode_body(p, &w.id, &mut body);
+            ix.map.copy_in(off + 1, &body);
+            hwm = hwm.max(w.slot);
+            if w.insert {
+                if off / PAGE != (off + p.slot_size - 1) / PAGE {
+                    spanning.push(off);
+                }
+                new_slots.push(off);
+                occ = occ.saturating_add(1);
+                if w.was_deleted {
+                    del = del.saturating_sub(1);
+                }
+                inserted_slots.push(w.slot as u32);
+                applied.inserted += 1;
+            } else {
+                applied.updated += 1;
+            }
+        }
+        // Only those two pages each: the other dirty pages of the batch are
+        // written once, by the msync at the end.
+        for off in spanning {
+            ix.map
+                .flush_range(off, p.slot_size)
+                .map_err(|e| Error::io(&self.path, "msync", e))?;
+        }
+        // 4. Status bytes of new entries, then the header.
+        for off in new_slots {
+            ix.map.store_u8(off, OCCUPIED);
+        }
+        let header = Header {
+            occupied: occ,
+            deleted: del,
+            high_water: hwm,
+        };
+        ix.map
+            .copy_in(format::HDR_OCCUPIED, &header.encode_counters());
+        // 5. Roster, then the index.
+        if !removed_slots.is_empty() || !inserted_slots.is_empty() {
+            let rpath = format::roster_path(&self.path);
+            let rf = match files::open_regular(&rpath, true) {
+                Ok(f) => f,
+                Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+                    files::create_new(&rpath, &self.ownership)?
+                }
+                Err(e) => return Err(e),
+            };
+            roster::update(&rpath, &rf, &removed_slots, &inserted_slots)?;
+            files::sync_data(&rf, &rpath)?;
+        }
+        ix.map
+            .flush_range(0, p.slot_size)
+            .map_err(|e| Error::io(&self.path, "msync", e))?;
+        ix.map
+            .flush_range(lo, hi - lo)
+            .map_err(|e| Error::io(&self.path, "msync", e))?;
+        Ok(applied)
+    }
+}
+
+/// Where the writes of a transaction go, worked out by [`Table::plan`]
+/// before anything is written.
+pub(crate) struct Plan {
+    /// Removals first, then puts in the order they were staged.
+    writes: Vec<Planned>,
+}
+
+struct Planned {
+    slot: u64,
+    insert: bool,
+    was_deleted: bool,
+    /// None: remove.
+    value: Option<Vec<u8>>,
+    id: Vec<u8>,
+}
+
+/// Staged writes of a [`Table::transaction`]. Reads see the staged writes.
+pub struct Txn<'a> {
+    table: &'a Table,
+    order: Vec<Vec<u8>>,
+    staged: HashMap<Vec<u8>, Option<Vec<u8>>>,
+}
+
+impl<'a> Txn<'a> {
+    /// The value of `id` as this transaction would leave it.
+    pub fn get(&self, id: &[u8]) -> Result<Option<Vec<u8>>> {
+        if let Some(v) = self.staged.get(id) {
+            return Ok(v.clone());
+        }
+        Ok(self.table.get(id)?.map(|r| r.value))
+    }
+
+    /// The table this transaction writes to.
+    pub fn table(&self) -> &Table {
+        self.table
+    }
+
+    /// Stages a put.
+    pub fn put(&mut self, id: &[u8], value: &[u8]) -> Result<()> {
+        self.table.check_id(id)?;
+        if u32::try_from(value.len()).is_err() {
+            return Err(Error::ValueTooLarge {
+                id: String::from_utf8_lossy(id).into_owned(),
+                len: value.len(),
+            });
+        }
+        self.stage(id, Some(value.to_vec()));
+        Ok(())
+    }
+
+    /// Stages a removal.
+    pub fn remove(&mut self, id: &[u8]) -> Result<()> {
+        self.table.check_id(id)?;
+        self.stage(id, None);
+        Ok(())
+    }
+
+    pub(crate) fn new(table: &'a Table) -> Txn<'a> {
+        Txn {
+            table,
+            order: Vec::new(),
+            staged: HashMap::new(),
+        }
+    }
+
+    fn stage(&mut self, id: &[u8], v: Option<Vec<u8>>) {
+        if self.staged.insert(id.to_vec(), v).is_none() {
+            self.order.push(id.to_vec());
+        }
+    }
+
+    /// Number of ids staged.
+    pub fn len(&self) -> usize {
+        self.order.len()
+    }
+
+    /// Whether nothing is staged.
+    pub fn is_empty(&self) -> bool {
+        self.order.is_empty()
+    }
+}
+
+/// Appends records to the active heap segment, rolling to a new one at the cap.
+struct Appender<'a> {
+    table: &'a Table,
+    seg_no: u16,
+    path: PathBuf,
+    file: File,
+    len: u64,
+    pending: Vec<u8>,
+    dirty: Vec<(PathBuf, File)>,
+    new_segment: bool,
+}
+
+impl<'a> Appender<'a> {
+    pub(super) fn open(table: &'a Table) -> Result<Appender<'a>> {
+        let segs = heap::discover(&table.path);
+        let (seg_no, path) = match segs.len() {
+            0 => (0u16, heap::segment_path(&table.path, 0)),
+            n => ((n - 1) as u16, segs[n - 1].clone()),
+        };
+        let (file, new_segment) = match files::open_regular(&path, true) {
+            Ok(f) => (f, false),
+            Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+                (files::create_new(&path, &table.ownership)?, true)
+            }
+            Err(e) => return Err(e),
+        };
+        let len = file
+            .metadata()
+            .map_err(|e| Error::io(&path, "stat", e))?
+            .len();
+        Ok(Appender {
+            table,
+            seg_no,
+            path,
+            file,
+            len,
+            pending: Vec::new(),
+            dirty: Vec::new(),
+            new_segment,
+        })
+    }
+
+    fn flush_pending(&mut self) -> Result<()> {
+        if !self.pending.is_empty() {
+            let at = self.len - self.pending.len() as u64;
+            self.file
+                .write_all_at(&self.pending, at)
+                .map_err(|e| Error::io(&self.path, "write", e))?;
+            self.pending.clear();
+        }
+        Ok(())
+    }
+
+    /// The packed offset Salt gives a zero-length value.
+    fn empty_offset(&self) -> u64 {
+        format::pack_offset(self.seg_no, self.len)
+    }
+
+    fn append(&mut self, value: &[u8], id: &[u8]) -> Result<u64> {
+        let p = &self.table.params;
+        let rec = format::record_len(value.len());
+        if self.len > 0 && self.len + rec > p.max_segment_bytes {
+            self.flush_pending()?;
+            let next = self.seg_no.checked_add(1).ok_or_else(|| {
+                corrupt(
+                    &self.table.path,
+                    Some(id),
+                    "the heap has 65536 segments; compact the bank".into(),
+                )
+            })?;
+            let path = heap::segment_path(&self.table.path, next);
+            let file = files::create_new(&path, &self.table.ownership)?;
+            let old_path = std::mem::replace(&mut self.path, path);
+            let old_file = std::mem::replace(&mut self.file, file);
+            self.dirty.push((old_path, old_file));
+            self.seg_no = next;
+            self.len = 0;
+            self.new_segment = true;
+        }
+        let at = format::pack_offset(self.seg_no, self.len);
+        format::encode_record(value, &mut self.pending);
+        self.len += rec;
+        if self.pending.len() >= 1 << 20 {
+            self.flush_pending()?;
+        }
+        Ok(at)
+    }
+
+    pub(super) fn finish(mut self) -> Result<()> {
+        self.flush_pending()?;
+        for (path, f) in &self.dirty {
+            files::sync_data(f, path)?;
+        }
+        files::sync_data(&self.file, &self.path)?;
+        if self.new_segment {
+            files::sync_dir(&self.table.dir)?;
+        }
+        Ok(())
+    }
+}
