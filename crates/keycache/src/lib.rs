@@ -1,5 +1,6 @@
 //! keycache: the engine of Salt 3008's `mmap_key` minion-key store.
 #![warn(missing_docs)]
+pub mod diff;
 pub mod error;
 pub mod export;
 pub mod files;
@@ -10,6 +11,7 @@ pub mod layout;
 mod map;
 pub mod migrate;
 pub mod rebuild;
+pub mod report;
 mod roster;
 pub mod store;
 pub mod table;
