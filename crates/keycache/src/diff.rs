@@ -105,3 +105,72 @@ pub fn diff(a: &Store, b: &Store) -> Result<Diff> {
     d.same = d.only_a.is_empty() && d.only_b.is_empty() && d.differ.is_empty();
     Ok(d)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{KeyState, MinionId, OpenOptions, Params};
+
+    const PEM: &[u8] = b"-----BEGIN PUBLIC KEY-----\nk\n-----END PUBLIC KEY-----\n";
+    const PEM2: &[u8] = b"-----BEGIN PUBLIC KEY-----\nk2\n-----END PUBLIC KEY-----\n";
+
+    fn store(dir: &std::path::Path) -> Store {
+        let opts = OpenOptions {
+            params: Params {
+                size: 1009,
+                ..Params::default()
+            },
+            ..OpenOptions::default()
+        };
+        Store::open_with(dir, &opts).expect("open")
+    }
+
+    fn id(s: &str) -> MinionId {
+        MinionId::new(s).expect("id")
+    }
+
+    #[test]
+    fn diff_lists_what_differs_in_id_order() -> Result<()> {
+        let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let (a, b) = (store(da.path()), store(db.path()));
+        assert_eq!(
+            diff(&a, &b)?,
+            Diff {
+                same: true,
+                ..Diff::default()
+            }
+        );
+        for s in [&a, &b] {
+            s.put(&id("both"), KeyState::Accepted, PEM)?;
+            s.put(&id("state"), KeyState::Pending, PEM)?;
+        }
+        b.set_state(&id("state"), KeyState::Accepted)?;
+        a.put(&id("key"), KeyState::Accepted, PEM)?;
+        b.put(&id("key"), KeyState::Accepted, PEM2)?;
+        a.put(&id("only-a"), KeyState::Rejected, PEM)?;
+        b.deny(&id("both"), PEM)?;
+        let d = diff(&a, &b)?;
+        assert!(!d.same);
+        assert_eq!(d.entries_a, 4);
+        let only = |id: &str, bank, state: &str| OnlyIn {
+            id: id.into(),
+            bank,
+            state: state.into(),
+        };
+        assert_eq!(d.only_a, [only("only-a", "keys", "rejected")]);
+        assert_eq!(d.only_b, [only("both", "denied_keys", "denied")]);
+        let ids: Vec<(&str, &str, &str, bool)> = d
+            .differ
+            .iter()
+            .map(|e| (&*e.id, &*e.state_a, &*e.state_b, e.same_key))
+            .collect();
+        assert_eq!(
+            ids,
+            [
+                ("key", "accepted", "accepted", false),
+                ("state", "pending", "accepted", true)
+            ]
+        );
+        Ok(())
+    }
+}

@@ -178,3 +178,50 @@ pub fn compact(dir: &Path, opts: &OpenOptions, to_size: Option<u64>) -> Result<C
         config: format!("mmap_key_size: {size}"),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{KeyState, MinionId};
+
+    const PEM: &[u8] = b"-----BEGIN PUBLIC KEY-----\nk\n-----END PUBLIC KEY-----\n";
+
+    fn opts(size: u64) -> OpenOptions {
+        OpenOptions {
+            params: Params {
+                size,
+                ..Params::default()
+            },
+            ..OpenOptions::default()
+        }
+    }
+
+    #[test]
+    fn stats_and_compact_report_the_garbage() -> Result<()> {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open_with(dir.path(), &opts(1009))?;
+        for n in 0..4 {
+            store.put(&MinionId::new(format!("m{n}"))?, KeyState::Pending, PEM)?;
+        }
+        store.remove(&MinionId::new("m0")?)?;
+        store.deny(&MinionId::new("m1")?, PEM)?;
+        let s = stats(&store)?;
+        assert_eq!((s.counts.pending, s.counts.denied), (3, 1));
+        assert_eq!(s.params, LayoutParams::from(opts(1009).params));
+        assert_eq!((s.keys.occupied, s.keys.deleted), (3, 1));
+        assert!(s.keys.garbage_ratio > 0.2 && s.keys.garbage_ratio < 0.3);
+        assert_eq!(s.denied_keys.garbage_ratio, 0.0);
+        assert_eq!(s.keys.probe_length.max, 1);
+        drop(store);
+
+        let r = compact(dir.path(), &opts(1009), Some(2003))?;
+        assert_eq!(r.size, 2003);
+        assert_eq!(r.config, "mmap_key_size: 2003");
+        assert_eq!(r.before.deleted, 1);
+        assert_eq!(r.after.deleted, 0);
+        assert!(r.after.heap_total_bytes < r.before.heap_total_bytes);
+        let again = Store::open_with(dir.path(), &opts(2003))?;
+        assert_eq!(stats(&again)?.keys.garbage_ratio, 0.0);
+        Ok(())
+    }
+}

@@ -589,3 +589,52 @@ pub fn check_store(store: &crate::Store, repair: bool) -> Result<VerifyReport> {
         repaired,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn finding(kind: FindingKind) -> Finding {
+        Finding {
+            kind,
+            file: PathBuf::from("x"),
+            slot: None,
+            offset: None,
+            id: None,
+            what: String::new(),
+            repairable: kind.repairable(),
+        }
+    }
+
+    #[test]
+    fn passed_means_clean_or_repaired_without_loss() {
+        let found = vec![BankFinding {
+            bank: "keys",
+            finding: finding(FindingKind::HighWater),
+        }];
+        let repair = |lost: usize, after: usize| BankRepair {
+            bank: "keys",
+            kept: 1,
+            lost: vec![("id".into(), "why".into()); lost],
+            findings_after: vec![finding(FindingKind::BadRecord); after],
+        };
+        let report = |findings: Vec<BankFinding>, repaired| VerifyReport {
+            clean: findings.is_empty(),
+            findings,
+            repaired,
+        };
+        assert!(report(vec![], vec![]).passed());
+        assert!(!report(found.clone(), vec![]).passed());
+        assert!(report(found.clone(), vec![repair(0, 0)]).passed());
+        assert!(!report(found.clone(), vec![repair(1, 0)]).passed());
+        assert!(!report(found, vec![repair(0, 1)]).passed());
+    }
+
+    #[test]
+    fn kinds_say_what_a_repair_keeps() {
+        assert!(FindingKind::Unreachable.repairable());
+        assert!(FindingKind::RosterDuplicate.repairable());
+        assert!(!FindingKind::BadRecord.repairable());
+        assert!(!FindingKind::IndexMissing.repairable());
+    }
+}
