@@ -1,5 +1,6 @@
 //! The argument groups the commands share, each defined once: the store
-//! directory, the store's layout ([`Layout`]), `--json` and `--user`.
+//! directory, the store's layout ([`Layout`]), `--json` and `--user`; and
+//! minion ids given as arguments ([`minion_id`]).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -10,7 +11,14 @@ use keycache::files::Ownership;
 use keycache::layout::{self, Params};
 use keycache::store::Store;
 use keycache::table::OpenOptions;
-use keycache::Error;
+use keycache::{Error, MinionId};
+
+use crate::output::CmdError;
+
+/// A minion id given on the command line, or a failure with exit code 2.
+pub(crate) fn minion_id(s: &str) -> Result<MinionId, CmdError> {
+    MinionId::new(s).map_err(|e| CmdError::usage(e.to_string()))
+}
 
 /// The store a command works on.
 #[derive(Debug, Clone, Args)]

@@ -2,10 +2,8 @@
 
 use serde::Serialize;
 
-use keycache::MinionId;
-
-use crate::args::{Json, Layout, StoreDir};
-use crate::output::{exit, fmt_time, print_json, CmdError, CmdResult};
+use crate::args::{minion_id, Json, Layout, StoreDir};
+use crate::output::{exit, fmt_time, print_json, CmdResult};
 
 /// The arguments of `keycache get`.
 #[derive(Debug, clap::Args)]
@@ -29,11 +27,6 @@ struct GetReport<'a> {
     public_key: Option<String>,
     mtime_ns: Option<u64>,
     denied_pub: Option<String>,
-}
-
-/// `s` as a minion id, or a failure with exit code 2.
-pub(crate) fn minion_id(s: &str) -> Result<MinionId, CmdError> {
-    MinionId::new(s).map_err(|e| CmdError::usage(e.to_string()))
 }
 
 /// Runs `keycache get`.

@@ -6,8 +6,7 @@ use serde::Serialize;
 use keycache::store::KeyState;
 use keycache::MinionId;
 
-use super::get::minion_id;
-use crate::args::{Json, Layout, StoreDir};
+use crate::args::{minion_id, Json, Layout, StoreDir};
 use crate::output::{exit, print_json, CmdError, CmdResult};
 
 /// The arguments of `keycache accept`, `reject` and `delete`.
