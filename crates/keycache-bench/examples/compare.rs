@@ -43,6 +43,7 @@ use std::process::{Command, Stdio};
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
+use clap::{Parser, Subcommand};
 use common::*;
 use keycache::{KeyBatch, KeyState, MinionId, Reader, Store};
 use serde_json::{json, Value as Json};
@@ -51,64 +52,138 @@ use serde_json::{json, Value as Json};
 // Arguments
 // ---------------------------------------------------------------------------
 
-struct Args {
-    cmd: String,
-    opts: BTreeMap<String, String>,
+/// Side-by-side performance comparison of keycache against in-memory
+/// HashMaps (std, hashbrown), LMDB through heed and Salt 3008.5's own
+/// Python `mmap_key`.
+///
+/// Prints a Markdown report of medians and ratios; see
+/// tools/bench-compare.sh. Without a subcommand it runs `run`.
+#[derive(Debug, Parser)]
+#[command(name = "compare", args_conflicts_with_subcommands = true)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Option<Cmd>,
+    #[command(flatten)]
+    run: RunArgs,
 }
 
-impl Args {
-    fn parse() -> Args {
-        let mut it = std::env::args().skip(1).peekable();
-        let cmd = match it.peek() {
-            Some(a) if !a.starts_with("--") => it.next().unwrap(),
-            _ => "run".to_string(),
-        };
-        let mut opts = BTreeMap::new();
-        while let Some(a) = it.next() {
-            let Some(k) = a.strip_prefix("--") else {
-                die(&format!("unexpected argument {a:?}"));
-            };
-            if let Some((k, v)) = k.split_once('=') {
-                opts.insert(k.to_string(), v.to_string());
-            } else if matches!(it.peek(), Some(v) if !v.starts_with("--")) {
-                opts.insert(k.to_string(), it.next().unwrap());
-            } else {
-                opts.insert(k.to_string(), "1".to_string());
-            }
-        }
-        Args { cmd, opts }
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// The comparison (the default).
+    Run(RunArgs),
+    /// Internal: does nothing (the start-up time of a child process).
+    Noop,
+    /// Internal: opens a store and looks up one id; prints the times as JSON.
+    OpenFirst(OpenFirstArgs),
+    /// Internal: the resident memory of a contender after 10,000 lookups.
+    Rss(LookupArgs),
+    /// Internal: a loop of lookups for callgrind to count.
+    CallgrindLoop(CallgrindArgs),
+}
+
+/// A count: digits, `_` allowed as a separator (`1_000_000`).
+fn count(s: &str) -> Result<u64, String> {
+    s.replace('_', "")
+        .parse()
+        .map_err(|e| format!("{s:?}: {e}"))
+}
+
+#[derive(Debug, Clone, clap::Args)]
+struct RunArgs {
+    /// Store sizes (minions).
+    #[arg(long, value_delimiter = ',', value_parser = count, default_value = "10000,100000,1000000")]
+    sizes: Vec<u64>,
+    /// Rounds; the tables give medians over them.
+    #[arg(long, default_value_t = 5)]
+    rounds: usize,
+    /// Seconds per Rust measurement.
+    #[arg(long, default_value_t = 0.5)]
+    seconds: f64,
+    /// Seconds per Salt measurement.
+    #[arg(long, default_value_t = 1.0)]
+    salt_seconds: f64,
+    /// The Salt venv's python (tools/setup-venv.sh); needed for the Salt
+    /// contender.
+    #[arg(long, value_name = "SALT_VENV_PYTHON")]
+    python: Option<PathBuf>,
+    /// Sections: lookup, list, migrate, open, write, callgrind.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "lookup,list,migrate,open,write,callgrind"
+    )]
+    only: Vec<String>,
+    /// Contenders: salt, lmdb, maps.
+    #[arg(long, value_delimiter = ',', default_value = "salt,lmdb,maps")]
+    contenders: Vec<String>,
+    /// Tree sizes of the migration section.
+    #[arg(long, value_delimiter = ',', value_parser = count, default_value = "10000,100000")]
+    migrate_sizes: Vec<u64>,
+    /// Largest tree Salt migrates (larger ones are extrapolated).
+    #[arg(long, value_parser = count, default_value = "10000")]
+    salt_migrate_max: u64,
+    /// Where trees, stores and LMDB environments are kept [default:
+    /// target/bench-data].
+    #[arg(long, value_name = "DIR")]
+    data: Option<PathBuf>,
+    /// The keycache binary [default: target/release/keycache].
+    #[arg(long, value_name = "BIN")]
+    keycache: Option<PathBuf>,
+    /// Where to write the raw samples [default: DATA/results.json].
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+}
+
+/// The store a child process opens.
+#[derive(Debug, Clone, clap::Args)]
+struct StoreArgs {
+    /// The store directory.
+    #[arg(long)]
+    store: PathBuf,
+    /// Its table size.
+    #[arg(long, default_value_t = 1_000_000)]
+    size: u64,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+struct OpenFirstArgs {
+    #[command(flatten)]
+    store: StoreArgs,
+    /// The id to look up.
+    #[arg(long)]
+    id: String,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+struct LookupArgs {
+    #[command(flatten)]
+    store: StoreArgs,
+    /// A file of ids, one a line.
+    #[arg(long)]
+    ids: PathBuf,
+    /// Who looks them up.
+    #[arg(long, default_value = "keycache")]
+    contender: String,
+    /// The LMDB environment (contender lmdb).
+    #[arg(long)]
+    lmdb: Option<PathBuf>,
+}
+
+impl LookupArgs {
+    fn lmdb(&self) -> &Path {
+        self.lmdb
+            .as_deref()
+            .unwrap_or_else(|| die("contender lmdb needs --lmdb"))
     }
-    fn get(&self, k: &str) -> Option<&str> {
-        self.opts.get(k).map(String::as_str)
-    }
-    fn str_or(&self, k: &str, d: &str) -> String {
-        self.get(k).unwrap_or(d).to_string()
-    }
-    fn num<T: std::str::FromStr>(&self, k: &str, d: T) -> T {
-        match self.get(k) {
-            Some(v) => v
-                .parse()
-                .unwrap_or_else(|_| die(&format!("--{k}: bad value {v:?}"))),
-            None => d,
-        }
-    }
-    fn list(&self, k: &str, d: &str) -> Vec<String> {
-        self.str_or(k, d)
-            .split(',')
-            .filter(|s| !s.is_empty())
-            .map(str::to_string)
-            .collect()
-    }
-    fn nums(&self, k: &str, d: &str) -> Vec<u64> {
-        self.list(k, d)
-            .iter()
-            .map(|s| {
-                s.replace('_', "")
-                    .parse()
-                    .unwrap_or_else(|_| die(&format!("--{k}: {s:?}")))
-            })
-            .collect()
-    }
+}
+
+#[derive(Debug, Clone, clap::Args)]
+struct CallgrindArgs {
+    #[command(flatten)]
+    lookup: LookupArgs,
+    /// Lookups to count.
+    #[arg(long, default_value_t = 20_000)]
+    lookups: usize,
 }
 
 fn die(msg: &str) -> ! {
@@ -1028,15 +1103,11 @@ fn section_open(cfg: &Cfg, data: &Data, p: &Prepared) -> Samples {
     s
 }
 
-fn cmd_open_first(a: &Args) {
+fn cmd_open_first(a: &OpenFirstArgs) {
     let t0 = Instant::now();
-    let store = Store::open_with(
-        a.get("store").unwrap(),
-        &open_options(a.num("size", 1_000_000u64)),
-    )
-    .unwrap();
+    let store = Store::open_with(&a.store.store, &open_options(a.store.size)).unwrap();
     let t1 = Instant::now();
-    let id = MinionId::new(a.get("id").unwrap()).unwrap();
+    let id = MinionId::new(a.id.as_str()).unwrap();
     let e = store.get(&id).unwrap().expect("first id present");
     let sum = touch(e.state.byte(), &e.public_key);
     let t2 = Instant::now();
@@ -1062,14 +1133,14 @@ fn proc_status_kib(field: &str) -> f64 {
     f64::NAN
 }
 
-fn cmd_rss(a: &Args) {
-    let ids = read_ids(Path::new(a.get("ids").unwrap()));
+fn cmd_rss(a: &LookupArgs) {
+    let ids = read_ids(&a.ids);
     let base = proc_status_kib("VmRSS");
-    let size = a.num("size", 1_000_000u64);
-    let store_dir = a.get("store").unwrap();
+    let size = a.store.size;
+    let store_dir = &a.store.store;
     let mut sum = 0u64;
     let keep: Box<dyn std::any::Any>;
-    match a.get("contender").unwrap_or("keycache") {
+    match a.contender.as_str() {
         "keycache" => {
             let store = Store::open_with(store_dir, &open_options(size)).unwrap();
             for id in ids.iter().take(10_000) {
@@ -1078,7 +1149,7 @@ fn cmd_rss(a: &Args) {
             keep = Box::new(store);
         }
         "lmdb" => {
-            let db = open_lmdb(Path::new(a.get("lmdb").unwrap()));
+            let db = open_lmdb(a.lmdb());
             for id in ids.iter().take(10_000) {
                 let t = db.0.read_txn().unwrap();
                 sum = sum.wrapping_add(lmdb_get(&db, &t, id));
@@ -1217,13 +1288,13 @@ fn callgrind_measured(f: &mut dyn FnMut(usize) -> u64, n: usize) -> u64 {
     sum
 }
 
-fn cmd_callgrind_loop(a: &Args) {
-    let size = a.num("size", 1_000_000u64);
-    let store = Store::open_with(a.get("store").unwrap(), &open_options(size)).unwrap();
-    let ids = read_ids(Path::new(a.get("ids").unwrap()));
-    let lookups: usize = a.num("lookups", 20_000);
+fn cmd_callgrind_loop(a: &CallgrindArgs) {
+    let lookups = a.lookups;
+    let a = &a.lookup;
+    let store = Store::open_with(&a.store.store, &open_options(a.store.size)).unwrap();
+    let ids = read_ids(&a.ids);
     let n = ids.len();
-    let sum = match a.get("contender").unwrap_or("keycache") {
+    let sum = match a.contender.as_str() {
         "keycache" => callgrind_measured(&mut |i| kc_get(&store, &ids[i % n]), lookups),
         "keycache_many" => {
             let batches: Vec<&[MinionId]> = ids.chunks_exact(64).collect();
@@ -1261,7 +1332,7 @@ fn cmd_callgrind_loop(a: &Args) {
         }
         "hashbrown" | "std" => {
             let entries = entries_of(&store);
-            if a.get("contender") == Some("std") {
+            if a.contender == "std" {
                 let m = std_map(&entries);
                 callgrind_measured(
                     &mut |i| m.get(ids[i % n].as_str()).map_or(0, |(s, k)| touch(*s, k)),
@@ -1273,7 +1344,7 @@ fn cmd_callgrind_loop(a: &Args) {
             }
         }
         "lmdb" => {
-            let db = open_lmdb(Path::new(a.get("lmdb").unwrap()));
+            let db = open_lmdb(a.lmdb());
             callgrind_measured(
                 &mut |i| {
                     let t = db.0.read_txn().unwrap();
@@ -1881,31 +1952,34 @@ fn report_callgrind(r: &mut Report, all: &[(u64, Samples)]) {
     r.line("");
 }
 
-fn cmd_run(a: &Args) {
-    let sizes = a.nums("sizes", "10000,100000,1000000");
-    let migrate_sizes = a.nums("migrate-sizes", "10000,100000");
-    let only = a.list("only", "lookup,list,migrate,open,write,callgrind");
-    let contenders = a.list("contenders", "salt,lmdb,maps");
-    let python = a.get("python").map(PathBuf::from);
+fn cmd_run(a: &RunArgs) {
+    let sizes = a.sizes.clone();
+    let migrate_sizes = a.migrate_sizes.clone();
+    let only = &a.only;
+    let contenders = &a.contenders;
+    let python = a.python.clone();
     let want_salt = contenders.iter().any(|c| c == "salt");
     if want_salt && python.is_none() {
         die("Salt comparisons need --python (the venv python of tools/setup-venv.sh); or --contenders lmdb,maps");
     }
     let cfg = Cfg {
-        rounds: a.num("rounds", 5),
-        seconds: a.num("seconds", 0.5),
-        salt_seconds: a.num("salt-seconds", 1.0),
+        rounds: a.rounds,
+        seconds: a.seconds,
+        salt_seconds: a.salt_seconds,
         python,
         salt: want_salt,
         lmdb: contenders.iter().any(|c| c == "lmdb"),
         maps: contenders.iter().any(|c| c == "maps"),
     };
     let data = Data {
-        dir: PathBuf::from(a.str_or("data", &repo().join("target/bench-data").to_string_lossy())),
-        keycache: PathBuf::from(a.str_or(
-            "keycache",
-            &repo().join("target/release/keycache").to_string_lossy(),
-        )),
+        dir: a
+            .data
+            .clone()
+            .unwrap_or_else(|| repo().join("target/bench-data")),
+        keycache: a
+            .keycache
+            .clone()
+            .unwrap_or_else(|| repo().join("target/release/keycache")),
     };
     std::fs::create_dir_all(&data.dir).unwrap();
     if !data.keycache.exists() {
@@ -1914,7 +1988,7 @@ fn cmd_run(a: &Args) {
             data.keycache.display()
         ));
     }
-    let salt_max: u64 = a.num("salt-migrate-max", 10_000);
+    let salt_max = a.salt_migrate_max;
     let has = |s: &str| only.iter().any(|o| o == s);
     let started = Instant::now();
     let m0 = machine();
@@ -2042,8 +2116,10 @@ fn cmd_run(a: &Args) {
             .collect::<Vec<_>>()),
     );
     r.json.insert("markdown".into(), json!(r.out));
-    let json_path =
-        PathBuf::from(a.str_or("json", &data.dir.join("results.json").to_string_lossy()));
+    let json_path = a
+        .json
+        .clone()
+        .unwrap_or_else(|| data.dir.join("results.json"));
     std::fs::write(
         &json_path,
         serde_json::to_string_pretty(&Json::Object(r.json)).unwrap(),
@@ -2054,30 +2130,13 @@ fn cmd_run(a: &Args) {
     eprintln!("{tail}");
 }
 
-const USAGE: &str = "\
-usage: compare run [--sizes 10000,100000,1000000] [--rounds 5] [--seconds 0.5]
-                   [--salt-seconds 1] [--python SALT_VENV_PYTHON]
-                   [--only lookup,list,migrate,open,write,callgrind]
-                   [--contenders salt,lmdb,maps] [--migrate-sizes 10000,100000]
-                   [--salt-migrate-max 10000] [--data target/bench-data]
-                   [--keycache target/release/keycache] [--json FILE]
-Prints a Markdown report of medians and ratios; see tools/bench-compare.sh.
-Internal: compare noop | open-first | rss | callgrind-loop (run as children).";
-
 fn main() {
-    let a = Args::parse();
-    if a.cmd == "help" || a.get("help").is_some() {
-        println!("{USAGE}");
-        return;
-    }
-    match a.cmd.as_str() {
-        "noop" => {}
-        "run" => cmd_run(&a),
-        "open-first" => cmd_open_first(&a),
-        "rss" => cmd_rss(&a),
-        "callgrind-loop" => cmd_callgrind_loop(&a),
-        c => die(&format!(
-            "unknown command {c:?} (run, noop, open-first, rss, callgrind-loop)"
-        )),
+    let cli = Cli::parse();
+    match cli.cmd.unwrap_or(Cmd::Run(cli.run)) {
+        Cmd::Noop => {}
+        Cmd::Run(a) => cmd_run(&a),
+        Cmd::OpenFirst(a) => cmd_open_first(&a),
+        Cmd::Rss(a) => cmd_rss(&a),
+        Cmd::CallgrindLoop(a) => cmd_callgrind_loop(&a),
     }
 }

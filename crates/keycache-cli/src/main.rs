@@ -1,7 +1,20 @@
 //! The `keycache` binary; see `keycache --help`.
-mod bench;
-mod cli;
+//!
+//! `args` holds the argument groups the commands share, `cmd` one module
+//! per command (and the dispatch), `output` colour, JSON and the error a
+//! command fails with.
+mod args;
+mod cmd;
+mod output;
+
+use clap::Parser;
 
 fn main() -> std::process::ExitCode {
-    cli::main()
+    match cmd::run(cmd::Cli::parse().command) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("keycache: {e}");
+            e.exit_code()
+        }
+    }
 }

@@ -47,6 +47,7 @@
 //! ```
 #![deny(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
+pub mod diff;
 pub mod error;
 pub mod export;
 pub mod files;
@@ -60,6 +61,7 @@ mod key;
 mod map;
 pub mod migrate;
 pub mod rebuild;
+pub mod report;
 mod roster;
 pub mod store;
 pub mod table;

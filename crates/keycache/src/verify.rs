@@ -14,10 +14,64 @@ use crate::format::{self, DELETED, EMPTY, OCCUPIED, ROSTER_TOMBSTONE};
 use crate::rebuild::Image;
 use crate::table::{Scan, Table};
 
+/// What kind of problem a [`Finding`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum FindingKind {
+    /// The index file is missing while the roster lists live entries.
+    IndexMissing,
+    /// The header's magic byte is missing.
+    BadMagic,
+    /// The header's count of occupied slots disagrees with the slots.
+    OccupiedCount,
+    /// The header's count of deleted slots disagrees with the slots.
+    DeletedCount,
+    /// The header's high-water mark is below a slot in use.
+    HighWater,
+    /// A slot's status byte is none of Salt's.
+    UnknownStatus,
+    /// A roster entry that is not a data slot.
+    RosterNotDataSlot,
+    /// A slot listed twice in the roster.
+    RosterDuplicate,
+    /// A roster entry whose slot is not occupied.
+    RosterNotOccupied,
+    /// An occupied slot the roster does not list.
+    NotInRoster,
+    /// An occupied slot with an empty id.
+    EmptyId,
+    /// An id that a lookup cannot reach along its probe chain.
+    Unreachable,
+    /// An id stored in more than one slot.
+    DuplicateId,
+    /// A value that the bank's [`ValueCheck`] refuses.
+    BadValue,
+    /// A record that cannot be read back intact (bounds, checksum).
+    BadRecord,
+}
+
+impl FindingKind {
+    /// Whether a repair mends a problem of this kind without losing the
+    /// entry.
+    pub fn repairable(self) -> bool {
+        !matches!(
+            self,
+            FindingKind::IndexMissing
+                | FindingKind::UnknownStatus
+                | FindingKind::EmptyId
+                | FindingKind::BadValue
+                | FindingKind::BadRecord
+        )
+    }
+}
+
 /// One problem found.
 #[derive(Debug, Clone)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct Finding {
+    /// What kind of problem it is (not serialized: `what` says it).
+    #[cfg_attr(feature = "serde", serde(skip))]
+    pub kind: FindingKind,
     /// The file concerned.
     pub file: PathBuf,
     /// The slot concerned, if any.
@@ -26,9 +80,10 @@ pub struct Finding {
     pub offset: Option<u64>,
     /// The id concerned, if any.
     pub id: Option<String>,
-    /// What is wrong.
+    /// What is wrong, in words.
     pub what: String,
-    /// Whether `--repair` mends it without losing the entry.
+    /// Whether a repair mends it without losing the entry (the kind's
+    /// [`FindingKind::repairable`]).
     pub repairable: bool,
 }
 
@@ -131,6 +186,7 @@ pub fn verify(t: &Table, check: Option<ValueCheck>) -> Result<Vec<Finding>> {
         let live = orphaned_roster_entries(t);
         if live > 0 {
             out.push(Finding {
+                kind: FindingKind::IndexMissing,
                 file: index,
                 slot: None,
                 offset: None,
@@ -138,24 +194,25 @@ pub fn verify(t: &Table, check: Option<ValueCheck>) -> Result<Vec<Finding>> {
                 what: format!(
                     "the index file is missing, but the roster lists {live} live entries: they are lost"
                 ),
-                repairable: false,
+                repairable: FindingKind::IndexMissing.repairable(),
             });
         }
         return Ok(out);
     }
-    let mut find = |file: &PathBuf,
+    let mut find = |kind: FindingKind,
+                    file: &PathBuf,
                     slot: Option<u64>,
                     offset: Option<u64>,
                     id: Option<&[u8]>,
-                    what: String,
-                    repairable: bool| {
+                    what: String| {
         out.push(Finding {
+            kind,
             file: file.clone(),
             slot,
             offset,
             id: id.map(|i| String::from_utf8_lossy(i).into_owned()),
             what,
-            repairable,
+            repairable: kind.repairable(),
         });
     };
     let occupied: Vec<_> = scan.slots.iter().filter(|s| s.status == OCCUPIED).collect();
@@ -167,16 +224,17 @@ pub fn verify(t: &Table, check: Option<ValueCheck>) -> Result<Vec<Finding>> {
     );
     if !scan.magic && !scan.slots.is_empty() {
         find(
+            FindingKind::BadMagic,
             &index,
             None,
             Some(0),
             None,
             "header magic 0xAB is missing".into(),
-            true,
         );
     }
     if h_occ != occupied.len() as u64 {
         find(
+            FindingKind::OccupiedCount,
             &index,
             None,
             Some(format::HDR_OCCUPIED as u64),
@@ -185,28 +243,27 @@ pub fn verify(t: &Table, check: Option<ValueCheck>) -> Result<Vec<Finding>> {
                 "header says {h_occ} occupied, the slots hold {}",
                 occupied.len()
             ),
-            true,
         );
     }
     if h_del != deleted {
         find(
+            FindingKind::DeletedCount,
             &index,
             None,
             Some(format::HDR_DELETED as u64),
             None,
             format!("header says {h_del} deleted, the slots hold {deleted}"),
-            true,
         );
     }
     if let Some(max) = scan.slots.iter().map(|s| s.slot).max() {
         if h_hwm < max {
             find(
+                FindingKind::HighWater,
                 &index,
                 None,
                 Some(format::HDR_HWM as u64),
                 None,
                 format!("high-water mark {h_hwm} is below slot {max}, which is in use"),
-                true,
             );
         }
     }
@@ -216,12 +273,12 @@ pub fn verify(t: &Table, check: Option<ValueCheck>) -> Result<Vec<Finding>> {
         .filter(|s| s.status != OCCUPIED && s.status != DELETED)
     {
         find(
+            FindingKind::UnknownStatus,
             &index,
             Some(s.slot),
             Some(p.slot_offset(s.slot) as u64),
             Some(&s.id),
             format!("unknown status byte {}", s.status),
-            false,
         );
     }
     // Roster against index.
@@ -234,42 +291,42 @@ pub fn verify(t: &Table, check: Option<ValueCheck>) -> Result<Vec<Finding>> {
         let off = Some(i as u64 * 4);
         if e == 0 || u64::from(e) >= p.size {
             find(
+                FindingKind::RosterNotDataSlot,
                 &roster_path,
                 None,
                 off,
                 None,
                 format!("entry {e} is not a data slot"),
-                true,
             );
         } else if !in_roster.insert(e) {
             find(
+                FindingKind::RosterDuplicate,
                 &roster_path,
                 Some(e.into()),
                 off,
                 None,
                 format!("slot {e} is listed twice"),
-                true,
             );
         } else if scan.status[e as usize] != OCCUPIED {
             find(
+                FindingKind::RosterNotOccupied,
                 &roster_path,
                 Some(e.into()),
                 off,
                 None,
                 format!("slot {e} is listed but not occupied"),
-                true,
             );
         }
     }
     for s in &occupied {
         if !in_roster.contains(&(s.slot as u32)) {
             find(
+                FindingKind::NotInRoster,
                 &roster_path,
                 Some(s.slot),
                 None,
                 Some(&s.id),
                 "occupied slot missing from the roster".into(),
-                true,
             );
         }
     }
@@ -284,35 +341,35 @@ pub fn verify(t: &Table, check: Option<ValueCheck>) -> Result<Vec<Finding>> {
         by_id.entry(&s.id).or_default().push(s.slot);
         if s.id.is_empty() {
             find(
+                FindingKind::EmptyId,
                 &index,
                 Some(s.slot),
                 Some(p.slot_offset(s.slot) as u64),
                 None,
                 "occupied slot with an empty id".into(),
-                false,
             );
             continue;
         }
         if chain_len(t, &scan, &s.id, s.slot, &ids).is_none() {
             find(
+                FindingKind::Unreachable,
                 &index,
                 Some(s.slot),
                 Some(p.slot_offset(s.slot) as u64),
                 Some(&s.id),
                 "id is not reachable along its probe chain".into(),
-                true,
             );
         }
     }
     for (id, slots) in &by_id {
         if slots.len() > 1 {
             find(
+                FindingKind::DuplicateId,
                 &index,
                 Some(slots[1]),
                 None,
                 Some(id),
                 format!("id stored in {} slots: {slots:?}", slots.len()),
-                true,
             );
         }
     }
@@ -321,19 +378,26 @@ pub fn verify(t: &Table, check: Option<ValueCheck>) -> Result<Vec<Finding>> {
         match t.entry_at(s.slot) {
             Ok(Some(r)) => {
                 if let Some(why) = check.and_then(|c| c(&r.value)) {
-                    find(&index, Some(s.slot), None, Some(&s.id), why, false);
+                    find(
+                        FindingKind::BadValue,
+                        &index,
+                        Some(s.slot),
+                        None,
+                        Some(&s.id),
+                        why,
+                    );
                 }
             }
             Ok(None) => {}
             Err(e) => {
                 let (seg, off) = format::unpack_offset(s.fields.offset);
                 find(
+                    FindingKind::BadRecord,
                     &crate::heap::segment_path(&index, seg),
                     Some(s.slot),
                     Some(off),
                     Some(&s.id),
                     e.to_string(),
-                    false,
                 );
             }
         }
@@ -442,4 +506,139 @@ pub fn repair(t: &Table, check: Option<ValueCheck>) -> Result<Repaired> {
         Ok(image)
     })?;
     Ok(rep)
+}
+
+/// A finding in one bank of a store.
+#[derive(Debug, Clone)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct BankFinding {
+    /// The bank: `keys` or `denied_keys`.
+    pub bank: &'static str,
+    /// The problem.
+    pub finding: Finding,
+}
+
+/// What the repair of one bank of a store did.
+#[derive(Debug, Clone)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct BankRepair {
+    /// The bank: `keys` or `denied_keys`.
+    pub bank: &'static str,
+    /// Entries in the rebuilt bank.
+    pub kept: u64,
+    /// Ids whose entry could not be read back intact, with why.
+    pub lost: Vec<(String, String)>,
+    /// What a check of the rebuilt bank found (empty when it is clean).
+    pub findings_after: Vec<Finding>,
+}
+
+/// The check of both banks of a store ([`check_store`]), and the repairs
+/// made.
+#[derive(Debug, Clone)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct VerifyReport {
+    /// No finding in either bank (before any repair).
+    pub clean: bool,
+    /// What was found, `keys` bank first.
+    pub findings: Vec<BankFinding>,
+    /// The banks repaired: each bank with findings, when a repair was asked.
+    pub repaired: Vec<BankRepair>,
+}
+
+impl VerifyReport {
+    /// Whether the store passed: clean, or repaired back to clean without
+    /// losing an entry.
+    pub fn passed(&self) -> bool {
+        // A store with findings has a repair of each bank with findings
+        // when, and only when, a repair was asked.
+        self.clean
+            || (!self.repaired.is_empty()
+                && self
+                    .repaired
+                    .iter()
+                    .all(|r| r.findings_after.is_empty() && r.lost.is_empty()))
+    }
+}
+
+/// Checks both banks of `store` (the `keys` values as `[state][public
+/// key]`) and, when `repair`, rebuilds each bank with findings from its
+/// intact entries ([`repair`]) and checks it again.
+pub fn check_store(store: &crate::Store, repair: bool) -> Result<VerifyReport> {
+    let banks: [(&'static str, &Table, Option<ValueCheck>); 2] = [
+        ("keys", store.keys_table(), Some(check_key_value)),
+        ("denied_keys", store.denied_table(), None),
+    ];
+    let mut findings = Vec::new();
+    let mut repaired = Vec::new();
+    for (bank, t, check) in banks {
+        let found = verify(t, check)?;
+        if repair && !found.is_empty() {
+            let r = self::repair(t, check)?;
+            repaired.push(BankRepair {
+                bank,
+                kept: r.kept,
+                lost: r.lost,
+                findings_after: verify(t, check)?,
+            });
+        }
+        findings.extend(
+            found
+                .into_iter()
+                .map(|finding| BankFinding { bank, finding }),
+        );
+    }
+    Ok(VerifyReport {
+        clean: findings.is_empty(),
+        findings,
+        repaired,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn finding(kind: FindingKind) -> Finding {
+        Finding {
+            kind,
+            file: PathBuf::from("x"),
+            slot: None,
+            offset: None,
+            id: None,
+            what: String::new(),
+            repairable: kind.repairable(),
+        }
+    }
+
+    #[test]
+    fn passed_means_clean_or_repaired_without_loss() {
+        let found = vec![BankFinding {
+            bank: "keys",
+            finding: finding(FindingKind::HighWater),
+        }];
+        let repair = |lost: usize, after: usize| BankRepair {
+            bank: "keys",
+            kept: 1,
+            lost: vec![("id".into(), "why".into()); lost],
+            findings_after: vec![finding(FindingKind::BadRecord); after],
+        };
+        let report = |findings: Vec<BankFinding>, repaired| VerifyReport {
+            clean: findings.is_empty(),
+            findings,
+            repaired,
+        };
+        assert!(report(vec![], vec![]).passed());
+        assert!(!report(found.clone(), vec![]).passed());
+        assert!(report(found.clone(), vec![repair(0, 0)]).passed());
+        assert!(!report(found.clone(), vec![repair(1, 0)]).passed());
+        assert!(!report(found, vec![repair(0, 1)]).passed());
+    }
+
+    #[test]
+    fn kinds_say_what_a_repair_keeps() {
+        assert!(FindingKind::Unreachable.repairable());
+        assert!(FindingKind::RosterDuplicate.repairable());
+        assert!(!FindingKind::BadRecord.repairable());
+        assert!(!FindingKind::IndexMissing.repairable());
+    }
 }

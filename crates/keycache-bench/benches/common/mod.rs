@@ -12,30 +12,9 @@ use std::path::Path;
 
 use keycache::{KeyState, MinionId, OpenOptions, Params, Store};
 
-/// Small xorshift generator: deterministic data without a dependency.
-#[derive(Clone)]
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).max(1))
-    }
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n.max(1)
-    }
-    pub fn shuffle<T>(&mut self, v: &mut [T]) {
-        for i in (1..v.len()).rev() {
-            let j = self.below(i as u64 + 1) as usize;
-            v.swap(i, j);
-        }
-    }
-}
+/// The seeded generator of the measurement kit (one copy for the benches,
+/// the comparison tool and `keycache bench`).
+pub use keycache_bench::Rng;
 
 const ROLES: &[(&str, u64)] = &[
     ("web", 24),

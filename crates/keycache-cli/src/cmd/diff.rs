@@ -1,0 +1,47 @@
+//! `keycache diff`: how two stores differ.
+
+use std::path::PathBuf;
+
+use crate::args::{Json, Layout};
+use crate::output::{exit, print_json, CmdResult};
+
+/// The arguments of `keycache diff`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct Args {
+    /// First store directory.
+    a: PathBuf,
+    /// Second store directory.
+    b: PathBuf,
+    #[command(flatten)]
+    json: Json,
+    #[command(flatten)]
+    layout: Layout,
+}
+
+/// Runs `keycache diff`: exit code 1 when the stores differ.
+pub(crate) fn run(a: Args) -> CmdResult {
+    let d = keycache::diff::diff(&a.layout.open(&a.a)?, &a.layout.open(&a.b)?)?;
+    if a.json.json {
+        print_json(&d);
+    } else {
+        for e in &d.only_a {
+            println!("only in A: {} ({})", e.id, e.state);
+        }
+        for e in &d.only_b {
+            println!("only in B: {} ({})", e.id, e.state);
+        }
+        for e in &d.differ {
+            println!(
+                "differs:   {} (A {}, B {}{})",
+                e.id,
+                e.state_a,
+                e.state_b,
+                if e.same_key { "" } else { ", different keys" }
+            );
+        }
+        if d.same {
+            println!("same: {} entries", d.entries_a);
+        }
+    }
+    Ok(exit(d.same))
+}

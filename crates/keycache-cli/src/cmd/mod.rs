@@ -1,0 +1,88 @@
+//! The commands, one module each, and the dispatch ([`run`]).
+
+mod bench;
+mod compact;
+mod diff;
+mod export;
+mod get;
+mod list;
+mod migrate;
+mod state;
+mod stats;
+mod verify;
+
+use clap::{Parser, Subcommand};
+
+use crate::output::CmdResult;
+
+/// keycache: Salt 3008 mmap_key minion-key stores, fast.
+///
+/// Works on the `.mmap_keys.idx` / `.mmap_denied.idx` banks that a Salt 3008
+/// master with `keys.cache_driver: mmap_key` reads, byte for byte. Writes
+/// interlock with a running master through the banks' `.lock` files.
+#[derive(Debug, Parser)]
+#[command(name = "keycache", version, about, long_about)]
+pub(crate) struct Cli {
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// Migrate a localfs_key tree (minions, minions_pre, minions_rejected,
+    /// minions_denied) into mmap_key banks, atomically: what `salt-run
+    /// pki.migrate_to_mmap` does, in one pass.
+    ///
+    /// An id found in several states gets the state Salt gives it (rejected,
+    /// then pending, then accepted). Entries already in the target banks that
+    /// the tree lacks are kept unless --replace. Symlinks, dot-files, invalid
+    /// ids, non-UTF-8 names, unreadable, empty and non-PEM files are skipped
+    /// and reported. A tree that would fill the table past 80% or hold an id
+    /// longer than --id-size is refused before anything is written.
+    Migrate(migrate::Args),
+    /// List keys like `salt-key -L` (with --json, like `salt-key --out json`).
+    List(list::Args),
+    /// Show one id: state, public key, mtime, and its denied key if any.
+    /// Exits 1 when the id is in neither bank.
+    Get(get::Args),
+    /// Accept pending keys (`salt-key -a`, `-A` with --all).
+    Accept(state::Args),
+    /// Reject pending keys (`salt-key -r`, `-R` with --all).
+    Reject(state::Args),
+    /// Delete keys from both banks (`salt-key -d`, `-D` with --all).
+    Delete(state::Args),
+    /// Counts per state, header counters, load factor, probe lengths and heap usage.
+    Stats(stats::Args),
+    /// Check header counters, roster, probe chains, duplicates and every
+    /// record's bounds and checksum; exits 1 on any finding.
+    Verify(verify::Args),
+    /// Rebuild both banks without garbage and tombstones, atomically,
+    /// optionally into a table of another size.
+    Compact(compact::Args),
+    /// Write the store back out as a localfs_key tree.
+    Export(export::Args),
+    /// Compare two stores (peers of an isolated-filesystem cluster); exits 1
+    /// when they differ.
+    Diff(diff::Args),
+    /// Measure lookup throughput of an existing store on this machine.
+    Bench(bench::Args),
+}
+
+/// Runs a command; its exit code, or why it failed.
+pub(crate) fn run(cmd: Command) -> CmdResult {
+    match cmd {
+        Command::Migrate(a) => migrate::run(a),
+        Command::List(a) => list::run(a),
+        Command::Get(a) => get::run(a),
+        Command::Accept(a) => state::run(a, state::Action::Accept),
+        Command::Reject(a) => state::run(a, state::Action::Reject),
+        Command::Delete(a) => state::run(a, state::Action::Delete),
+        Command::Stats(a) => stats::run(a),
+        Command::Verify(a) => verify::run(a),
+        Command::Compact(a) => compact::run(a),
+        Command::Export(a) => export::run(a),
+        Command::Diff(a) => diff::run(a),
+        Command::Bench(a) => bench::run(a),
+    }
+}
