@@ -145,7 +145,7 @@ fn run(secs: u64) -> u64 {
                 .iter()
                 .map(|i| MinionId::new(i.clone()).unwrap())
                 .collect();
-            let mut rng = Rng(r * 7 + 1);
+            let mut rng = Rng::new(r * 7 + 1);
             let bad = |m: String| {
                 // A Salt writer rewriting a record in place fsyncs the heap
                 // before it stores the new length in the slot: for those
@@ -220,7 +220,7 @@ fn run(secs: u64) -> u64 {
     let writer = {
         let (store, stop, ids) = (store.clone(), stop.clone(), t_ids.clone());
         std::thread::spawn(move || {
-            let mut rng = Rng(0xA11CE);
+            let mut rng = Rng::new(0xA11CE);
             let mut keys: Final = ids.iter().map(|i| (i.clone(), None)).collect();
             let mut denied: BTreeMap<String, Option<String>> =
                 ids.iter().map(|i| (i.clone(), None)).collect();
@@ -301,7 +301,7 @@ fn run(secs: u64) -> u64 {
             dir.clone(),
         );
         std::thread::spawn(move || {
-            let mut rng = Rng(0xC11);
+            let mut rng = Rng::new(0xC11);
             let mut commands = 0u64;
             let d = dir.to_string_lossy().into_owned();
             while !stop.load(Ordering::Relaxed) {
@@ -354,7 +354,7 @@ fn run(secs: u64) -> u64 {
     let salt = {
         let (stop, ids, dir) = (stop.clone(), s_ids.clone(), dir.clone());
         std::thread::spawn(move || {
-            let mut rng = Rng(0x5A17);
+            let mut rng = Rng::new(0x5A17);
             let mut keys: Final = ids.iter().map(|i| (i.clone(), None)).collect();
             let mut denied: BTreeMap<String, Option<String>> =
                 ids.iter().map(|i| (i.clone(), None)).collect();

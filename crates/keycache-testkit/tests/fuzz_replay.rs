@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use keycache_testkit::fuzzing;
+use keycache_testkit::rng::Rng;
 
 type Target = fn(&[u8]);
 
@@ -51,7 +52,7 @@ fn replay(target: &str, f: Target) {
         }
     }
     // Deterministic extra inputs.
-    let mut rng = common::Rng(0x5eed ^ target.len() as u64);
+    let mut rng = Rng::new(0x5eed ^ target.len() as u64);
     for n in 0..64 {
         let len = (rng.below(400) + n) as usize;
         let data: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
@@ -84,7 +85,7 @@ fn replay_migrate_tree() {
 fn library_store_seeds(out: &Path) -> usize {
     use keycache::{KeyState, MinionId, OpenOptions, Store};
     let mut n = 0;
-    let mut rng = common::Rng(0xfeed_beef);
+    let mut rng = Rng::new(0xfeed_beef);
     for (b0, b1) in [
         (6u8, 0x10u8), // size 31, id 4, seg 200
         (5, 0x08),     // size 17, id 4, seg 48
@@ -185,7 +186,7 @@ fn generate_seed_corpus() {
     std::fs::create_dir_all(&sb).unwrap();
     let n = library_store_seeds(&sb) + salt_store_seed(&sb);
     eprintln!("store_bytes: {n} seeds");
-    let mut rng = common::Rng(0xabcdef);
+    let mut rng = Rng::new(0xabcdef);
     for (target, count, len) in [("ops_model", 16, 200u64), ("migrate_tree", 16, 160)] {
         let d = root.join(target);
         std::fs::create_dir_all(&d).unwrap();
