@@ -24,13 +24,29 @@ const TARGETS: [(&str, Target); 3] = [
     ("migrate_tree", fuzzing::migrate_tree),
 ];
 
+/// The saved inputs of `target`: its corpus, which must be there and not
+/// empty (a replay of nothing would pass without checking anything), and
+/// its regression inputs, if any.
 fn inputs(target: &str) -> Vec<PathBuf> {
     let mut out = Vec::new();
     for sub in ["corpus", "regressions"] {
         let d = common::repo().join("fuzz").join(sub).join(target);
-        if let Ok(rd) = std::fs::read_dir(&d) {
-            out.extend(rd.flatten().map(|e| e.path()).filter(|p| p.is_file()));
-        }
+        let files: Vec<PathBuf> = match std::fs::read_dir(&d) {
+            Ok(rd) => rd.flatten().map(|e| e.path()).filter(|p| p.is_file()).collect(),
+            Err(e) if sub == "corpus" => panic!(
+                "{target}: no corpus to replay at {} ({e}); \
+                 `cargo test -p keycache-testkit --test fuzz_replay -- --ignored generate_seed_corpus` \
+                 writes the seeds",
+                d.display()
+            ),
+            Err(_) => Vec::new(),
+        };
+        assert!(
+            sub != "corpus" || !files.is_empty(),
+            "{target}: the corpus {} is empty: nothing would be replayed",
+            d.display()
+        );
+        out.extend(files);
     }
     out.sort();
     out
@@ -39,9 +55,11 @@ fn inputs(target: &str) -> Vec<PathBuf> {
 fn replay(target: &str, f: Target) {
     let files = inputs(target);
     let start = Instant::now();
+    let mut replayed = 0usize;
     for p in &files {
         // (A fuzzer running meanwhile may have replaced it.)
         let Ok(data) = std::fs::read(p) else { continue };
+        replayed += 1;
         let r = std::panic::catch_unwind(|| f(&data));
         if r.is_err() {
             panic!(
@@ -51,16 +69,15 @@ fn replay(target: &str, f: Target) {
             );
         }
     }
+    assert!(replayed > 0, "{target}: no saved input could be read");
     // Deterministic extra inputs.
     let mut rng = Rng::new(0x5eed ^ target.len() as u64);
     for n in 0..64 {
         let len = (rng.below(400) + n) as usize;
-        let data: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
-        f(&data);
+        f(&rng.bytes(len));
     }
     eprintln!(
-        "{target}: {} saved inputs + 64 generated in {:.1} s",
-        files.len(),
+        "{target}: {replayed} saved inputs + 64 generated in {:.1} s",
         start.elapsed().as_secs_f64()
     );
 }
