@@ -46,3 +46,34 @@ pub fn public_dir() -> TempDir {
         .expect("chmod 0755 a scratch directory");
     t
 }
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn public_dir_is_0755_under_tmp_and_removed_on_drop() {
+        let t = super::public_dir();
+        let p = t.path().to_path_buf();
+        assert!(p.starts_with("/tmp"));
+        assert_eq!(
+            std::fs::metadata(&p).unwrap().permissions().mode() & 0o777,
+            0o755
+        );
+        drop(t);
+        assert!(!p.exists());
+    }
+
+    #[test]
+    fn fuzz_dirs_are_fresh_and_distinct() {
+        let (a, b) = (super::fuzz_dir("t"), super::fuzz_dir("t"));
+        assert_ne!(a.path(), b.path());
+        assert_eq!(std::fs::read_dir(a.path()).unwrap().count(), 0);
+        assert!(a
+            .path()
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .starts_with("keycache-fuzz-t-"));
+    }
+}

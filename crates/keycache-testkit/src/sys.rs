@@ -215,3 +215,35 @@ pub fn set_sigbus_context(what: &str) {
     let c = CString::new(what.replace('\0', " ")).expect("no NUL left");
     SIGBUS_CONTEXT.store(c.into_raw(), Ordering::SeqCst);
 }
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+
+    #[test]
+    fn euid_is_the_owner_of_what_we_create_and_mkfifo_makes_a_fifo() {
+        let t = tempfile::tempdir().unwrap();
+        let f = t.path().join("fifo");
+        super::mkfifo(&f, 0o600).unwrap();
+        let m = std::fs::symlink_metadata(&f).unwrap();
+        assert!(m.file_type().is_fifo());
+        assert_eq!(m.uid(), super::euid());
+        assert_eq!(super::is_root(), super::euid() == 0);
+        assert!(super::mkfifo(&f, 0o600).is_err(), "exists already");
+    }
+
+    #[test]
+    fn kill_and_waitpid_reap_a_child() {
+        let child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = child.id() as i32;
+        // Reaped by waitpid below, not by `Child`.
+        drop(child);
+        super::kill(pid, libc::SIGKILL).unwrap();
+        let (got, status) = super::waitpid(pid, 0).unwrap();
+        assert_eq!(got, pid);
+        assert!(libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGKILL);
+    }
+}
