@@ -58,6 +58,14 @@ impl Rng {
         &v[self.below(v.len() as u64) as usize]
     }
 
+    /// Shuffles `v` in place (Fisher-Yates).
+    pub fn shuffle<T>(&mut self, v: &mut [T]) {
+        for i in (1..v.len()).rev() {
+            let j = self.below(i as u64 + 1) as usize;
+            v.swap(i, j);
+        }
+    }
+
     /// `len` random bytes.
     pub fn bytes(&mut self, len: usize) -> Vec<u8> {
         (0..len).map(|_| self.next() as u8).collect()
@@ -75,6 +83,15 @@ mod tests {
         assert_eq!(xs, (0..8).map(|_| b.next()).collect::<Vec<_>>());
         assert!(xs.iter().all(|&x| x != 0));
         assert_ne!(Rng::new(1).next(), Rng::new(2).next());
+    }
+
+    #[test]
+    fn shuffle_permutes() {
+        let mut v: Vec<u32> = (0..100).collect();
+        Rng::new(3).shuffle(&mut v);
+        assert_ne!(v, (0..100).collect::<Vec<_>>());
+        v.sort_unstable();
+        assert_eq!(v, (0..100).collect::<Vec<_>>());
     }
 
     #[test]

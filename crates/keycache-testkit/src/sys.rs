@@ -7,6 +7,7 @@
 //! - children: [`umask_in_child`], [`trace_me_in_child`], [`kill`],
 //!   [`waitpid`], and the ptrace requests the tracer needs
 //!   ([`ptrace_set_options`], [`ptrace_syscall`], [`ptrace_get_regs`]);
+//! - benchmarks: [`pin_to_cpu`], [`evict_from_page_cache`];
 //! - SIGBUS: [`report_sigbus`] installs a handler that prints the context
 //!   last set with [`set_sigbus_context`] and exits.
 #![allow(unsafe_code)]
@@ -175,6 +176,40 @@ pub fn ptrace_get_regs(pid: i32) -> io::Result<libc::user_regs_struct> {
     Ok(unsafe { regs.assume_init() })
 }
 
+/// Pins the calling thread to CPU `cpu` (modulo the CPUs available), for
+/// steadier timings; errors are ignored (pinning is only a hint here).
+#[cfg(target_os = "linux")]
+pub fn pin_to_cpu(cpu: usize) {
+    let n = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    // SAFETY: cpu_set_t is a plain bit array for which all-zero bytes are
+    // the empty set; CPU_SET writes one bit inside it (cpu % n is below
+    // CPU_SETSIZE on any machine with fewer CPUs than that); the set is
+    // live and correctly sized for the whole sched_setaffinity call.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu % n, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
+/// Writes `file`'s dirty pages out and drops its pages from the page cache
+/// (fdatasync, then posix_fadvise DONTNEED), for cold-cache timings.
+#[cfg(target_os = "linux")]
+pub fn evict_from_page_cache(file: &std::fs::File) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let fd = file.as_raw_fd();
+    // SAFETY: `fd` is an open descriptor owned by `file`, which outlives
+    // both calls; neither touches our memory.
+    check(unsafe { libc::fdatasync(fd) })?;
+    // SAFETY: as above.
+    match unsafe { libc::posix_fadvise(fd, 0, 0, libc::POSIX_FADV_DONTNEED) } {
+        0 => Ok(()),
+        e => Err(io::Error::from_raw_os_error(e)),
+    }
+}
+
 /// The context the SIGBUS handler prints: a leaked NUL-terminated string.
 static SIGBUS_CONTEXT: AtomicPtr<libc::c_char> = AtomicPtr::new(std::ptr::null_mut());
 
@@ -230,6 +265,16 @@ mod tests {
         assert_eq!(m.uid(), super::euid());
         assert_eq!(super::is_root(), super::euid() == 0);
         assert!(super::mkfifo(&f, 0o600).is_err(), "exists already");
+    }
+
+    #[test]
+    fn pinning_and_eviction_work() {
+        super::pin_to_cpu(0);
+        let t = tempfile::tempdir().unwrap();
+        let p = t.path().join("f");
+        std::fs::write(&p, vec![7u8; 10_000]).unwrap();
+        super::evict_from_page_cache(&std::fs::File::open(&p).unwrap()).unwrap();
+        assert_eq!(std::fs::read(&p).unwrap(), vec![7u8; 10_000]);
     }
 
     #[test]
