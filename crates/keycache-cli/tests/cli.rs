@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::{keycache, keycache_json, pem, salt, Layout};
+use keycache_testkit::skip;
 use serde_json::{json, Value};
 
 fn s(p: &Path) -> &str {
@@ -734,7 +735,7 @@ fn bench_reports_rates() {
 #[test]
 fn migrate_and_compact_as_root_give_files_to_the_masters_user() {
     use std::os::unix::fs::MetadataExt;
-    if unsafe_free_is_root() {
+    if skip::needs_root("migrate_and_compact_as_root_give_files_to_the_masters_user") {
         let t = tempfile::tempdir().unwrap();
         let out = t.path().join("store");
         std::fs::create_dir(&out).unwrap();
@@ -771,14 +772,5 @@ fn migrate_and_compact_as_root_give_files_to_the_masters_user() {
         ]);
         assert_eq!(bad.status.code(), Some(2));
         assert!(String::from_utf8_lossy(&bad.stderr).contains("no such user"));
-    } else {
-        eprintln!("not root: ownership test skipped");
     }
-}
-
-fn unsafe_free_is_root() -> bool {
-    use std::os::unix::fs::MetadataExt;
-    // A file we create is owned by our effective uid.
-    let f = tempfile::NamedTempFile::new().unwrap();
-    f.as_file().metadata().unwrap().uid() == 0
 }

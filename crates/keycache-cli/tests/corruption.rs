@@ -19,12 +19,10 @@
 //!
 //! `KEYCACHE_CORRUPTIONS` sets the number of random damages (default 600).
 
-#![allow(unsafe_code, clippy::undocumented_unsafe_blocks)] // FIXME(testkit): move into one audited module
 mod common;
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -32,6 +30,7 @@ use common::{keycache, pem, Layout, Rng};
 use keycache::store::{DENIED_INDEX, KEYS_INDEX};
 use keycache::verify::{self, Finding};
 use keycache::{Error, KeyState, MinionId, Store};
+use keycache_testkit::sys;
 
 fn layout() -> Layout {
     Layout {
@@ -54,7 +53,7 @@ struct Truth {
 fn build(dir: &Path) -> Truth {
     let s = Store::open_with(dir, &layout().options_with(Duration::ZERO, Duration::ZERO)).unwrap();
     let mut t = Truth::default();
-    let mut rng = Rng(0xC0FFEE);
+    let mut rng = Rng::new(0xC0FFEE);
     let mut len = 40usize;
     let mut next = |n: &str| {
         len += 7;
@@ -288,34 +287,12 @@ fn damage(dir: &Path, rng: &mut Rng) -> Damage {
 
 // -- SIGBUS: name the case, then die -----------------------------------------
 
-static CASE: AtomicPtr<u8> = AtomicPtr::new(std::ptr::null_mut());
-
-extern "C" fn on_sigbus(_: libc::c_int) {
-    let msg = b"\nSIGBUS in corruption case: ";
-    let p = CASE.load(Ordering::SeqCst);
-    // SAFETY: write(2) and _exit(2) are async-signal-safe; `p` is a leaked,
-    // NUL-terminated buffer that is never freed.
-    unsafe {
-        libc::write(2, msg.as_ptr().cast(), msg.len());
-        if !p.is_null() {
-            libc::write(2, p.cast(), libc::strlen(p.cast()));
-        }
-        libc::_exit(99);
-    }
-}
-
 fn install_sigbus() {
-    // SAFETY: installs a handler that only calls async-signal-safe functions.
-    unsafe {
-        let mut sa: libc::sigaction = std::mem::zeroed();
-        sa.sa_sigaction = on_sigbus as extern "C" fn(libc::c_int) as usize;
-        libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut());
-    }
+    sys::report_sigbus();
 }
 
 fn set_case(s: &str) {
-    let c = std::ffi::CString::new(s.replace('\0', " ")).unwrap();
-    CASE.store(c.into_raw().cast(), Ordering::SeqCst);
+    sys::set_sigbus_context(&format!("corruption case: {s}"));
 }
 
 // -- The checks ----------------------------------------------------------------
@@ -571,7 +548,7 @@ fn damaged_files_never_panic_hang_or_lie() {
         bank_files(&base).iter().any(|f| f.ends_with(".heap.2")),
         "several segments"
     );
-    let mut rng = Rng(0xDA_4A6E);
+    let mut rng = Rng::new(0xDA_4A6E);
     let start = Instant::now();
     let truth = std::sync::Arc::new(truth);
     let mut tally = Tally::default();
@@ -645,9 +622,7 @@ fn bank_files_that_are_not_regular_files_are_refused() {
                 "directory" => std::fs::create_dir(&path).unwrap(),
                 "socket" => drop(std::os::unix::net::UnixListener::bind(&path).unwrap()),
                 _ => {
-                    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
-                    // SAFETY: mkfifo with a valid NUL-terminated path.
-                    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+                    sys::mkfifo(&path, 0o600).unwrap();
                 }
             }
             let ctx = format!("{name} as a {kind}");

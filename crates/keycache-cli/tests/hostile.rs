@@ -15,22 +15,21 @@
 //!   export never widen an existing file's mode.
 //! - Under root: files written by migrate, compact, the library and export
 //!   take the owner and group of their directory, or of the files they
-//!   replace (skipped with a notice when not root).
+//!   replace (when not root: a SKIP line, see `keycache_testkit::skip`).
 
-#![allow(unsafe_code, clippy::undocumented_unsafe_blocks)] // FIXME(testkit): move into one audited module
 mod common;
 
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 use common::{keycache, pem, Layout};
 use keycache::store::{DENIED_INDEX, KEYS_INDEX};
 use keycache::{Error, KeyState, MinionId, Store};
+use keycache_testkit::{skip, sys};
 
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()
@@ -55,11 +54,6 @@ fn kc(args: &[&str], layout: &Layout) -> Output {
 
 fn err(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
 }
 
 /// Salt's `valid_id` verdict on each id.
@@ -330,16 +324,12 @@ fn the_migrator_stays_inside_the_tree_and_the_target() {
     std::fs::write(pki.join("minions/huge"), big(max + 1)).unwrap();
     std::fs::write(pki.join("minions/atlimit"), big(max)).unwrap();
     // A FIFO (would block a plain open) and, as root, a device node.
-    let fifo = std::ffi::CString::new(s(&pki.join("minions_pre/fifo"))).unwrap();
-    // SAFETY: mkfifo with a valid NUL-terminated path.
-    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
-    if is_root() {
-        let dev = std::ffi::CString::new(s(&pki.join("minions_denied/null"))).unwrap();
-        // SAFETY: mknod of a character device (1, 3), as root.
-        assert_eq!(
-            unsafe { libc::mknod(dev.as_ptr(), libc::S_IFCHR | 0o644, libc::makedev(1, 3)) },
-            0
-        );
+    sys::mkfifo(&pki.join("minions_pre/fifo"), 0o644).unwrap();
+    let root_part = skip::needs_root(
+        "the_migrator_stays_inside_the_tree_and_the_target: a device node in the tree",
+    );
+    if root_part {
+        sys::mknod_char(&pki.join("minions_denied/null"), 0o644, 1, 3).unwrap();
     }
     // Bank files planted in the target as symlinks are refused.
     std::fs::create_dir_all(&out).unwrap();
@@ -381,7 +371,10 @@ fn the_migrator_stays_inside_the_tree_and_the_target() {
             .output()
             .unwrap(),
         None => {
-            eprintln!("strace not installed: file accesses of the migration not traced");
+            skip::skip(
+                "the_migrator_stays_inside_the_tree_and_the_target: its file accesses under strace",
+                "strace is not installed",
+            );
             Command::new(env!("CARGO_BIN_EXE_keycache"))
                 .args(&args)
                 .output()
@@ -410,7 +403,7 @@ fn the_migrator_stays_inside_the_tree_and_the_target() {
     assert_eq!(reasons["dirlink"], "symlink");
     assert_eq!(reasons["huge"], "too_large");
     assert_eq!(reasons["fifo"], "not_a_regular_file");
-    if is_root() {
+    if root_part {
         assert_eq!(reasons["null"], "not_a_regular_file");
     }
     assert_eq!(v["migrated"]["accepted"], 2, "good and atlimit");
@@ -500,13 +493,7 @@ fn modes(dir: &Path) -> BTreeMap<String, u32> {
 fn kc_umask0(args: &[String]) -> Output {
     let mut c = Command::new(env!("CARGO_BIN_EXE_keycache"));
     c.args(args);
-    // SAFETY: umask(2) is async-signal-safe.
-    unsafe {
-        c.pre_exec(|| {
-            libc::umask(0);
-            Ok(())
-        });
-    }
+    sys::umask_in_child(&mut c, 0);
     c.output().unwrap()
 }
 
@@ -646,8 +633,7 @@ fn files_are_created_0600_and_never_widened() {
 
 #[test]
 fn files_written_as_root_belong_to_the_directory_owner() {
-    if !is_root() {
-        eprintln!("not root: ownership test skipped");
+    if !skip::needs_root("files_written_as_root_belong_to_the_directory_owner") {
         return;
     }
     let l = common::Layout::small(1009, 1 << 20);

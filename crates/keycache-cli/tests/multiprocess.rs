@@ -38,12 +38,9 @@ fn layout() -> Layout {
 /// both: any mix of two values fails `check_value`.
 fn value(id: &str, writer: &str, n: u64, len: usize) -> String {
     let mut body = format!("{id}|{writer}|{n}|{len}|");
-    let mut x = n.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ id.len() as u64;
+    let mut rng = Rng::new(n ^ ((id.len() as u64) << 48));
     while body.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        body.push((b'A' + (x % 26) as u8) as char);
+        body.push((b'A' + rng.below(26) as u8) as char);
     }
     format!("-----BEGIN PUBLIC KEY-----\n{body}\n-----END PUBLIC KEY-----\n")
 }
@@ -79,8 +76,11 @@ fn readers_writers_cli_and_salt_on_one_store() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(8);
-    let transient = run(secs);
-    eprintln!("multiprocess: {transient} reads failed during Salt's in-place rewrites (known bug)");
+    assert_eq!(
+        run(secs),
+        0,
+        "reads that failed during Salt's in-place rewrites"
+    );
 }
 
 /// Readers must not fail while Salt rewrites a record in place.
@@ -146,7 +146,7 @@ fn run(secs: u64) -> u64 {
                 .iter()
                 .map(|i| MinionId::new(i.clone()).unwrap())
                 .collect();
-            let mut rng = Rng(r * 7 + 1);
+            let mut rng = Rng::new(r * 7 + 1);
             let bad = |m: String| {
                 // A Salt writer rewriting a record in place fsyncs the heap
                 // before it stores the new length in the slot: for those
@@ -221,7 +221,7 @@ fn run(secs: u64) -> u64 {
     let writer = {
         let (store, stop, ids) = (store.clone(), stop.clone(), t_ids.clone());
         std::thread::spawn(move || {
-            let mut rng = Rng(0xA11CE);
+            let mut rng = Rng::new(0xA11CE);
             let mut keys: Final = ids.iter().map(|i| (i.clone(), None)).collect();
             let mut denied: BTreeMap<String, Option<String>> =
                 ids.iter().map(|i| (i.clone(), None)).collect();
@@ -302,7 +302,7 @@ fn run(secs: u64) -> u64 {
             dir.clone(),
         );
         std::thread::spawn(move || {
-            let mut rng = Rng(0xC11);
+            let mut rng = Rng::new(0xC11);
             let mut commands = 0u64;
             let d = dir.to_string_lossy().into_owned();
             while !stop.load(Ordering::Relaxed) {
@@ -355,7 +355,7 @@ fn run(secs: u64) -> u64 {
     let salt = {
         let (stop, ids, dir) = (stop.clone(), s_ids.clone(), dir.clone());
         std::thread::spawn(move || {
-            let mut rng = Rng(0x5A17);
+            let mut rng = Rng::new(0x5A17);
             let mut keys: Final = ids.iter().map(|i| (i.clone(), None)).collect();
             let mut denied: BTreeMap<String, Option<String>> =
                 ids.iter().map(|i| (i.clone(), None)).collect();

@@ -147,7 +147,7 @@ fn what_salt_writes_keycache_reads() {
     for seed in [1u64, 2, 3] {
         let d = tempfile::tempdir().unwrap();
         let layout = Layout::small(23, 400);
-        let mut rng = Rng(seed * 7919);
+        let mut rng = Rng::new(seed * 7919);
         let ops: Vec<Value> = (0..120).map(|i| random_op(&mut rng, &ids, i)).collect();
         salt(d.path(), &layout, &["apply"], Some(&Value::Array(ops)));
         assert_same(d.path(), &layout, &ids, &format!("seed {seed}"));
@@ -166,7 +166,7 @@ fn what_keycache_writes_salt_reads() {
         let d = tempfile::tempdir().unwrap();
         let layout = Layout::small(23, 400);
         let store = Store::open_with(d.path(), &layout.options()).unwrap();
-        let mut rng = Rng(seed * 104_729);
+        let mut rng = Rng::new(seed * 104_729);
         for i in 0..120 {
             apply_keycache(&store, &random_op(&mut rng, &ids, i));
         }
@@ -200,7 +200,7 @@ fn salt_and_keycache_writers_alternate() {
     let ids = ids();
     let d = tempfile::tempdir().unwrap();
     let layout = Layout::small(29, 300);
-    let mut rng = Rng(424_242);
+    let mut rng = Rng::new(424_242);
     for round in 0..8 {
         let ops: Vec<Value> = (0..25)
             .map(|i| random_op(&mut rng, &ids, round * 100 + i))

@@ -1,11 +1,14 @@
 //! Helpers shared by the integration tests: the real Salt 3008.5 driver,
-//! the keycache binary, a seeded RNG and PEM-like values.
+//! layouts, PEM-like values and dumps of a store by Salt and by keycache.
+//! (The seeded PRNG is [`crate::rng::Rng`], re-exported here.)
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use serde_json::Value;
+
+pub use crate::rng::Rng;
 
 /// The repository (workspace) root.
 pub fn repo() -> PathBuf {
@@ -129,25 +132,6 @@ pub fn salt(dir: &Path, layout: &Layout, args: &[&str], stdin: Option<&Value>) -
             String::from_utf8_lossy(&out.stdout)
         )
     })
-}
-
-/// xorshift64: deterministic test data without a dependency.
-pub struct Rng(pub u64);
-
-impl Rng {
-    #[allow(clippy::should_implement_trait)]
-    pub fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    pub fn pick<'a, T>(&mut self, v: &'a [T]) -> &'a T {
-        &v[self.below(v.len() as u64) as usize]
-    }
 }
 
 /// A PEM-looking public key of about `len` bytes, unique to `tag`.

@@ -19,7 +19,6 @@ use std::collections::{BTreeMap, HashSet};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use keycache::error::Error;
@@ -29,50 +28,6 @@ use keycache::store::{KeyState, Store, DENIED_INDEX, KEYS_INDEX};
 use keycache::table::{OpenOptions, Table};
 use keycache::verify;
 use keycache::MinionId;
-
-/// A scratch directory, removed on drop: under `KEYCACHE_FUZZ_TMP`, else
-/// `/dev/shm` (tmpfs: fsyncs cost nothing), else the system's temp dir.
-#[derive(Debug)]
-pub struct Scratch {
-    path: PathBuf,
-}
-
-impl Scratch {
-    /// Creates a fresh, empty directory.
-    pub fn new(tag: &str) -> Scratch {
-        static N: AtomicU64 = AtomicU64::new(0);
-        let base = match std::env::var_os("KEYCACHE_FUZZ_TMP") {
-            Some(b) => PathBuf::from(b),
-            None if Path::new("/dev/shm").is_dir()
-                && std::fs::metadata("/dev/shm")
-                    .map(|m| !m.permissions().readonly())
-                    .unwrap_or(false) =>
-            {
-                PathBuf::from("/dev/shm")
-            }
-            None => std::env::temp_dir(),
-        };
-        let path = base.join(format!(
-            "keycache-fuzz-{tag}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = std::fs::remove_dir_all(&path);
-        std::fs::create_dir_all(&path).expect("create a scratch directory");
-        Scratch { path }
-    }
-
-    /// The directory.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.path);
-    }
-}
 
 /// A cursor over the fuzz input that yields zeros once exhausted.
 struct Input<'a> {
@@ -442,7 +397,7 @@ pub fn store_bytes(data: &[u8]) {
     let (b0, b1) = (inp.u8(), inp.u8());
     let p = store_params(b0, b1);
     let exact_index = b1 & 0x80 == 0;
-    let scratch = Scratch::new("store");
+    let scratch = crate::scratch::fuzz_dir("store");
     let dir = scratch.path().join("store");
     let outside = scratch.path().join("outside");
     std::fs::create_dir(&dir).expect("mkdir");
@@ -985,7 +940,7 @@ pub fn ops_model(data: &[u8]) {
         slot_size: format::min_slot_size(MODEL_ID_SIZE) + 3,
         max_segment_bytes: SEG_CAPS[usize::from((b >> 3) % 4)],
     };
-    let scratch = Scratch::new("ops");
+    let scratch = crate::scratch::fuzz_dir("ops");
     let dir = scratch.path();
     let mut store = Store::open_with(dir, &opts(params)).expect("open");
     let mut reader = Store::open_with(dir, &opts(params)).expect("open");
@@ -1162,7 +1117,7 @@ pub fn migrate_tree(data: &[u8]) {
         max_segment_bytes: 1 << 20,
     };
     let layout_byte = inp.u8();
-    let scratch = Scratch::new("tree");
+    let scratch = crate::scratch::fuzz_dir("tree");
     let root = scratch.path();
     let pki = root.join("pki");
     let out = root.join("out");

@@ -1,5 +1,24 @@
 //! keycache's test kit (not published): helpers shared by the integration
 //! tests of every crate, the fuzz bodies, and the real Salt 3008.5 driver.
+//!
+//! - [`common`]: the Salt driver, layouts, PEM-like values, dumps;
+//! - [`rng`]: the tests' one seeded PRNG;
+//! - [`scratch`]: scratch directories (`tempfile`);
+//! - [`skip`]: tests that cannot run here say so, visibly and countably;
+//! - [`sys`]: the only `unsafe` code of the tests, behind safe functions;
+//! - [`tracer`] and [`disk`] (x86_64 Linux): a ptrace tracer and a
+//!   power-loss disk simulator;
+//! - [`crash`]: the crash tests' op model, writer log and checks;
+//! - [`fuzzing`]: the fuzz target bodies.
 #![allow(missing_docs)]
 pub mod common;
+pub mod crash;
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+pub mod disk;
 pub mod fuzzing;
+pub mod rng;
+pub mod scratch;
+pub mod skip;
+pub mod sys;
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+pub mod tracer;

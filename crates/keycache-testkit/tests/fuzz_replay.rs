@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use keycache_testkit::fuzzing;
+use keycache_testkit::rng::Rng;
 
 type Target = fn(&[u8]);
 
@@ -23,13 +24,29 @@ const TARGETS: [(&str, Target); 3] = [
     ("migrate_tree", fuzzing::migrate_tree),
 ];
 
+/// The saved inputs of `target`: its corpus, which must be there and not
+/// empty (a replay of nothing would pass without checking anything), and
+/// its regression inputs, if any.
 fn inputs(target: &str) -> Vec<PathBuf> {
     let mut out = Vec::new();
     for sub in ["corpus", "regressions"] {
         let d = common::repo().join("fuzz").join(sub).join(target);
-        if let Ok(rd) = std::fs::read_dir(&d) {
-            out.extend(rd.flatten().map(|e| e.path()).filter(|p| p.is_file()));
-        }
+        let files: Vec<PathBuf> = match std::fs::read_dir(&d) {
+            Ok(rd) => rd.flatten().map(|e| e.path()).filter(|p| p.is_file()).collect(),
+            Err(e) if sub == "corpus" => panic!(
+                "{target}: no corpus to replay at {} ({e}); \
+                 `cargo test -p keycache-testkit --test fuzz_replay -- --ignored generate_seed_corpus` \
+                 writes the seeds",
+                d.display()
+            ),
+            Err(_) => Vec::new(),
+        };
+        assert!(
+            sub != "corpus" || !files.is_empty(),
+            "{target}: the corpus {} is empty: nothing would be replayed",
+            d.display()
+        );
+        out.extend(files);
     }
     out.sort();
     out
@@ -38,9 +55,11 @@ fn inputs(target: &str) -> Vec<PathBuf> {
 fn replay(target: &str, f: Target) {
     let files = inputs(target);
     let start = Instant::now();
+    let mut replayed = 0usize;
     for p in &files {
         // (A fuzzer running meanwhile may have replaced it.)
         let Ok(data) = std::fs::read(p) else { continue };
+        replayed += 1;
         let r = std::panic::catch_unwind(|| f(&data));
         if r.is_err() {
             panic!(
@@ -50,16 +69,15 @@ fn replay(target: &str, f: Target) {
             );
         }
     }
+    assert!(replayed > 0, "{target}: no saved input could be read");
     // Deterministic extra inputs.
-    let mut rng = common::Rng(0x5eed ^ target.len() as u64);
+    let mut rng = Rng::new(0x5eed ^ target.len() as u64);
     for n in 0..64 {
         let len = (rng.below(400) + n) as usize;
-        let data: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
-        f(&data);
+        f(&rng.bytes(len));
     }
     eprintln!(
-        "{target}: {} saved inputs + 64 generated in {:.1} s",
-        files.len(),
+        "{target}: {replayed} saved inputs + 64 generated in {:.1} s",
         start.elapsed().as_secs_f64()
     );
 }
@@ -84,7 +102,7 @@ fn replay_migrate_tree() {
 fn library_store_seeds(out: &Path) -> usize {
     use keycache::{KeyState, MinionId, OpenOptions, Store};
     let mut n = 0;
-    let mut rng = common::Rng(0xfeed_beef);
+    let mut rng = Rng::new(0xfeed_beef);
     for (b0, b1) in [
         (6u8, 0x10u8), // size 31, id 4, seg 200
         (5, 0x08),     // size 17, id 4, seg 48
@@ -186,7 +204,7 @@ fn generate_seed_corpus() {
     std::fs::create_dir_all(&sb).unwrap();
     let n = library_store_seeds(&sb) + salt_store_seed(&sb);
     eprintln!("store_bytes: {n} seeds");
-    let mut rng = common::Rng(0xabcdef);
+    let mut rng = Rng::new(0xabcdef);
     for (target, count, len) in [("ops_model", 16, 200u64), ("migrate_tree", 16, 160)] {
         let d = root.join(target);
         std::fs::create_dir_all(&d).unwrap();

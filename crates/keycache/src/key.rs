@@ -90,7 +90,7 @@ pub struct KeyEntry {
 }
 
 /// An entry of the `keys` bank borrowed from the buffer it was read into
-/// ([`Store::get_in`], [`KeyBatch`]): no allocation per lookup.
+/// ([`crate::Store::get_in`], [`KeyBatch`]): no allocation per lookup.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KeyRef<'a> {
     /// Its state.
@@ -112,7 +112,7 @@ impl KeyRef<'_> {
     }
 }
 
-/// The reusable buffers of [`Store::get_many_in`]: the keys of the last
+/// The reusable buffers of [`crate::Store::get_many_in`]: the keys of the last
 /// batch, one after another in one buffer, and where each is. Reused across
 /// batches, it makes them allocation-free once it has grown to a batch's
 /// size.

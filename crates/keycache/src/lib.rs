@@ -2,7 +2,7 @@
 //!
 //! A Salt 3008 master with `keys.cache_driver: mmap_key` keeps its minions'
 //! public keys in memory-mapped banks (an open-addressing index, append-only
-//! heap segments and a roster per bank; the layout is drawn in [`format`]).
+//! heap segments and a roster per bank; the layout is drawn in [`format`](mod@format)).
 //! This crate reads and writes those same files:
 //!
 //! - [`Store`]: the `keys` bank (accepted, pending, rejected) and the

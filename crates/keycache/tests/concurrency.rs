@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use keycache::format::{self, Params};
 use keycache::store::{encode_key_value, KEYS_INDEX};
 use keycache::{Error, KeyState, MinionId, OpenOptions, Store};
+use keycache_testkit::rng::Rng;
 
 fn opts(size: u64, max_segment_bytes: u64, refresh_ms: u64) -> OpenOptions {
     OpenOptions {
@@ -28,29 +29,9 @@ fn opts(size: u64, max_segment_bytes: u64, refresh_ms: u64) -> OpenOptions {
     }
 }
 
-/// splitmix64: a small seeded generator, enough to pick ops and ids.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    fn pick<'a, T>(&mut self, v: &'a [T]) -> &'a T {
-        &v[self.below(v.len() as u64) as usize]
-    }
-
-    fn state(&mut self) -> KeyState {
-        *self.pick(&KeyState::ALL)
-    }
+/// A random key state.
+fn random_state(rng: &mut Rng) -> KeyState {
+    *rng.pick(&KeyState::ALL)
 }
 
 fn seed() -> u64 {
@@ -197,7 +178,7 @@ impl Writer<'_> {
         let v = self.version;
         match self.rng.below(20) {
             0..=7 => {
-                let st = self.rng.state();
+                let st = random_state(&mut self.rng);
                 let len = self.len_for(&id);
                 let pem = value(id.as_str(), "v", v, len);
                 record(self.keys, &id, encode_key_value(st, &pem));
@@ -205,7 +186,7 @@ impl Writer<'_> {
                 W::Put(id, st, pem)
             }
             8..=10 => {
-                let st = self.rng.state();
+                let st = random_state(&mut self.rng);
                 if let Some((s, pem)) = self.cur.get_mut(&id) {
                     *s = st;
                     record(self.keys, &id, encode_key_value(st, pem));
@@ -246,7 +227,7 @@ fn readers_see_only_values_that_were_written() {
     let writes = AtomicU64::new(0);
     let compactions = AtomicU64::new(0);
     let mut w = Writer {
-        rng: Rng(seed),
+        rng: Rng::new(seed),
         ids: &ids,
         keys: &keys,
         denied: &denied,
@@ -324,7 +305,7 @@ fn readers_see_only_values_that_were_written() {
                 (&ids, &keys, &denied, &problems, &stop, &found);
             let s = if r == 2 { &other } else { &store };
             sc.spawn(move || {
-                let mut rng = Rng(seed ^ (r as u64 + 1).wrapping_mul(0x1234_5678_9abc_def1));
+                let mut rng = Rng::new(seed ^ (r as u64 + 1).wrapping_mul(0x1234_5678_9abc_def1));
                 let mut n = 0u64;
                 let (mut buf, mut batch) = (Vec::new(), keycache::KeyBatch::new());
                 // A reader handle kept for the whole run: it must follow the
@@ -484,7 +465,7 @@ fn read_while_blocked(
                 let problems = &problems;
                 sc.spawn(move || {
                     let t = Instant::now();
-                    let mut rng = Rng(r as u64 + 7);
+                    let mut rng = Rng::new(r as u64 + 7);
                     for n in 0..gets {
                         let i = rng.below(ids.len() as u64) as usize;
                         match s.get(&ids[i]) {

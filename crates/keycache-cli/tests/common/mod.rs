@@ -4,7 +4,13 @@
 use std::process::{Command, Output};
 
 pub use keycache_testkit::common::*;
+use keycache_testkit::crash::Cli;
 use serde_json::Value;
+
+/// The keycache binary of this crate, for the test kit's crash checks.
+pub fn cli() -> Cli {
+    Cli::new(env!("CARGO_BIN_EXE_keycache"))
+}
 
 /// Runs the keycache binary.
 pub fn keycache(args: &[&str]) -> Output {

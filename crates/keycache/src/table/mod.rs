@@ -6,7 +6,7 @@
 //!
 //! # Readers
 //!
-//! A reader loads the current [`Generation`] (the mapped index and heap
+//! A reader loads the current `Generation` (the mapped index and heap
 //! segments) from an `ArcSwap`, which takes no lock, and probes the index
 //! through atomic loads. It copies the slot, reads the record, re-copies the
 //! slot and checks the value's xxh3: a mismatch means a writer was busy on
