@@ -36,6 +36,33 @@ pub enum Error {
         found: String,
     },
 
+    /// The layout given (or inferred) is not the layout of the files: using
+    /// it would misread every entry, and a rebuild would drop them.
+    #[error("{path}: the files do not fit the layout {tried}: {why}{looks_like}; nothing was read or written")]
+    LayoutMismatch {
+        /// The bank's index file.
+        path: PathBuf,
+        /// The layout tried, as the master config spells it.
+        tried: String,
+        /// What did not fit.
+        why: String,
+        /// The layout the files look like, when it can be told (with its
+        /// leading "; ").
+        looks_like: String,
+    },
+
+    /// A rebuild would leave out live entries of the bank it replaces that
+    /// it was not asked to remove.
+    #[error("{path}: the rebuild would drop {count} live entries it was not asked to remove ({ids}{more}); nothing was written", more = if *count > 10 { ", ..." } else { "" })]
+    WouldDrop {
+        /// The bank's index file.
+        path: PathBuf,
+        /// How many live entries would be lost.
+        count: usize,
+        /// The first ten of their ids.
+        ids: String,
+    },
+
     /// A bank file is not a regular file (a symlink, a directory, a device).
     #[error("{path}: refusing to use: {why}")]
     NotARegularFile {

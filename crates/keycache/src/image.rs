@@ -33,6 +33,9 @@ pub struct Image {
     pub(crate) roster: Vec<u32>,
     occupied: u64,
     hwm: u64,
+    /// Ids of the bank being replaced that the caller means to leave out
+    /// (see [`Image::allow_dropping`]).
+    drops: std::collections::HashSet<Vec<u8>>,
 }
 
 impl Image {
@@ -58,6 +61,7 @@ impl Image {
             roster: Vec::new(),
             occupied: 0,
             hwm: 0,
+            drops: Default::default(),
         })
     }
 
@@ -96,6 +100,37 @@ impl Image {
     /// Whether the image holds no entry.
     pub fn is_empty(&self) -> bool {
         self.occupied == 0
+    }
+
+    /// Names `id`, an entry of the bank this image replaces, as one the
+    /// caller means to leave out. A rebuild refuses to drop any live entry
+    /// of the bank it replaces that the image neither holds nor names here.
+    pub fn allow_dropping(&mut self, id: &[u8]) {
+        self.drops.insert(id.to_vec());
+    }
+
+    /// Whether the image holds `id` or names it as dropped on purpose.
+    pub(crate) fn accounts_for(&self, id: &[u8]) -> bool {
+        self.drops.contains(id) || self.find(id).is_some_and(|(_, e)| e.is_some())
+    }
+
+    /// The slot where `id` is or would go, and its entry number when it is
+    /// there; `None` when the table is full.
+    fn find(&self, id: &[u8]) -> Option<(u64, Option<u32>)> {
+        let p = self.params;
+        let home = p.home(id);
+        for step in 0..p.capacity() {
+            let slot = p.probe(home, step);
+            let e = self.occupant[slot as usize];
+            if e == 0 {
+                return Some((slot, None));
+            }
+            let off = (e - 1) as usize * p.slot_size;
+            if format::slot_id_eq(&p, &self.slots[off..off + p.slot_used()], id) {
+                return Some((slot, Some(e - 1)));
+            }
+        }
+        None
     }
 
     /// Inserts (or replaces) `id` with `value`, written at `mtime`.
@@ -161,22 +196,7 @@ impl Image {
             id: String::from_utf8_lossy(id).into_owned(),
             len: value_len,
         })?;
-        let home = p.home(id);
-        let mut target = None;
-        for step in 0..p.capacity() {
-            let slot = p.probe(home, step);
-            let e = self.occupant[slot as usize];
-            if e == 0 {
-                target = Some((slot, None));
-                break;
-            }
-            let off = (e - 1) as usize * p.slot_size;
-            if format::slot_id_eq(&p, &self.slots[off..off + p.slot_used()], id) {
-                target = Some((slot, Some(e - 1)));
-                break;
-            }
-        }
-        let Some((slot, existing)) = target else {
+        let Some((slot, existing)) = self.find(id) else {
             return Err(Error::TableFull {
                 path: path.into(),
                 capacity: p.capacity(),

@@ -51,6 +51,7 @@ pub mod diff;
 pub mod error;
 pub mod export;
 pub mod files;
+pub mod fit;
 pub mod format;
 mod heap;
 pub mod id;

@@ -262,6 +262,7 @@ pub(crate) fn replace(tables: &[&Table], build: impl FnOnce() -> Result<Vec<Imag
     };
     let run = || -> Result<()> {
         for t in tables {
+            crate::fit::check(t.path(), t.params())?;
             remove_temps_of(t.path())?;
         }
         let images = build()?;
@@ -271,6 +272,27 @@ pub(crate) fn replace(tables: &[&Table], build: impl FnOnce() -> Result<Vec<Imag
                 tables.len(),
                 images.len()
             )));
+        }
+        // Never drop a live entry the caller did not name.
+        for (t, image) in tables.iter().zip(&images) {
+            let missing: Vec<String> = t
+                .live_ids()?
+                .into_iter()
+                .filter(|id| !image.accounts_for(id))
+                .map(|id| String::from_utf8_lossy(&id).into_owned())
+                .collect();
+            if !missing.is_empty() {
+                return Err(Error::WouldDrop {
+                    path: t.path().into(),
+                    count: missing.len(),
+                    ids: missing
+                        .iter()
+                        .take(10)
+                        .cloned()
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                });
+            }
         }
         let banks = tables
             .iter()

@@ -193,6 +193,13 @@ impl Store {
         })
     }
 
+    /// Checks that the layout this store was opened with is the layout of
+    /// both banks' files (see [`Table::check_layout`]).
+    pub fn check_layout(&self) -> Result<()> {
+        self.keys.check_layout()?;
+        self.denied.check_layout()
+    }
+
     /// The store directory.
     pub fn dir(&self) -> &Path {
         &self.dir

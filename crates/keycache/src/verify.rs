@@ -489,18 +489,25 @@ pub fn repair(t: &Table, check: Option<ValueCheck>) -> Result<Repaired> {
             let name = String::from_utf8_lossy(id).into_owned();
             if id.is_empty() || id.len() > t.params().id_size {
                 rep.lost.push((name, "unusable id".into()));
+                image.allow_dropping(id);
                 continue;
             }
             match t.entry_at(s) {
                 Ok(Some(r)) => match check.and_then(|c| c(&r.value)) {
-                    Some(why) => rep.lost.push((name, why)),
+                    Some(why) => {
+                        rep.lost.push((name, why));
+                        image.allow_dropping(id);
+                    }
                     None => {
                         image.insert(&r.id, &r.value, r.mtime, t.path())?;
                         rep.kept += 1;
                     }
                 },
                 Ok(None) => {}
-                Err(e) => rep.lost.push((name, e.to_string())),
+                Err(e) => {
+                    rep.lost.push((name, e.to_string()));
+                    image.allow_dropping(id);
+                }
             }
         }
         Ok(image)

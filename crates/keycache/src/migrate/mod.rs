@@ -205,6 +205,9 @@ struct MigrationPlan {
     kept_denied: Vec<KeptEntry>,
     kept: StateCounts,
     dropped: u64,
+    /// Ids of the target banks that `replace` drops.
+    dropped_keys: Vec<String>,
+    dropped_denied: Vec<String>,
     total: StateCounts,
     load_factor: f64,
 }
@@ -283,6 +286,7 @@ impl Tree {
                     plan.keys.push(Src::Tree(self.keys[p]));
                 } else if opts.replace {
                     plan.dropped += 1;
+                    plan.dropped_keys.push(id);
                 } else {
                     let (state, _) = crate::store::decode_key_value(&r.value).ok_or_else(|| Error::Corrupt {
                         path: kpath.clone(),
@@ -314,6 +318,7 @@ impl Tree {
                     plan.denied.push(Src::Tree(self.denied[p]));
                 } else if opts.replace {
                     plan.dropped += 1;
+                    plan.dropped_denied.push(id);
                 } else {
                     plan.kept.denied += 1;
                     plan.denied.push(Src::Kept(plan.kept_denied.len()));
@@ -372,6 +377,12 @@ impl Tree {
         kimg.reserve(plan.kept_keys.len(), bytes(&plan.kept_keys));
         dimg.reserve_slots(plan.denied.len());
         dimg.reserve(plan.kept_denied.len(), bytes(&plan.kept_denied));
+        for id in &plan.dropped_keys {
+            kimg.allow_dropping(id.as_bytes());
+        }
+        for id in &plan.dropped_denied {
+            dimg.allow_dropping(id.as_bytes());
+        }
         let tree_insert = |img: &mut Image, i: usize, path: &Path| {
             let (buf, range) = self.record(i);
             let k = &self.found[i];

@@ -39,6 +39,34 @@ impl Table {
         Ok(scan)
     }
 
+    /// The ids of the live entries, as Salt lists them (roster entries that
+    /// name an occupied slot, each slot once), read from the slots alone:
+    /// an entry whose record is damaged is still counted.
+    pub(crate) fn live_ids(&self) -> Result<Vec<Vec<u8>>> {
+        self.refresh(true)?;
+        let g = self.gen.load();
+        let Some(ix) = g.index.as_deref() else {
+            return Ok(Vec::new());
+        };
+        let p = &self.params;
+        let mut slots: Vec<u32> = self
+            .roster()?
+            .into_iter()
+            .filter(|&s| s != 0 && u64::from(s) < p.size)
+            .collect();
+        slots.sort_unstable();
+        slots.dedup();
+        let mut buf = vec![0u8; p.slot_used()];
+        let mut ids = Vec::with_capacity(slots.len());
+        for s in slots {
+            let off = p.slot_offset(u64::from(s));
+            if ix.map.load_u8(off) == Some(OCCUPIED) && ix.map.copy_out(off, &mut buf) {
+                ids.push(format::slot_id(p, &buf).to_vec());
+            }
+        }
+        Ok(ids)
+    }
+
     /// The roster's entries as stored, tombstones included.
     pub fn roster(&self) -> Result<Vec<u32>> {
         roster::read(&format::roster_path(&self.path))

@@ -124,6 +124,12 @@ impl Table {
             .map_err(|e| Error::io(&self.path, "stat", e))?;
         check_index_len(&self.path, p, meta.len())?;
         let dev_ino = (meta.dev(), meta.ino());
+        // A file this handle has not written yet: establish that the layout
+        // is the files' own before the first write (and before roster
+        // recovery, which would act on misread slots).
+        if cached.as_ref().map(|ix| ix.dev_ino) != Some(dev_ino) {
+            crate::fit::check(&self.path, p)?;
+        }
         let map = Mapping::read_write(&file, meta.len() as usize)
             .map_err(|e| Error::io(&self.path, "mmap", e))?;
         let index = Index { map, dev_ino };

@@ -398,6 +398,15 @@ impl Table {
         Ok(s)
     }
 
+    /// Checks that this handle's layout is the layout of the bank's files
+    /// (see [`crate::fit`]); a bank without files fits any layout. Every
+    /// write checks it when it first meets an index file; a tool that reads
+    /// calls it first, so that a wrong layout is refused rather than read as
+    /// an empty or damaged bank.
+    pub fn check_layout(&self) -> Result<()> {
+        crate::fit::check(&self.path, &self.params)
+    }
+
     /// Ownership of new files.
     pub(crate) fn ownership(&self) -> Ownership {
         self.ownership
