@@ -575,11 +575,16 @@ fn check_store(dir: &Path, store: &Store, p: Params, planted: bool) {
                         }
                     }
                 } else if !planted {
+                    let before = snapshot(dir);
                     let r = verify::repair(t, check);
                     match r {
                         Ok(_) => {
                             let after = verify::verify(t, check).expect("verify after repair");
                             assert!(after.is_empty(), "{index}: repair left findings: {after:?}");
+                        }
+                        // Bytes that do not fit the layout: refused, untouched.
+                        Err(Error::LayoutMismatch { .. }) => {
+                            assert!(snapshot(dir) == before, "{index}: a refused repair wrote");
                         }
                         Err(e) => panic!("{index}: repair failed: {e}"),
                     }
@@ -620,9 +625,19 @@ fn check_store(dir: &Path, store: &Store, p: Params, planted: bool) {
             .all(|(t, c)| verify::verify(t, c).map(|f| f.is_empty()).unwrap_or(false));
         if clean {
             let before = list(store);
-            store.compact(None).expect("compact a clean store");
-            let reopened = Store::open_with(dir, &opts(p)).expect("reopen");
-            assert_eq!(list(&reopened), before, "compaction changed the entries");
+            let files = snapshot(dir);
+            match store.compact(None) {
+                Ok(()) => {
+                    let reopened = Store::open_with(dir, &opts(p)).expect("reopen");
+                    assert_eq!(list(&reopened), before, "compaction changed the entries");
+                }
+                // Verify reads entries, the layout check the slots' padding
+                // too: bytes that do not fit are refused and left alone.
+                Err(Error::LayoutMismatch { .. }) => {
+                    assert!(snapshot(dir) == files, "a refused compaction wrote");
+                }
+                Err(e) => panic!("compact a clean store: {e}"),
+            }
         }
     }
 }
@@ -1080,13 +1095,31 @@ enum Kind {
     Socket,
 }
 
-fn is_pem(b: &[u8]) -> bool {
-    let Ok(s) = std::str::from_utf8(b) else {
-        return false;
+/// The migrator's key-file rule, restated: no private key block anywhere;
+/// else exactly one `PUBLIC KEY` / `RSA PUBLIC KEY` block of base64 lines,
+/// and only blank lines around it.
+fn key_file_skip(b: &[u8]) -> Option<SkipReason> {
+    if b.windows(16).any(|w| w == b"PRIVATE KEY-----") {
+        return Some(SkipReason::PrivateKey);
+    }
+    let Some(text) = std::str::from_utf8(b).ok().filter(|t| t.is_ascii()) else {
+        return Some(SkipReason::NotAPublicKey);
     };
-    s.trim_start().starts_with("-----BEGIN ")
-        && s.contains("PUBLIC KEY-----")
-        && s.contains("-----END ")
+    let lines: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    let ok = lines.len() >= 3 && {
+        let (first, last) = (lines[0], lines[lines.len() - 1]);
+        ["PUBLIC KEY", "RSA PUBLIC KEY"].iter().any(|l| {
+            first == format!("-----BEGIN {l}-----") && last == format!("-----END {l}-----")
+        }) && lines[1..lines.len() - 1].iter().all(|l| {
+            l.bytes()
+                .all(|c| c.is_ascii_alphanumeric() || b"+/=".contains(&c))
+        })
+    };
+    (!ok).then_some(SkipReason::NotAPublicKey)
 }
 
 fn big_pem(len: usize) -> Vec<u8> {
@@ -1266,8 +1299,7 @@ pub fn migrate_tree(data: &[u8]) {
             }
             _ if content.len() as u64 > migrate::MAX_KEY_BYTES => Some(SkipReason::TooLarge),
             _ if content.is_empty() => Some(SkipReason::Empty),
-            _ if !is_pem(content) => Some(SkipReason::NotAPublicKey),
-            _ => None,
+            _ => key_file_skip(content),
         };
         match skip {
             Some(r) => {

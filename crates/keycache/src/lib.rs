@@ -61,6 +61,7 @@ mod key;
 #[allow(unsafe_code)]
 mod map;
 pub mod migrate;
+pub mod pem;
 pub mod rebuild;
 pub mod report;
 mod roster;

@@ -260,6 +260,10 @@ pub(crate) fn replace(tables: &[&Table], build: impl FnOnce() -> Result<Vec<Imag
     let Some(first) = tables.first() else {
         return Ok(());
     };
+    // Refused before any lock file is created, and again under the locks.
+    for t in tables {
+        crate::fit::check(t.path(), t.params())?;
+    }
     let run = || -> Result<()> {
         for t in tables {
             crate::fit::check(t.path(), t.params())?;

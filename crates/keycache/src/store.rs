@@ -463,6 +463,13 @@ fn check_pem(id: &MinionId, pem: &[u8]) -> Result<()> {
             why: "its public key is empty",
         });
     }
+    // Private key material never enters a minion bank.
+    if crate::pem::holds_private_key(pem) {
+        return Err(Error::InvalidId {
+            id: id.to_string(),
+            why: "its public key holds a private key block",
+        });
+    }
     Ok(())
 }
 

@@ -97,8 +97,11 @@ pub enum SkipReason {
     Unreadable,
     /// The file is empty.
     Empty,
-    /// The content is not a PEM public key (or not UTF-8 text).
+    /// The content is not exactly one PEM public key block with nothing but
+    /// whitespace around it (see [`crate::pem`]).
     NotAPublicKey,
+    /// The content holds a private key block: never stored, never printed.
+    PrivateKey,
     /// Larger than [`MAX_KEY_BYTES`].
     TooLarge,
 }

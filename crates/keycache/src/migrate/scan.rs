@@ -5,14 +5,6 @@
 
 use super::*;
 
-fn is_pem_public_key(b: &[u8]) -> bool {
-    let Ok(s) = std::str::from_utf8(b) else {
-        return false;
-    };
-    let t = s.trim_start();
-    t.starts_with("-----BEGIN ") && s.contains("PUBLIC KEY-----") && s.contains("-----END ")
-}
-
 /// One entry of a tree directory, as listed.
 struct Listed {
     /// Index in [`TREE_DIRS`].
@@ -212,8 +204,22 @@ fn read_key_file(
     if len == 0 {
         return reject(buf, SkipReason::Empty, "empty file");
     }
-    if !is_pem_public_key(&buf[start..]) {
-        return reject(buf, SkipReason::NotAPublicKey, "not a PEM public key");
+    match crate::pem::check_public_key(&buf[start..start + len]) {
+        Ok(()) => {}
+        Err(crate::pem::PemProblem::PrivateKey) => {
+            return reject(
+                buf,
+                SkipReason::PrivateKey,
+                "holds a private key block; not stored",
+            )
+        }
+        Err(p) => {
+            return reject(
+                buf,
+                SkipReason::NotAPublicKey,
+                &format!("not a PEM public key: {p}"),
+            )
+        }
     }
     let mtime = (meta.mtime().max(0) as u64)
         .saturating_mul(1_000_000_000)

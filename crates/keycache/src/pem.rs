@@ -1,0 +1,200 @@
+//! What a minion key may hold: exactly one PEM public key block and nothing
+//! but whitespace around it.
+//!
+//! The check is structural (the armour lines and a base64 body), not a
+//! parse of the key: a key file that Salt keeps and that holds no private
+//! material is kept byte for byte, while a file that adds a private key
+//! block (in either order), a second block or any other text is refused,
+//! so that no command ever stores, prints or exports private key material
+//! from the minion banks.
+
+/// The labels of the public key blocks Salt writes (`PUBLIC KEY` for a
+/// SubjectPublicKeyInfo, `RSA PUBLIC KEY` for PKCS#1).
+const LABELS: [&str; 2] = ["PUBLIC KEY", "RSA PUBLIC KEY"];
+
+/// Why bytes are not a minion public key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PemProblem {
+    /// Empty, or whitespace only.
+    Empty,
+    /// Not ASCII text.
+    NotText,
+    /// A private key block (`-----BEGIN ... PRIVATE KEY-----`) anywhere.
+    PrivateKey,
+    /// No `-----BEGIN PUBLIC KEY-----` (or `RSA PUBLIC KEY`) line first.
+    NoPublicKeyBlock,
+    /// The block has no matching `-----END ...-----` line.
+    Unterminated,
+    /// A body line that is not base64, or no body at all.
+    BadBody,
+    /// Text (or a second block) before or after the block.
+    TextOutside,
+}
+
+impl PemProblem {
+    /// The problem in words, for skip reasons and errors.
+    pub fn describe(self) -> &'static str {
+        match self {
+            PemProblem::Empty => "it is empty",
+            PemProblem::NotText => "it is not ASCII text",
+            PemProblem::PrivateKey => "it holds a private key block",
+            PemProblem::NoPublicKeyBlock => "it does not start with a PEM public key block",
+            PemProblem::Unterminated => "its PEM block has no END line",
+            PemProblem::BadBody => "its PEM block's body is not base64",
+            PemProblem::TextOutside => "it holds more than one PEM public key block",
+        }
+    }
+}
+
+impl std::fmt::Display for PemProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.describe())
+    }
+}
+
+/// Whether `b` holds a private key block anywhere.
+pub fn holds_private_key(b: &[u8]) -> bool {
+    const MARK: &[u8] = b"PRIVATE KEY-----";
+    b.windows(MARK.len()).any(|w| w == MARK)
+}
+
+/// Checks that `b` is exactly one PEM public key block, with nothing but
+/// whitespace around it.
+pub fn check_public_key(b: &[u8]) -> Result<(), PemProblem> {
+    if holds_private_key(b) {
+        return Err(PemProblem::PrivateKey);
+    }
+    let Ok(text) = std::str::from_utf8(b) else {
+        return Err(PemProblem::NotText);
+    };
+    if !text.is_ascii() {
+        return Err(PemProblem::NotText);
+    }
+    let mut lines = text.lines().map(str::trim).filter(|l| !l.is_empty());
+    let Some(first) = lines.next() else {
+        return Err(PemProblem::Empty);
+    };
+    let label = first
+        .strip_prefix("-----BEGIN ")
+        .and_then(|l| l.strip_suffix("-----"))
+        .filter(|l| LABELS.contains(l))
+        .ok_or(PemProblem::NoPublicKeyBlock)?;
+    let end = format!("-----END {label}-----");
+    let mut body = 0usize;
+    loop {
+        let Some(line) = lines.next() else {
+            return Err(PemProblem::Unterminated);
+        };
+        if line == end {
+            break;
+        }
+        if line.starts_with("-----") {
+            return Err(PemProblem::Unterminated);
+        }
+        if !line
+            .bytes()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'+' | b'/' | b'='))
+        {
+            return Err(PemProblem::BadBody);
+        }
+        body += line.len();
+    }
+    if body == 0 {
+        return Err(PemProblem::BadBody);
+    }
+    match lines.next() {
+        None => Ok(()),
+        Some(_) => Err(PemProblem::TextOutside),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PUB: &str = "-----BEGIN PUBLIC KEY-----\nMIIBIjANBgkqhkiG9w0BAQEFAAOCAQ8AMIIBCgKCAQEAu1SU1LfVLPHCozMxH2Mo\n4lgOEePzNm0tRgeLezV6ffAt0gunVTLw7onLRnrq0/IzW7yWR7QkrmBL7jTKEn5u\n+wIDAQAB\n-----END PUBLIC KEY-----\n";
+    const PRIV: &str = "-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASC\n-----END PRIVATE KEY-----\n";
+
+    #[test]
+    fn one_public_block_with_whitespace_around_is_a_key() {
+        assert_eq!(check_public_key(PUB.as_bytes()), Ok(()));
+        let crlf = PUB.replace('\n', "\r\n");
+        assert_eq!(
+            check_public_key(format!("\n  {crlf}\n\n").as_bytes()),
+            Ok(())
+        );
+        let rsa = PUB.replace("PUBLIC KEY", "RSA PUBLIC KEY");
+        assert_eq!(check_public_key(rsa.as_bytes()), Ok(()));
+    }
+
+    #[test]
+    fn private_material_in_any_order_is_refused() {
+        for b in [
+            format!("{PUB}{PRIV}"),
+            format!("{PRIV}{PUB}"),
+            PRIV.to_string(),
+            PRIV.replace("PRIVATE KEY", "RSA PRIVATE KEY"),
+            PRIV.replace("PRIVATE KEY", "ENCRYPTED PRIVATE KEY"),
+            format!("{PUB}\n{}", PRIV.replace("PRIVATE KEY", "EC PRIVATE KEY")),
+        ] {
+            assert_eq!(
+                check_public_key(b.as_bytes()),
+                Err(PemProblem::PrivateKey),
+                "{b}"
+            );
+            assert!(holds_private_key(b.as_bytes()));
+        }
+        assert!(!holds_private_key(PUB.as_bytes()));
+    }
+
+    #[test]
+    fn anything_else_is_refused_with_its_reason() {
+        let cases = [
+            ("", PemProblem::Empty),
+            (" \n\t\n", PemProblem::Empty),
+            ("junk", PemProblem::NoPublicKeyBlock),
+            (
+                "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n",
+                PemProblem::NoPublicKeyBlock,
+            ),
+            (
+                "-----BEGIN PUBLIC KEY-----\nAAAA\n",
+                PemProblem::Unterminated,
+            ),
+            (
+                "-----BEGIN PUBLIC KEY-----\nAAAA\n-----END RSA PUBLIC KEY-----\n",
+                PemProblem::Unterminated,
+            ),
+            (
+                "-----BEGIN PUBLIC KEY-----\n-----END PUBLIC KEY-----\n",
+                PemProblem::BadBody,
+            ),
+            (
+                "-----BEGIN PUBLIC KEY-----\nAA AA\n-----END PUBLIC KEY-----\n",
+                PemProblem::BadBody,
+            ),
+        ];
+        for (b, want) in cases {
+            assert_eq!(check_public_key(b.as_bytes()), Err(want), "{b:?}");
+        }
+        assert_eq!(
+            check_public_key(format!("{PUB}{PUB}").as_bytes()),
+            Err(PemProblem::TextOutside)
+        );
+        assert_eq!(
+            check_public_key(format!("comment\n{PUB}").as_bytes()),
+            Err(PemProblem::NoPublicKeyBlock)
+        );
+        assert_eq!(
+            check_public_key(format!("{PUB}trailer").as_bytes()),
+            Err(PemProblem::TextOutside)
+        );
+        assert_eq!(
+            check_public_key(
+                "-----BEGIN PUBLIC KEY-----\nAAé\n-----END PUBLIC KEY-----".as_bytes()
+            ),
+            Err(PemProblem::NotText)
+        );
+        assert_eq!(check_public_key(&[0xff, 0xfe]), Err(PemProblem::NotText));
+    }
+}
