@@ -453,9 +453,14 @@ fn check_damaged(dir: &Path, truth: &Truth, d: &Damage, tally: &mut Tally) {
                 }
             }
         }
-        Err(e) => panic!("{ctx}: listing failed: {e}"),
+        // A missing index whose roster lists entries: the bank is not
+        // empty, and listing it says so.
+        Err(e) => {
+            assert!(e.is_corrupt(), "{ctx}: listing failed: {e}");
+            damaged = true;
+        }
     }
-    for r in store.denied_keys().unwrap() {
+    for r in store.denied_keys().into_iter().flatten() {
         match r {
             Ok((id, v)) => {
                 if truth.denied.get(&id) != Some(&v) {

@@ -186,6 +186,28 @@ impl Store {
         if dir.join(crate::rebuild::JOURNAL).exists() {
             Table::open(dir.join(KEYS_INDEX), opts)?.finish_interrupted()?;
         }
+        // Salt gives both banks one table size: index files of two lengths
+        // mean one is damaged (or was replaced by hand), and neither can be
+        // blamed alone.
+        let len = |n: &str| {
+            std::fs::symlink_metadata(dir.join(n))
+                .ok()
+                .filter(|m| m.is_file())
+                .map(|m| m.len())
+        };
+        if let (Some(k), Some(d)) = (len(KEYS_INDEX), len(DENIED_INDEX)) {
+            if k != d {
+                return Err(Error::Mismatch {
+                    path: dir.clone(),
+                    what: "index files of the two banks (one table size in Salt)",
+                    expected: "the same length".into(),
+                    found: format!(
+                        "{KEYS_INDEX} {k} bytes, {DENIED_INDEX} {d} bytes; one of them is damaged \
+                         (run keycache verify with the size of mmap_key_size)"
+                    ),
+                });
+            }
+        }
         Ok(Store {
             keys: Table::open(dir.join(KEYS_INDEX), opts)?,
             denied: Table::open(dir.join(DENIED_INDEX), opts)?,

@@ -81,9 +81,22 @@ impl Table {
     /// slot 0, slots past the table and slots not OCCUPIED are skipped, and a
     /// slot listed twice is yielded once. An entry that cannot be read back
     /// intact is yielded as an error, and iteration goes on.
+    ///
+    /// A missing index file whose roster still lists entries is an error:
+    /// the bank is not empty, its ids are lost.
     pub fn iter(&self) -> Result<Iter<'_>> {
         self.refresh(false)?;
         let entries = roster::read(&format::roster_path(&self.path))?;
+        if self.gen.load().index.is_none() {
+            let live = roster::live_count(&entries);
+            if live > 0 {
+                return Err(corrupt(
+                    &self.path,
+                    None,
+                    format!("the index file is missing while the roster lists {live} entries"),
+                ));
+            }
+        }
         Ok(Iter {
             table: self,
             entries,
