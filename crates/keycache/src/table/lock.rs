@@ -28,7 +28,10 @@ impl Table {
     /// bank's `.lock` file. A rebuild that a crash interrupted is finished
     /// first.
     fn locked<T>(&self, f: impl FnOnce(&mut WriterState) -> Result<T>) -> Result<T> {
-        let mut guard = self.writer.lock();
+        // A writer that panicked left nothing half-done in this state that
+        // the next one does not re-establish (it reopens and re-checks the
+        // files), so a poisoned mutex is taken over.
+        let mut guard = self.writer.lock().unwrap_or_else(|e| e.into_inner());
         let ws = &mut *guard;
         if ws.lock.is_none() {
             ws.lock = Some(self.open_lock_file()?);

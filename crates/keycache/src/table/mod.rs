@@ -44,7 +44,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use parking_lot::Mutex;
+use std::sync::Mutex;
 
 use crate::error::{Error, Result};
 use crate::files::{self, Ownership};
