@@ -40,7 +40,7 @@ fn shown(pem: &[u8]) -> Option<String> {
 }
 
 /// What is printed in place of a withheld key.
-pub(crate) const WITHHELD: &str = "(withheld: it holds a PRIVATE KEY block)\n";
+pub(crate) const WITHHELD: &str = "(withheld: it holds private key material)\n";
 
 /// Runs `keycache get`: exit code 1 when the id is in neither bank, 2 when
 /// a key was withheld.
