@@ -109,6 +109,7 @@ fn every_command_refuses_a_layout_that_is_not_the_files_and_changes_nothing() {
         vec!["verify", s(&st), "--repair"],
         vec!["migrate", s(&sample), "--out", s(&st)],
         vec!["migrate", s(&sample), "--out", s(&st), "--replace"],
+        vec!["migrate", s(&sample), "--out", s(&st), "--dry-run"],
     ];
     for layout in layouts {
         for c in &commands {

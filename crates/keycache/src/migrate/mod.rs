@@ -563,7 +563,11 @@ pub fn migrate(
         ..OpenOptions::default()
     };
     let store = if target.is_dir() {
-        Some(Store::open_with(&target, &topts)?)
+        let store = Store::open_with(&target, &topts)?;
+        // The existing banks are read for the plan (a dry run's too): with
+        // a layout that is not theirs, they would be misread.
+        store.check_layout()?;
+        Some(store)
     } else {
         None
     };
