@@ -86,6 +86,30 @@ pub enum BenchError {
     Empty(std::path::PathBuf),
     /// A measuring thread panicked (a rate without it would be wrong).
     Panicked,
+    /// An argument out of its range (see [`check_args`]): what is wrong.
+    InvalidArgument(String),
+}
+
+/// The longest measurement [`measure`] makes, in seconds (an hour).
+pub const MAX_SECONDS: f64 = 3600.0;
+
+/// The most threads [`measure`] runs.
+pub const MAX_THREADS: usize = 256;
+
+/// Checks the arguments of a measurement: `seconds` finite, above 0 and at
+/// most [`MAX_SECONDS`]; `threads` from 1 to [`MAX_THREADS`].
+pub fn check_args(threads: usize, seconds: f64) -> Result<(), BenchError> {
+    if !(seconds.is_finite() && seconds > 0.0 && seconds <= MAX_SECONDS) {
+        return Err(BenchError::InvalidArgument(format!(
+            "seconds {seconds}: give a number above 0 and at most {MAX_SECONDS}"
+        )));
+    }
+    if !(1..=MAX_THREADS).contains(&threads) {
+        return Err(BenchError::InvalidArgument(format!(
+            "threads {threads}: give 1 to {MAX_THREADS}"
+        )));
+    }
+    Ok(())
 }
 
 impl fmt::Display for BenchError {
@@ -98,6 +122,7 @@ impl fmt::Display for BenchError {
                 dir.display()
             ),
             BenchError::Panicked => f.write_str("a benchmark thread panicked"),
+            BenchError::InvalidArgument(why) => f.write_str(why),
         }
     }
 }
@@ -113,14 +138,17 @@ impl From<keycache::Error> for BenchError {
 /// Runs `threads` threads for `seconds`, each calling `f(thread, i)` for
 /// i = 0, 1, ... in rounds of 64 calls of `per_call` lookups each, with an
 /// `f` of its own from `make` (its buffers); returns the rate and the sum
-/// of what the calls returned, or [`BenchError::Panicked`].
+/// of what the calls returned, [`BenchError::Panicked`], or
+/// [`BenchError::InvalidArgument`] for arguments [`check_args`] refuses.
 pub fn measure<F: FnMut(usize, usize) -> u64>(
     threads: usize,
     seconds: f64,
     per_call: usize,
     make: &(dyn Fn() -> F + Sync),
 ) -> Result<(Rate, u64), BenchError> {
-    let deadline = Duration::from_secs_f64(seconds);
+    check_args(threads, seconds)?;
+    let deadline = Duration::try_from_secs_f64(seconds)
+        .map_err(|e| BenchError::InvalidArgument(format!("seconds {seconds}: {e}")))?;
     let start = Instant::now();
     let results: Option<Vec<(u64, u64, f64)>> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..threads)
@@ -190,8 +218,11 @@ pub struct BenchReport {
 /// lookups of the ids of `store`'s `keys` bank in a seeded random order:
 /// `get` of present and of absent ids, `get_many`, `get_in`, a `Reader`'s
 /// `get_in`, and `get_many_in`, after one warm-up pass over every entry.
+/// Arguments out of range ([`check_args`]) are refused before the store is
+/// read.
 pub fn bench_store(store: &Store, threads: usize, seconds: f64) -> Result<BenchReport, BenchError> {
     let threads = threads.max(1);
+    check_args(threads, seconds)?;
     let mut ids: Vec<MinionId> = Vec::new();
     for r in store.keys(None)? {
         let (id, _) = r?;
@@ -307,4 +338,34 @@ pub fn bench_store(store: &Store, threads: usize, seconds: f64) -> Result<BenchR
         get_many_in: bi,
         checksum,
     })
+}
+
+#[cfg(test)]
+mod arg_tests {
+    use super::*;
+
+    #[test]
+    fn measure_refuses_out_of_range_arguments_instead_of_panicking() {
+        let make = || |_: usize, _: usize| 0u64;
+        for secs in [f64::NAN, f64::INFINITY, -1.0, 0.0, 1e300, MAX_SECONDS + 1.0] {
+            assert!(
+                matches!(
+                    measure(1, secs, 1, &make),
+                    Err(BenchError::InvalidArgument(_))
+                ),
+                "{secs}"
+            );
+        }
+        for threads in [0, MAX_THREADS + 1, usize::MAX] {
+            assert!(
+                matches!(
+                    measure(threads, 0.01, 1, &make),
+                    Err(BenchError::InvalidArgument(_))
+                ),
+                "{threads}"
+            );
+        }
+        let (rate, _) = measure(2, 0.01, 1, &make).expect("in range");
+        assert!(rate.lookups_per_s > 0.0);
+    }
 }

@@ -1,19 +1,22 @@
 //! The argument groups the commands share, each defined once: the store
-//! directory, the store's layout ([`Layout`]), `--json` and `--user`; and
-//! minion ids given as arguments ([`minion_id`]).
+//! directory, the store's layout ([`Layout`]), `--json` and `--user`; minion
+//! ids given as arguments ([`minion_id`]); and the notice that a writer
+//! waits for a bank's lock ([`announce_lock_wait`]).
 
+use std::fs::File;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::Args;
 
-use keycache::files::Ownership;
+use keycache::files::{Ownership, DEFAULT_MODE};
 use keycache::format::{self, Params};
-use keycache::store::Store;
+use keycache::store::{Store, DENIED_INDEX, KEYS_INDEX};
 use keycache::table::OpenOptions;
 use keycache::{Error, MinionId};
 
-use crate::output::CmdError;
+use crate::output::{errln, esc, esc_path, CmdError};
 
 /// A minion id given on the command line, or a failure with exit code 2.
 pub(crate) fn minion_id(s: &str) -> Result<MinionId, CmdError> {
@@ -38,15 +41,89 @@ pub(crate) struct Json {
 /// `--user`: the owner of the files a command writes.
 #[derive(Debug, Clone, Args)]
 pub(crate) struct User {
-    /// Owner of the files written (user name or `UID[:GID]`).
+    /// Owner of the files written: `USER[:GROUP]`, each a name or a number.
     #[arg(long, value_name = "USER")]
     pub(crate) user: Option<String>,
 }
 
+/// chown's "no change" value (`(uid_t)-1`): never a real owner.
+const NO_CHANGE: u32 = u32::MAX;
+
 impl User {
-    /// The ownership `--user` asks for, if given.
-    pub(crate) fn ownership(&self) -> Result<Option<Ownership>, Error> {
-        self.user.as_deref().map(Ownership::for_user).transpose()
+    /// The ownership `--user` asks for, if given; a bad `--user` fails with
+    /// exit code 2 and its own message.
+    pub(crate) fn ownership(&self) -> Result<Option<Ownership>, CmdError> {
+        self.user.as_deref().map(user_ownership).transpose()
+    }
+}
+
+/// The ownership `--user USER[:GROUP]` names: user and group names are
+/// resolved through the system's user database (NSS: `/etc/passwd`, LDAP,
+/// sssd...); a user alone gives its primary group (a numeric uid that no
+/// user has, the group of the same number). Mode 0600.
+pub(crate) fn user_ownership(spec: &str) -> Result<Ownership, CmdError> {
+    let bad = |why: &str| CmdError::usage(format!("--user \"{}\": {why}", esc(spec)));
+    let (user, group) = match spec.split_once(':') {
+        Some((u, g)) => (u, Some(g)),
+        None => (spec, None),
+    };
+    if user.is_empty() || group.is_some_and(str::is_empty) {
+        return Err(bad("give USER or USER:GROUP (names or numbers)"));
+    }
+    let (uid, primary) = match user.parse::<u32>() {
+        Ok(uid) => (
+            uid,
+            uzers::get_user_by_uid(uid).map(|u| u.primary_group_id()),
+        ),
+        Err(_) => {
+            let u = uzers::get_user_by_name(user).ok_or_else(|| bad("no such user"))?;
+            (u.uid(), Some(u.primary_group_id()))
+        }
+    };
+    let gid = match group {
+        None => primary.unwrap_or(uid),
+        Some(g) => match g.parse::<u32>() {
+            Ok(gid) => gid,
+            Err(_) => uzers::get_group_by_name(g)
+                .ok_or_else(|| bad("no such group"))?
+                .gid(),
+        },
+    };
+    if uid == NO_CHANGE || gid == NO_CHANGE {
+        return Err(bad(
+            "4294967295 is chown's \"no change\" value (-1), not an owner",
+        ));
+    }
+    Ok(Ownership {
+        owner: Some((uid, gid)),
+        mode: DEFAULT_MODE,
+        explicit: true,
+    })
+}
+
+/// Before a command writes the banks of `dir`: when another process (a
+/// Salt master, another keycache) holds a bank's lock, says so on stderr,
+/// so that the wait the library then makes is not a silent hang. Takes
+/// nothing: the lock is tried and let go at once.
+pub(crate) fn announce_lock_wait(dir: &Path) {
+    for index in [KEYS_INDEX, DENIED_INDEX] {
+        let path = format::lock_path(&dir.join(index));
+        let Ok(f) = File::options()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open(&path)
+        else {
+            continue; // absent (a new bank) or not ours to open: the writer will say
+        };
+        if !f.metadata().is_ok_and(|m| m.is_file()) {
+            continue;
+        }
+        if let Err(std::fs::TryLockError::WouldBlock) = f.try_lock() {
+            errln!(
+                "keycache: waiting for the lock of {} (a Salt master or another keycache is writing)",
+                esc_path(&path)
+            );
+        }
     }
 }
 
@@ -111,8 +188,19 @@ impl Layout {
         }
     }
 
-    /// Opens the store in `dir` with these parameters.
+    /// Opens the store in `dir` with these parameters, and checks that
+    /// they are the layout of its files ([`Store::check_layout`]) before
+    /// anything is read or written: a store opened with another layout is
+    /// refused. (Damage is not a layout mismatch: `verify` still opens a
+    /// damaged store.)
     pub(crate) fn open(&self, dir: &Path) -> Result<Store, Error> {
-        Store::open_with(dir, &self.options(self.params(dir)?))
+        self.open_with(dir, self.options(self.params(dir)?))
+    }
+
+    /// [`Layout::open`] with the given options.
+    pub(crate) fn open_with(&self, dir: &Path, opts: OpenOptions) -> Result<Store, Error> {
+        let store = Store::open_with(dir, &opts)?;
+        store.check_layout()?;
+        Ok(store)
     }
 }

@@ -1,13 +1,122 @@
-//! What the commands share to print: colour, JSON, times, and the error a
-//! command fails with ([`CmdError`]).
+//! What the commands share to print: stdout that ends quietly when its
+//! reader goes away ([`out!`], [`outln!`]), stderr ([`errln!`]), escaped ids
+//! and paths ([`esc`]), colour, JSON, times, and the error a command fails
+//! with ([`CmdError`]).
 
+use std::borrow::Cow;
 use std::fmt;
-use std::io::{IsTerminal, Write};
+use std::io::{self, IsTerminal, Write};
+use std::path::Path;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, UNIX_EPOCH};
 
 use anstyle::Style;
 use serde::Serialize;
+
+/// Set once stdout failed: nothing more is written to it.
+static STDOUT_CLOSED: AtomicBool = AtomicBool::new(false);
+
+/// The first error writing stdout other than a closed pipe.
+static STDOUT_ERROR: Mutex<Option<io::Error>> = Mutex::new(None);
+
+/// Writes to stdout. A reader that went away (`EPIPE`: `keycache ... | head
+/// -1`) ends the output quietly: the command goes on and exits with its own
+/// code (Rust ignores `SIGPIPE`, where `println!` would panic). Any other
+/// error is kept for [`finish_stdout`].
+pub(crate) fn write_stdout(args: fmt::Arguments<'_>) {
+    if STDOUT_CLOSED.load(Ordering::Relaxed) {
+        return;
+    }
+    let r = io::stdout().lock().write_fmt(args);
+    if let Err(e) = r {
+        stdout_failed(e);
+    }
+}
+
+fn stdout_failed(e: io::Error) {
+    STDOUT_CLOSED.store(true, Ordering::Relaxed);
+    if e.kind() != io::ErrorKind::BrokenPipe {
+        if let Ok(mut slot) = STDOUT_ERROR.lock() {
+            slot.get_or_insert(e);
+        }
+    }
+}
+
+/// Flushes stdout; the error writing it, if any, other than a closed pipe.
+pub(crate) fn finish_stdout() -> Option<io::Error> {
+    if !STDOUT_CLOSED.load(Ordering::Relaxed) {
+        if let Err(e) = io::stdout().lock().flush() {
+            stdout_failed(e);
+        }
+    }
+    STDOUT_ERROR.lock().ok().and_then(|mut e| e.take())
+}
+
+/// Writes to stderr, ignoring errors (nothing is left to tell them to).
+pub(crate) fn write_stderr(args: fmt::Arguments<'_>) {
+    let _ = io::stderr().lock().write_fmt(args);
+}
+
+/// `print!` through [`write_stdout`].
+macro_rules! out {
+    ($($t:tt)*) => {
+        $crate::output::write_stdout(format_args!($($t)*))
+    };
+}
+
+/// `println!` through [`write_stdout`].
+macro_rules! outln {
+    () => {
+        $crate::output::write_stdout(format_args!("\n"))
+    };
+    ($($t:tt)*) => {
+        $crate::output::write_stdout(format_args!("{}\n", format_args!($($t)*)))
+    };
+}
+
+/// `eprintln!` that ignores errors ([`write_stderr`]).
+macro_rules! errln {
+    ($($t:tt)*) => {
+        $crate::output::write_stderr(format_args!("{}\n", format_args!($($t)*)))
+    };
+}
+
+pub(crate) use {errln, out, outln};
+
+/// Whether `c` is escaped in text output: control characters (a newline,
+/// ESC) and the invisible marks that reorder text (bidi controls).
+fn needs_escape(c: char) -> bool {
+    c.is_control()
+        || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
+/// `s` for text output: control characters and bidi controls escaped as
+/// Rust escapes them (`\n`, `\u{1b}`), everything else as is. Every text
+/// printer passes ids (and paths) through it, so a hostile id can neither
+/// forge lines nor drive the terminal.
+pub(crate) fn esc(s: &str) -> Cow<'_, str> {
+    if !s.chars().any(needs_escape) {
+        return Cow::Borrowed(s);
+    }
+    let mut o = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        if matches!(c, '\n' | '\r' | '\t' | '\0') {
+            o.extend(c.escape_debug());
+        } else if needs_escape(c) {
+            o.extend(c.escape_unicode());
+        } else {
+            o.push(c);
+        }
+    }
+    Cow::Owned(o)
+}
+
+/// A path for text output ([`esc`] of its lossy UTF-8 form).
+pub(crate) fn esc_path(p: &Path) -> String {
+    esc(&p.to_string_lossy()).into_owned()
+}
 
 /// A failed command: `keycache: {message}` on stderr, exit code `code`.
 #[derive(Debug)]
@@ -92,14 +201,13 @@ fn to_value<T: Serialize>(v: &T) -> serde_json::Value {
 
 /// Prints `v` as one pretty-printed JSON document (keys sorted) on stdout.
 pub(crate) fn print_json<T: Serialize>(v: &T) {
-    let mut out = std::io::stdout().lock();
-    let _ = serde_json::to_writer_pretty(&mut out, &to_value(v));
-    let _ = writeln!(out);
+    let doc = serde_json::to_string_pretty(&to_value(v)).unwrap_or_default();
+    outln!("{doc}");
 }
 
 /// Prints `v` as JSON on one line (keys sorted) on stdout.
 pub(crate) fn print_json_line<T: Serialize>(v: &T) {
-    println!("{}", to_value(v));
+    outln!("{}", to_value(v));
 }
 
 /// `s` quoted and escaped as a JSON string.
@@ -131,6 +239,17 @@ mod tests {
             "2026-05-23 23:39:49 UTC"
         );
         assert_eq!(fmt_time(u64::MAX), "2554-07-21 23:34:33 UTC");
+    }
+
+    #[test]
+    fn escapes_control_characters_only() {
+        assert!(matches!(esc("web-01.example.com"), Cow::Borrowed(_)));
+        assert_eq!(esc("caf\u{e9} d'o \"q\" a\\b"), "caf\u{e9} d'o \"q\" a\\b");
+        assert_eq!(esc("a\nb"), "a\\nb");
+        assert_eq!(esc("\u{1b}[31mred"), "\\u{1b}[31mred");
+        assert_eq!(esc("x\ty\r"), "x\\ty\\r");
+        assert_eq!(esc("\u{202e}gpj.exe"), "\\u{202e}gpj.exe");
+        assert_eq!(esc("\u{7f}"), "\\u{7f}");
     }
 
     #[test]

@@ -81,40 +81,6 @@ impl Ownership {
         })
     }
 
-    /// New files owned by `user`: a user name from `/etc/passwd`, or
-    /// numeric `UID[:GID]`; mode 0600.
-    pub fn for_user(user: &str) -> Result<Ownership> {
-        let bad = |why: String| Error::InvalidParams(format!("--user {user:?}: {why}"));
-        let (uid, gid) = if let Some((u, g)) = user.split_once(':') {
-            let u = u
-                .parse::<u32>()
-                .map_err(|_| bad("UID:GID must be numbers".into()))?;
-            let g = g
-                .parse::<u32>()
-                .map_err(|_| bad("UID:GID must be numbers".into()))?;
-            (u, g)
-        } else if let Ok(u) = user.parse::<u32>() {
-            (u, u)
-        } else {
-            let passwd = std::fs::read_to_string("/etc/passwd")
-                .map_err(|e| Error::io("/etc/passwd", "read", e))?;
-            passwd
-                .lines()
-                .filter_map(|l| {
-                    let f: Vec<&str> = l.split(':').collect();
-                    (f.len() >= 4 && f[0] == user)
-                        .then(|| (f[2].parse::<u32>(), f[3].parse::<u32>()))
-                })
-                .find_map(|(u, g)| Some((u.ok()?, g.ok()?)))
-                .ok_or_else(|| bad("no such user in /etc/passwd".into()))?
-        };
-        Ok(Ownership {
-            owner: Some((uid, gid)),
-            mode: DEFAULT_MODE,
-            explicit: true,
-        })
-    }
-
     /// What a file replacing `old` gets: `old`'s owner and mode, so a
     /// rebuild never widens permissions nor takes a file from its owner.
     pub(crate) fn replacing(&self, old: &Path) -> Ownership {

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::format::Params;
 use crate::store::{Counts, Store};
 use crate::table::{OpenOptions, Table, TableStats};
@@ -152,13 +152,49 @@ pub struct CompactReport {
     pub config: String,
 }
 
-/// Opens the store in `dir` with `opts`, rebuilds both banks without
-/// garbage and tombstones ([`Store::compact`]), into a table of `to_size`
-/// slots when given, and reports the heap before and after (the numbers
-/// after read from the store opened anew with the new size, and without
-/// `opts.ownership`).
+/// Refuses a compaction into a table of `size` slots that either bank's
+/// live entries would fill past [`crate::migrate::MAX_LOAD_FACTOR`], as a
+/// migration refuses it ([`Error::Overfull`], which names a size that fits:
+/// [`crate::migrate::suggest_size`]).
+pub fn check_compact_size(store: &Store, size: u64) -> Result<()> {
+    let params = Params {
+        size,
+        ..*store.keys_table().params()
+    };
+    params.validate()?;
+    let s = store.stats()?;
+    for (t, occupied) in [
+        (store.keys_table(), s.keys.occupied),
+        (store.denied_table(), s.denied_keys.occupied),
+    ] {
+        let load = occupied as f64 / params.capacity() as f64;
+        if load > crate::migrate::MAX_LOAD_FACTOR {
+            return Err(Error::Overfull {
+                path: t.path().to_path_buf(),
+                entries: occupied,
+                size,
+                load,
+                max_load: crate::migrate::MAX_LOAD_FACTOR,
+                suggested: crate::migrate::suggest_size(occupied),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Opens the store in `dir` with `opts`, checks that `opts.params` is the
+/// layout of its files ([`Store::check_layout`]) and, with `to_size`, that
+/// the entries fit a table of that size ([`check_compact_size`]); then
+/// rebuilds both banks without garbage and tombstones ([`Store::compact`]),
+/// into a table of `to_size` slots when given, and reports the heap before
+/// and after (the numbers after read from the store opened anew with the
+/// new size, and without `opts.ownership`). A refusal writes nothing.
 pub fn compact(dir: &Path, opts: &OpenOptions, to_size: Option<u64>) -> Result<CompactReport> {
     let store = Store::open_with(dir, opts)?;
+    store.check_layout()?;
+    if let Some(size) = to_size {
+        check_compact_size(&store, size)?;
+    }
     let before = HeapNumbers::of(&store)?;
     store.compact(to_size)?;
     let size = to_size.unwrap_or(store.keys_table().params().size);
@@ -222,6 +258,37 @@ mod tests {
         assert!(r.after.heap_total_bytes < r.before.heap_total_bytes);
         let again = Store::open_with(dir.path(), &opts(2003))?;
         assert_eq!(stats(&again)?.keys.garbage_ratio, 0.0);
+        Ok(())
+    }
+
+    #[test]
+    fn compact_refuses_a_table_past_the_migration_limit_and_writes_nothing() -> Result<()> {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open_with(dir.path(), &opts(1009))?;
+        for n in 0..17 {
+            store.put(&MinionId::new(format!("m{n}"))?, KeyState::Pending, PEM)?;
+        }
+        drop(store);
+        let idx = std::fs::read(dir.path().join(crate::store::KEYS_INDEX)).unwrap();
+        // 17 entries in 18 data slots: 94% full.
+        match compact(dir.path(), &opts(1009), Some(19)) {
+            Err(Error::Overfull {
+                entries,
+                size,
+                suggested,
+                ..
+            }) => {
+                assert_eq!((entries, size), (17, 19));
+                assert!(suggested as f64 * crate::migrate::MAX_LOAD_FACTOR > 17.0);
+            }
+            other => panic!("expected Overfull, got {other:?}"),
+        }
+        assert_eq!(
+            std::fs::read(dir.path().join(crate::store::KEYS_INDEX)).unwrap(),
+            idx
+        );
+        // 17 in 22 data slots (77%) is allowed.
+        assert_eq!(compact(dir.path(), &opts(1009), Some(23))?.size, 23);
         Ok(())
     }
 }

@@ -3,24 +3,42 @@
 
 use std::process::ExitCode;
 
+use keycache_bench::{MAX_SECONDS, MAX_THREADS};
+
 use crate::args::{Json, Layout, StoreDir};
-use crate::output::{print_json, CmdResult};
+use crate::output::{outln, print_json, CmdResult};
 
 /// The arguments of `keycache bench`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
     #[command(flatten)]
     store: StoreDir,
-    /// Reader threads.
-    #[arg(long, default_value_t = 1)]
+    /// Reader threads (1 to 256).
+    #[arg(long, default_value_t = 1, value_parser = threads)]
     threads: usize,
-    /// Seconds per measurement.
-    #[arg(long, default_value_t = 2.0)]
+    /// Seconds per measurement (above 0, at most 3600).
+    #[arg(long, default_value_t = 2.0, value_parser = seconds)]
     seconds: f64,
     #[command(flatten)]
     json: Json,
     #[command(flatten)]
     layout: Layout,
+}
+
+/// `--threads`: 1 to [`MAX_THREADS`].
+fn threads(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if (1..=MAX_THREADS).contains(&n) => Ok(n),
+        _ => Err(format!("give a whole number from 1 to {MAX_THREADS}")),
+    }
+}
+
+/// `--seconds`: finite, above 0, at most [`MAX_SECONDS`].
+fn seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(x) if x.is_finite() && x > 0.0 && x <= MAX_SECONDS => Ok(x),
+        _ => Err(format!("give a number above 0 and at most {MAX_SECONDS}")),
+    }
 }
 
 /// Runs `keycache bench`.
@@ -31,11 +49,13 @@ pub(crate) fn run(a: Args) -> CmdResult {
         print_json(&r);
         return Ok(ExitCode::SUCCESS);
     }
-    println!(
+    outln!(
         "{} keys, {} thread(s), {} s per measurement",
-        r.keys, r.threads, a.seconds
+        r.keys,
+        r.threads,
+        a.seconds
     );
-    println!("{:<14} {:>16} {:>14}", "lookup", "lookups/s", "ns/lookup");
+    outln!("{:<14} {:>16} {:>14}", "lookup", "lookups/s", "ns/lookup");
     for (name, rate) in [
         ("hit", r.hit),
         ("miss", r.miss),
@@ -44,9 +64,11 @@ pub(crate) fn run(a: Args) -> CmdResult {
         ("reader_get_in", r.reader_get_in),
         ("get_many_in", r.get_many_in),
     ] {
-        println!(
+        outln!(
             "{:<14} {:>16.0} {:>14.1}",
-            name, rate.lookups_per_s, rate.ns_per_lookup
+            name,
+            rate.lookups_per_s,
+            rate.ns_per_lookup
         );
     }
     Ok(ExitCode::SUCCESS)

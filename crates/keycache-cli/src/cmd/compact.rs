@@ -5,16 +5,17 @@ use std::process::ExitCode;
 use keycache::report;
 use keycache::table::OpenOptions;
 
-use crate::args::{Json, Layout, StoreDir, User};
-use crate::output::{print_json, CmdResult};
+use crate::args::{announce_lock_wait, Json, Layout, StoreDir, User};
+use crate::output::{esc_path, outln, print_json, CmdError, CmdResult};
 
 /// The arguments of `keycache compact`.
 #[derive(Debug, clap::Args)]
-#[command(mut_arg("user", |a| a.help("Owner of the files written (user name or UID[:GID]). Default: the owner of the files replaced")))]
+#[command(mut_arg("user", |a| a.help("Owner of the files written (USER[:GROUP], names or numbers). Default: the owner of the files replaced")))]
 pub(crate) struct Args {
     #[command(flatten)]
     store: StoreDir,
     /// New table size; the Salt master config then needs `mmap_key_size: N`.
+    /// Refused when the keys would fill more than 80% of it.
     #[arg(long = "to-size", value_name = "N")]
     to_size: Option<u64>,
     #[command(flatten)]
@@ -25,6 +26,28 @@ pub(crate) struct Args {
     layout: Layout,
 }
 
+/// A compaction's error; an overfull `--to-size` names the option that
+/// fixes it (`--size` is the current layout's, and means something else).
+fn compact_error(e: keycache::Error) -> CmdError {
+    match e {
+        keycache::Error::Overfull {
+            path,
+            entries,
+            size,
+            load,
+            max_load,
+            suggested,
+        } => CmdError::usage(format!(
+            "{}: {entries} entries would fill {:.0}% of a table of size {size} (keycache refuses above {:.0}%); \
+             use --to-size {suggested} and then set `mmap_key_size: {suggested}` in the Salt master config",
+            esc_path(&path),
+            load * 100.0,
+            max_load * 100.0
+        )),
+        e => e.into(),
+    }
+}
+
 /// Runs `keycache compact`.
 pub(crate) fn run(a: Args) -> CmdResult {
     let dir = &a.store.dir;
@@ -33,19 +56,28 @@ pub(crate) fn run(a: Args) -> CmdResult {
         ownership,
         ..a.layout.options(a.layout.params(dir)?)
     };
-    let r = report::compact(dir, &opts, a.to_size)?;
+    // Refusals (a layout that is not the files', a size too small) come
+    // before the notice of a wait for the lock, and before any write.
+    {
+        let store = a.layout.open_with(dir, opts.clone())?;
+        if let Some(size) = a.to_size {
+            report::check_compact_size(&store, size).map_err(compact_error)?;
+        }
+    }
+    announce_lock_wait(dir);
+    let r = report::compact(dir, &opts, a.to_size).map_err(compact_error)?;
     if a.json.json {
         print_json(&r);
     } else {
-        println!(
+        outln!(
             "compacted {}: heap {} -> {} bytes, {} -> 0 deleted slots",
-            dir.display(),
+            esc_path(dir),
             r.before.heap_total_bytes,
             r.after.heap_total_bytes,
             r.before.deleted
         );
         if a.to_size.is_some() {
-            println!(
+            outln!(
                 "table size is now {0}: set `mmap_key_size: {0}` in the Salt master config",
                 r.size
             );

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use crate::args::{Json, Layout};
-use crate::output::{exit, print_json, CmdResult};
+use crate::output::{esc, exit, outln, print_json, CmdResult};
 
 /// The arguments of `keycache diff`.
 #[derive(Debug, clap::Args)]
@@ -25,22 +25,22 @@ pub(crate) fn run(a: Args) -> CmdResult {
         print_json(&d);
     } else {
         for e in &d.only_a {
-            println!("only in A: {} ({})", e.id, e.state);
+            outln!("only in A: {} ({})", esc(&e.id), e.state);
         }
         for e in &d.only_b {
-            println!("only in B: {} ({})", e.id, e.state);
+            outln!("only in B: {} ({})", esc(&e.id), e.state);
         }
         for e in &d.differ {
-            println!(
+            outln!(
                 "differs:   {} (A {}, B {}{})",
-                e.id,
+                esc(&e.id),
                 e.state_a,
                 e.state_b,
                 if e.same_key { "" } else { ", different keys" }
             );
         }
         if d.same {
-            println!("same: {} entries", d.entries_a);
+            outln!("same: {} entries", d.entries_a);
         }
     }
     Ok(exit(d.same))

@@ -2,8 +2,12 @@
 
 use serde::Serialize;
 
+use keycache::pem::holds_private_key;
+
 use crate::args::{minion_id, Json, Layout, StoreDir};
-use crate::output::{exit, fmt_time, print_json, CmdResult};
+use crate::output::{
+    errln, esc, esc_path, exit, fmt_time, out, outln, print_json, CmdError, CmdResult,
+};
 
 /// The arguments of `keycache get`.
 #[derive(Debug, clap::Args)]
@@ -18,7 +22,7 @@ pub(crate) struct Args {
     layout: Layout,
 }
 
-/// `keycache get --json`: `null`s for what is not there.
+/// `keycache get --json`: `null`s for what is not there (or withheld).
 #[derive(Serialize)]
 struct GetReport<'a> {
     id: &'a str,
@@ -29,44 +33,76 @@ struct GetReport<'a> {
     denied_pub: Option<String>,
 }
 
-/// Runs `keycache get`.
+/// A stored key as printed: `None` when it holds a private key block,
+/// which is never printed.
+fn shown(pem: &[u8]) -> Option<String> {
+    (!holds_private_key(pem)).then(|| String::from_utf8_lossy(pem).into_owned())
+}
+
+/// What is printed in place of a withheld key.
+pub(crate) const WITHHELD: &str = "(withheld: it holds private key material)\n";
+
+/// Runs `keycache get`: exit code 1 when the id is in neither bank, 2 when
+/// a key was withheld.
 pub(crate) fn run(a: Args) -> CmdResult {
-    let store = a.layout.open(&a.store.dir)?;
     let id = minion_id(&a.id)?;
+    let store = a.layout.open(&a.store.dir)?;
     let entry = store.get(&id)?;
     let denied = store.denied(&id)?;
     let found = entry.is_some() || denied.is_some();
+    let key = entry.as_ref().map(|e| shown(&e.public_key));
+    let dkey = denied.as_deref().map(shown);
+    let mut withheld = Vec::new();
+    if matches!(key, Some(None)) {
+        withheld.push("keys");
+    }
+    if matches!(dkey, Some(None)) {
+        withheld.push("denied_keys");
+    }
     if a.json.json {
         print_json(&GetReport {
             id: id.as_str(),
             state: entry.as_ref().map(|e| e.state.name()),
-            public_key: entry
-                .as_ref()
-                .map(|e| String::from_utf8_lossy(&e.public_key).into_owned()),
+            public_key: key.clone().flatten(),
             mtime_ns: entry.as_ref().map(|e| e.mtime),
-            denied_pub: denied
-                .as_ref()
-                .map(|d| String::from_utf8_lossy(d).into_owned()),
+            denied_pub: dkey.clone().flatten(),
         });
     } else if !found {
-        eprintln!("keycache: {id}: no such key in {}", store.dir().display());
+        errln!(
+            "keycache: {}: no such key in {}",
+            esc(id.as_str()),
+            esc_path(store.dir())
+        );
     } else {
-        println!("id: {id}");
+        outln!("id: {}", esc(id.as_str()));
         match &entry {
             Some(e) => {
-                println!("state: {}", e.state);
-                println!(
+                outln!("state: {}", e.state);
+                outln!(
                     "mtime: {} ({} ns since the epoch)",
                     fmt_time(e.mtime),
                     e.mtime
                 );
-                print!("public key:\n{}", String::from_utf8_lossy(&e.public_key));
+                out!(
+                    "public key:\n{}",
+                    key.clone().flatten().as_deref().unwrap_or(WITHHELD)
+                );
             }
-            None => println!("state: (not in the keys bank)"),
+            None => outln!("state: (not in the keys bank)"),
         }
-        if let Some(d) = &denied {
-            print!("denied key:\n{}", String::from_utf8_lossy(d));
+        if dkey.is_some() {
+            out!(
+                "denied key:\n{}",
+                dkey.clone().flatten().as_deref().unwrap_or(WITHHELD)
+            );
         }
+    }
+    if !withheld.is_empty() {
+        return Err(CmdError::usage(format!(
+            "{}: withheld the value in {}: it holds a PRIVATE KEY block (delete or replace the key)",
+            esc(id.as_str()),
+            withheld.join(" and ")
+        )));
     }
     Ok(exit(found))
 }

@@ -1,16 +1,19 @@
 //! `keycache list`: the keys in `salt-key -L`'s groups.
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::process::ExitCode;
 
 use anstyle::{AnsiColor, Style};
 use serde::Serialize;
 
+use keycache::format::ROSTER_TOMBSTONE;
+use keycache::pem::holds_private_key;
 use keycache::store::Store;
+use keycache::table::Table;
 
 use crate::args::{Json, Layout, StoreDir};
-use crate::output::{paint, print_json, CmdError, CmdResult};
+use crate::cmd::get::WITHHELD;
+use crate::output::{errln, esc, out, outln, paint, print_json, CmdError, CmdResult};
 
 /// The arguments of `keycache list`.
 #[derive(Debug, clap::Args)]
@@ -81,8 +84,9 @@ fn group_of(s: &str) -> Result<&'static str, CmdError> {
 type Entries = Vec<(String, Vec<u8>)>;
 
 /// Reads both banks into salt-key's groups, in [`GROUPS`] order; entries
-/// that cannot be read are reported on stderr and left out.
-fn groups(store: &Store) -> Result<[Entries; 4], CmdError> {
+/// that cannot be read are reported on stderr and left out, and counted
+/// (the second value).
+fn groups(store: &Store) -> Result<([Entries; 4], usize), CmdError> {
     let mut out: [Entries; 4] = Default::default();
     let mut bad = Vec::new();
     for r in store.keys(None)? {
@@ -102,13 +106,33 @@ fn groups(store: &Store) -> Result<[Entries; 4], CmdError> {
             Err(e) => bad.push(e.to_string()),
         }
     }
+    for t in [store.keys_table(), store.denied_table()] {
+        let lost = lost_to_a_missing_index(t);
+        if lost > 0 {
+            bad.push(format!(
+                "{}: the index file is missing, but the roster lists {lost} live entries: they cannot be read",
+                t.path().display()
+            ));
+        }
+    }
     for b in &bad {
-        eprintln!("keycache: {b}");
+        errln!("keycache: {}", esc(b));
     }
     for g in &mut out {
         g.sort();
     }
-    Ok(out)
+    Ok((out, bad.len()))
+}
+
+/// Live entries the roster of `t` lists while its index file is missing:
+/// the bank reads as empty, but it is not (only the index holds the ids).
+fn lost_to_a_missing_index(t: &Table) -> usize {
+    if std::fs::symlink_metadata(t.path()).is_ok() {
+        return 0;
+    }
+    t.roster()
+        .map(|r| r.iter().filter(|&&e| e != ROSTER_TOMBSTONE).count())
+        .unwrap_or(0)
 }
 
 /// One group in `--json`: its ids, or with `--include-pub` id -> key.
@@ -116,28 +140,46 @@ fn groups(store: &Store) -> Result<[Entries; 4], CmdError> {
 #[serde(untagged)]
 enum JsonGroup {
     Ids(Vec<String>),
-    Keys(BTreeMap<String, String>),
+    /// A withheld key (it holds a private key block) is `null`.
+    Keys(BTreeMap<String, Option<String>>),
 }
 
-/// Runs `keycache list`.
+/// A key as `--include-pub` shows it: `None` when it holds a private key
+/// block, which is never printed.
+fn shown(pem: &[u8]) -> Option<String> {
+    (!holds_private_key(pem)).then(|| String::from_utf8_lossy(pem).into_owned())
+}
+
+/// Runs `keycache list`: exit code 2 when an entry could not be read or a
+/// key was withheld (after listing the rest).
 pub(crate) fn run(a: Args) -> CmdResult {
-    let store = a.layout.open(&a.store.dir)?;
     let only = a.state.as_deref().map(group_of).transpose()?;
-    let groups = groups(&store)?;
-    let shown = GROUPS
+    let store = a.layout.open(&a.store.dir)?;
+    let (groups, bad) = groups(&store)?;
+    let shown_groups: Vec<(&Group, &Entries)> = GROUPS
         .iter()
         .zip(&groups)
-        .filter(|(g, _)| only.is_none_or(|o| o == g.name));
+        .filter(|(g, _)| only.is_none_or(|o| o == g.name))
+        .collect();
+    let mut withheld: Vec<&str> = Vec::new();
+    if a.include_pub {
+        for (_, entries) in &shown_groups {
+            for (id, pem) in entries.iter() {
+                if holds_private_key(pem) {
+                    withheld.push(id);
+                }
+            }
+        }
+    }
     if a.json.json {
-        let doc: BTreeMap<&str, JsonGroup> = shown
+        let doc: BTreeMap<&str, JsonGroup> = shown_groups
+            .iter()
             .map(|(g, entries)| {
                 let v = if a.include_pub {
                     JsonGroup::Keys(
                         entries
                             .iter()
-                            .map(|(id, pem)| {
-                                (id.clone(), String::from_utf8_lossy(pem).into_owned())
-                            })
+                            .map(|(id, pem)| (id.clone(), shown(pem)))
                             .collect(),
                     )
                 } else {
@@ -147,18 +189,39 @@ pub(crate) fn run(a: Args) -> CmdResult {
             })
             .collect();
         print_json(&doc);
-        return Ok(ExitCode::SUCCESS);
-    }
-    let mut out = std::io::stdout().lock();
-    for (g, entries) in shown {
-        let style = Style::new().fg_color(Some(g.color.into()));
-        let _ = writeln!(out, "{}", paint(g.heading, style));
-        for (id, pem) in entries {
-            let _ = writeln!(out, "{}", paint(id, style));
-            if a.include_pub {
-                let _ = write!(out, "{}", String::from_utf8_lossy(pem));
+    } else {
+        for (g, entries) in &shown_groups {
+            let style = Style::new().fg_color(Some(g.color.into()));
+            outln!("{}", paint(g.heading, style));
+            for (id, pem) in entries.iter() {
+                outln!("{}", paint(&esc(id), style));
+                if a.include_pub {
+                    match shown(pem) {
+                        Some(k) => out!("{k}"),
+                        None => out!("{WITHHELD}"),
+                    }
+                }
             }
         }
+    }
+    for id in &withheld {
+        errln!(
+            "keycache: {}: withheld: the stored key holds a PRIVATE KEY block (delete or replace the key)",
+            esc(id)
+        );
+    }
+    if bad > 0 {
+        return Err(CmdError::usage(format!(
+            "{} could not be read in full ({bad} error{} above; what could be read is listed): run keycache verify {0}",
+            crate::output::esc_path(&a.store.dir),
+            if bad == 1 { "" } else { "s" }
+        )));
+    }
+    if !withheld.is_empty() {
+        return Err(CmdError::usage(format!(
+            "{} key(s) withheld: they hold private key material",
+            withheld.len()
+        )));
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -6,13 +6,13 @@ use std::process::ExitCode;
 
 use keycache::migrate::{self, MigrateOptions, Report as MigrateReport};
 
-use crate::args::{Json, Layout, User};
-use crate::output::{print_json, CmdResult};
+use crate::args::{announce_lock_wait, Json, Layout, User};
+use crate::output::{esc, esc_path, outln, print_json, CmdResult};
 
 /// The arguments of `keycache migrate`.
 #[derive(Debug, clap::Args)]
 #[command(
-    mut_arg("user", |a| a.help("Owner of the files written (user name or UID[:GID]), e.g. the Salt master's `user`. Default: the owner of the target directory")),
+    mut_arg("user", |a| a.help("Owner of the files written (USER[:GROUP], names or numbers), e.g. the Salt master's `user`. Default: the owner of the target directory")),
     mut_arg("json", |a| a.help("Print the report as one JSON document on stdout")),
 )]
 pub(crate) struct Args {
@@ -40,8 +40,12 @@ pub(crate) struct Args {
 
 /// Runs `keycache migrate`.
 pub(crate) fn run(a: Args) -> CmdResult {
+    let ownership = a.user.ownership()?;
     let target = a.out.clone().unwrap_or_else(|| a.pki_dir.clone());
     let params = a.layout.params_of(&target, !a.dry_run)?;
+    if !a.dry_run {
+        announce_lock_wait(&target);
+    }
     let opts = MigrateOptions {
         rebuild_settle: a.layout.options(params).rebuild_settle,
         params,
@@ -49,7 +53,7 @@ pub(crate) fn run(a: Args) -> CmdResult {
         dry_run: a.dry_run,
         replace: a.replace,
         skip_long_ids: a.skip_long_ids,
-        ownership: a.user.ownership()?,
+        ownership,
     };
     let report = migrate_with_progress(&a.pki_dir, &opts)?;
     if a.json.json {
@@ -90,38 +94,44 @@ fn migrate_with_progress(
 
 fn print_text(report: &MigrateReport) {
     let c = &report.migrated;
-    println!(
+    outln!(
         "{} {} -> {}",
         if report.dry_run {
             "would migrate"
         } else {
             "migrated"
         },
-        report.pki_dir.display(),
-        report.target.display()
+        esc_path(&report.pki_dir),
+        esc_path(&report.target)
     );
-    println!(
+    outln!(
         "  accepted: {}\n  pending:  {}\n  rejected: {}\n  denied:   {}",
-        c.accepted, c.pending, c.rejected, c.denied
+        c.accepted,
+        c.pending,
+        c.rejected,
+        c.denied
     );
     let k = &report.kept;
     if k.accepted + k.pending + k.rejected + k.denied > 0 {
-        println!(
+        outln!(
             "kept from the existing banks: {} accepted, {} pending, {} rejected, {} denied",
-            k.accepted, k.pending, k.rejected, k.denied
+            k.accepted,
+            k.pending,
+            k.rejected,
+            k.denied
         );
     }
     if report.dropped > 0 {
-        println!(
+        outln!(
             "dropped from the existing banks (--replace): {}",
             report.dropped
         );
     }
     for d in &report.duplicates {
         let states: Vec<&str> = d.found_in.iter().map(|s| s.name()).collect();
-        println!(
+        outln!(
             "duplicate: {} found {} -> {}",
-            d.id,
+            esc(&d.id),
             states.join(", "),
             d.state
         );
@@ -132,9 +142,9 @@ fn print_text(report: &MigrateReport) {
             .ok()
             .and_then(|v| v.as_str().map(str::to_owned))
             .unwrap_or_default();
-        println!("skipped: {} ({reason}: {})", s.path, s.detail);
+        outln!("skipped: {} ({reason}: {})", esc(&s.path), esc(&s.detail));
     }
-    println!(
+    outln!(
         "table size {} ({:.2}% full), {:.3} s",
         report.size,
         report.load_factor * 100.0,

@@ -42,15 +42,19 @@ pub(crate) enum Command {
     /// longer than --id-size is refused before anything is written.
     Migrate(migrate::Args),
     /// List keys like `salt-key -L` (with --json, like `salt-key --out json`).
+    /// Exits 2 when entries cannot be read (after listing the others) or a
+    /// key is withheld because it holds private key material.
     List(list::Args),
     /// Show one id: state, public key, mtime, and its denied key if any.
-    /// Exits 1 when the id is in neither bank.
+    /// Exits 1 when the id is in neither bank, 2 when a key is withheld
+    /// because it holds private key material.
     Get(get::Args),
     /// Accept pending keys (`salt-key -a`, `-A` with --all).
     Accept(state::Args),
     /// Reject pending keys (`salt-key -r`, `-R` with --all).
     Reject(state::Args),
-    /// Delete keys from both banks (`salt-key -d`, `-D` with --all).
+    /// Delete keys from both banks (`salt-key -d`, `-D` with --all, which
+    /// asks for confirmation on the terminal unless -y).
     Delete(state::Args),
     /// Counts per state, header counters, load factor, probe lengths and heap usage.
     Stats(stats::Args),
@@ -60,7 +64,11 @@ pub(crate) enum Command {
     /// Rebuild both banks without garbage and tombstones, atomically,
     /// optionally into a table of another size.
     Compact(compact::Args),
-    /// Write the store back out as a localfs_key tree.
+    /// Write the store back out as a localfs_key tree, made equal to the
+    /// store: key files of ids no longer in that state are removed (see
+    /// --dry-run). A symlink or directory under a key's name is refused
+    /// before anything is written; keys holding private key material are
+    /// never written.
     Export(export::Args),
     /// Compare two stores (peers of an isolated-filesystem cluster); exits 1
     /// when they differ.

@@ -1,13 +1,17 @@
 //! `keycache accept`, `reject` and `delete`: `salt-key -a/-r/-d` and their
 //! `--all` forms.
 
+use std::io::{BufRead, IsTerminal};
+
 use serde::Serialize;
 
 use keycache::store::KeyState;
 use keycache::MinionId;
 
-use crate::args::{minion_id, Json, Layout, StoreDir};
-use crate::output::{exit, print_json, CmdError, CmdResult};
+use crate::args::{announce_lock_wait, minion_id, Json, Layout, StoreDir};
+use crate::output::{
+    errln, esc, esc_path, exit, outln, print_json, write_stderr, CmdError, CmdResult,
+};
 
 /// The arguments of `keycache accept`, `reject` and `delete`.
 #[derive(Debug, clap::Args)]
@@ -22,6 +26,10 @@ pub(crate) struct Args {
     /// Also act on rejected keys (accept) or accepted keys (reject).
     #[arg(long)]
     include_all: bool,
+    /// Do not ask: `delete --all` asks for confirmation on the terminal, as
+    /// `salt-key -D` does, and refuses without a terminal unless given -y.
+    #[arg(long, short = 'y')]
+    yes: bool,
     #[command(flatten)]
     json: Json,
     #[command(flatten)]
@@ -84,12 +92,38 @@ impl StateReport {
     }
 }
 
+/// Asks on the terminal whether to delete every key of `dir` (`n` ids);
+/// refuses without a terminal on stdin.
+fn confirm_delete_all(dir: &std::path::Path, n: usize) -> Result<(), CmdError> {
+    let dir = esc_path(dir);
+    if !std::io::stdin().is_terminal() {
+        return Err(CmdError::usage(format!(
+            "delete --all would delete all {n} keys of {dir}: add -y (--yes) to confirm (there is no terminal to ask on)"
+        )));
+    }
+    write_stderr(format_args!(
+        "The following keys are going to be deleted: all {n} keys of {dir}.\nProceed? [N/y] "
+    ));
+    let mut answer = String::new();
+    std::io::stdin()
+        .lock()
+        .read_line(&mut answer)
+        .map_err(|e| CmdError::usage(format!("reading the answer: {e}")))?;
+    if matches!(answer.trim(), "y" | "Y" | "yes" | "Yes" | "YES") {
+        Ok(())
+    } else {
+        Err(CmdError::usage("not confirmed: nothing deleted"))
+    }
+}
+
 /// Runs `keycache accept`, `reject` or `delete`.
 pub(crate) fn run(c: Args, action: Action) -> CmdResult {
-    let store = c.layout.open(&c.store.dir)?;
-    if c.all != c.ids.is_empty() {
-        return Err(CmdError::usage("give minion ids or --all, not both"));
+    match (c.all, c.ids.is_empty()) {
+        (false, true) => return Err(CmdError::usage("give minion ids or --all")),
+        (true, false) => return Err(CmdError::usage("give minion ids or --all, not both")),
+        _ => {}
     }
+    let store = c.layout.open(&c.store.dir)?;
     let mut ids: Vec<MinionId> = c
         .ids
         .iter()
@@ -116,6 +150,10 @@ pub(crate) fn run(c: Args, action: Action) -> CmdResult {
             }
         }
     }
+    if action == Action::Delete && c.all && !c.yes && !ids.is_empty() {
+        confirm_delete_all(store.dir(), ids.len())?;
+    }
+    announce_lock_wait(store.dir());
     let mut done: Vec<String> = Vec::new();
     let mut problems: Vec<Skipped> = Vec::new();
     let skip = |problems: &mut Vec<Skipped>, id: &MinionId, reason: String| {
@@ -174,10 +212,10 @@ pub(crate) fn run(c: Args, action: Action) -> CmdResult {
     } else {
         let verb = action.verb();
         for id in &done {
-            println!("Key for minion {id} {verb}.");
+            outln!("Key for minion {} {verb}.", esc(id));
         }
         for p in &problems {
-            eprintln!("keycache: {}: {}", p.id, p.reason);
+            errln!("keycache: {}: {}", esc(&p.id), p.reason);
         }
     }
     Ok(exit(ok))

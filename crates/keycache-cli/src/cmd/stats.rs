@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use keycache::report::{self, BankStats};
 
 use crate::args::{Json, Layout, StoreDir};
-use crate::output::{print_json, CmdResult};
+use crate::output::{outln, print_json, CmdResult};
 
 /// The arguments of `keycache stats`.
 #[derive(Debug, clap::Args)]
@@ -37,9 +37,12 @@ pub(crate) fn run(a: Args) -> CmdResult {
         return Ok(ExitCode::SUCCESS);
     }
     let c = &r.counts;
-    println!(
+    outln!(
         "keys: {} accepted, {} pending, {} rejected; {} denied",
-        c.accepted, c.pending, c.rejected, c.denied
+        c.accepted,
+        c.pending,
+        c.rejected,
+        c.denied
     );
     for (name, b) in [("keys", &r.keys), ("denied_keys", &r.denied_keys)] {
         print_bank(name, b);
@@ -48,21 +51,21 @@ pub(crate) fn run(a: Args) -> CmdResult {
 }
 
 fn print_bank(name: &str, b: &BankStats) {
-    println!("{name}:");
-    println!(
+    outln!("{name}:");
+    outln!(
         "  slots:      {} occupied, {} deleted of {} (load factor {:.4})",
         b.occupied,
         b.deleted,
         b.capacity,
         finite(b.load_factor)
     );
-    println!(
+    outln!(
         "  probes:     mean {:.3}, p99 {}, max {}",
         finite(b.probe_length.mean),
         b.probe_length.p99,
         b.probe_length.max
     );
-    println!(
+    outln!(
         "  heap:       {} live of {} bytes (garbage {:.1}%), {} segment(s)",
         b.heap_live_bytes,
         b.heap_total_bytes,

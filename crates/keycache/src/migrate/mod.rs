@@ -430,6 +430,14 @@ pub fn migrate(
     let start = std::time::Instant::now();
     opts.params.validate()?;
     let target = opts.out.clone().unwrap_or_else(|| pki_dir.to_path_buf());
+    if let Err(e) = std::fs::symlink_metadata(pki_dir) {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            return Err(Error::PkiDir {
+                path: pki_dir.into(),
+                why: "it does not exist".into(),
+            });
+        }
+    }
     let parts = scan_tree(pki_dir, opts, progress)?;
 
     let mut found = StateCounts::default();
@@ -548,9 +556,6 @@ pub fn migrate(
         load_factor: 0.0,
         seconds: 0.0,
     };
-    if !opts.dry_run {
-        std::fs::create_dir_all(&target).map_err(|e| Error::io(&target, "create directory", e))?;
-    }
     let topts = OpenOptions {
         params: opts.params,
         ownership: opts.ownership,
@@ -558,13 +563,26 @@ pub fn migrate(
         ..OpenOptions::default()
     };
     let store = if target.is_dir() {
-        Some(Store::open_with(&target, &topts)?)
+        let store = Store::open_with(&target, &topts)?;
+        // The existing banks are read for the plan (a dry run's too): with
+        // a layout that is not theirs, they would be misread.
+        store.check_layout()?;
+        Some(store)
     } else {
         None
     };
-    // Validate (ids, load factor) before taking any lock or creating a file;
-    // the images are built once, under the locks.
+    // Validate (ids, load factor) before taking any lock or creating a file
+    // or directory: a refused migration leaves no trace; the images are
+    // built once, under the locks.
     let mut plan = tree.plan(store.as_ref(), &target, opts)?;
+    let store = match (store, opts.dry_run) {
+        (Some(s), _) => Some(s),
+        (None, true) => None,
+        (None, false) => {
+            create_target(&target, opts.ownership.as_ref())?;
+            Some(Store::open_with(&target, &topts)?)
+        }
+    };
     if let (Some(store), false) = (&store, opts.dry_run) {
         let kt = store.keys_table();
         let dt = store.denied_table();
@@ -580,6 +598,32 @@ pub fn migrate(
     report.load_factor = plan.load_factor;
     report.seconds = start.elapsed().as_secs_f64();
     Ok(report)
+}
+
+/// Creates the target directory (and missing parents) with mode 0700, as
+/// Salt makes its pki dirs, whatever the umask; the directory itself goes
+/// to the explicit owner (`--user`), so that the master's user can enter it.
+fn create_target(target: &Path, own: Option<&Ownership>) -> Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(target)
+        .map_err(|e| Error::io(target, "create directory", e))?;
+    if let Some(Ownership {
+        owner: Some((uid, gid)),
+        explicit: true,
+        ..
+    }) = own
+    {
+        match std::os::unix::fs::chown(target, Some(*uid), Some(*gid)) {
+            Ok(()) => {}
+            // Not root: the directory stays ours, as the files will.
+            Err(e) if e.raw_os_error() == Some(libc::EPERM) => {}
+            Err(e) => return Err(Error::io(target, "chown", e)),
+        }
+    }
+    Ok(())
 }
 
 /// Hasher of [`TreeKey::idh`]s, which are already hashes.
