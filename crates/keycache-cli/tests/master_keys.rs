@@ -493,3 +493,41 @@ fn collect_and_write_skip_what_salt_cannot_serve() {
     master_keys::write(&store2, &c, &wide).unwrap();
     assert!(assert_bank_private(&store2) >= 4);
 }
+
+/// A tree from before Salt 3008 (regular master.pem/master.pub, no id-named
+/// pair), migrated after Salt already ran under mmap_key and generated a new
+/// pair into the bank: the tree's pair is stored under both names, so the
+/// generated `m1.pem` is replaced and Salt serves the tree's key.
+#[test]
+fn pre_3008_tree_wins_over_a_generated_pair() {
+    if !salt_crypto("pre_3008_tree_wins_over_a_generated_pair") {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let m = Master {
+        root: t.path(),
+        pki: private_dir(&t.path().join("pki")),
+        cluster: None,
+        id: "m1_master",
+        sign: false,
+    };
+    let before = m.setup(false);
+    for ext in ["pem", "pub"] {
+        let link = m.pki.join(format!("master.{ext}"));
+        std::fs::remove_file(&link).unwrap();
+        std::fs::rename(m.pki.join(format!("m1.{ext}")), &link).unwrap();
+    }
+    let generated = m.serve(&[]);
+    assert_ne!(generated["generated"], json!([]));
+    assert_ne!(generated["keys"]["master_pub"], before["master_pub"]);
+
+    let c = master_keys::collect(&m.pki, None, &MasterKeyOptions::new("m1_master")).unwrap();
+    assert_eq!(names(&c), ["m1.pem", "m1.pub", "master.pem", "master.pub"]);
+    assert!(c.files[0].path.ends_with("master.pem"));
+    let r = master_keys::write(m.store_dir(), &c, &layout().options()).unwrap();
+    assert_eq!(r.replaced, ["m1.pem", "m1.pub"]);
+    assert_eq!(r.written, ["master.pem", "master.pub"]);
+
+    let files = file_list(&c);
+    check_served(&m.serve(&files), &before, &files);
+}

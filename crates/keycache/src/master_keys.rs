@@ -46,8 +46,10 @@
 //!   `<master_id>.pem`/`.pub` on a fresh localfs_key master, so those two
 //!   names are skipped there, as Salt itself skips them, and the master key
 //!   travels under `<master_id>.pem`/`.pub`, which `_setup_keys` prefers.
-//!   A tree from before 3008 has regular `master.pem`/`master.pub`; they are
-//!   stored, and `_setup_keys` copies them to the id-named entries itself.
+//!   A tree from before 3008 has regular `master.pem`/`master.pub` and no
+//!   id-named pair; they are stored under both names, as `_setup_keys`
+//!   would copy them on its first start (so a `<master_id>.pem` that Salt
+//!   generated into the bank earlier is replaced, not preferred).
 //! - Salt's own `MmapCache` creates the bank's files with the process umask
 //!   (0644 under root's 022), private keys included; [`write()`] narrows the
 //!   files of the bank it writes to 0600 or less.
@@ -321,9 +323,45 @@ pub fn collect(
         }
     }
 
+    legacy_pair(&mut out, opts);
     out.files.sort_by(|a, b| a.name.cmp(&b.name));
     out.skipped.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(out)
+}
+
+/// A tree from before Salt 3008 holds the master's pair as regular
+/// `master.pem`/`master.pub` and no `<master_id>.pem`/`.pub`. On its first
+/// start Salt's `_setup_keys` copies them to the id-named entries and serves
+/// those from then on (crypt.py `MasterKeys._setup_keys`). Store them under
+/// both names, so that a `<master_id>.pem` already in the bank (one that
+/// Salt generated when it found the bank empty) cannot take their place.
+fn legacy_pair(out: &mut Collected, opts: &MasterKeyOptions) {
+    let mid = opts.master_id();
+    if mid == "master" {
+        return;
+    }
+    let has = |out: &Collected, n: &str| {
+        out.files.iter().any(|f| f.name == n) || out.skipped.iter().any(|s| s.name == n)
+    };
+    if has(out, &format!("{mid}.pem")) || has(out, &format!("{mid}.pub")) {
+        return;
+    }
+    let pair: Vec<MasterKeyFile> = ["pem", "pub"]
+        .iter()
+        .filter_map(|ext| {
+            let f = out
+                .files
+                .iter()
+                .find(|f| f.name == format!("master.{ext}"))?;
+            Some(MasterKeyFile {
+                name: format!("{mid}.{ext}"),
+                ..f.clone()
+            })
+        })
+        .collect();
+    if pair.len() == 2 {
+        out.files.extend(pair);
+    }
 }
 
 /// `peers/*.pub` of the cluster pki dir.
