@@ -14,6 +14,8 @@
 //! - [`verify`], [`rebuild`] (compaction), [`export`]: checks, rebuilds and
 //!   the way back to a `localfs_key` tree.
 //! - [`table::Table`]: one bank of any name, ids and values as bytes.
+//! - [`master_keys`]: the master's own key files into the `master_keys`
+//!   bank, as Salt's `MasterKeys` reads them.
 //!
 //! The crate prints nothing and reads no environment variable: settings
 //! come in through [`OpenOptions`] and [`migrate::MigrateOptions`].
@@ -60,6 +62,7 @@ mod journal;
 mod key;
 #[allow(unsafe_code)]
 mod map;
+pub mod master_keys;
 pub mod migrate;
 pub mod pem;
 pub mod rebuild;

@@ -1,0 +1,533 @@
+//! The master keeps its identity across a migration (issue 12, part 1):
+//! `keycache::master_keys` fills the `master_keys` bank from a localfs_key
+//! master, checked through the real Salt 3008.5: Salt's own `MasterKeys`
+//! creates the keys under `localfs_key`, keycache stores them, and then
+//! `MasterKeys` under `mmap_key` serves the same master (and cluster) public
+//! key without generating any, and `Cache.fetch("master_keys", name)`
+//! returns each file's content. The driver is `py/master_keys.py` of the
+//! test kit; it needs `cryptography` (and its `cffi`) in the venv.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::{py_dir, python, Layout};
+use keycache::master_keys::{
+    self, Collected, MasterKeyOptions, MasterKeySkipReason, MasterKeysReport,
+};
+use keycache::table::Table;
+use serde_json::{json, Value};
+
+const SIZE: u64 = 1009;
+
+fn layout() -> Layout {
+    Layout::small(SIZE, 1 << 30)
+}
+
+/// One master as the driver sees it.
+struct Master<'a> {
+    root: &'a Path,
+    pki: PathBuf,
+    cluster: Option<(&'a str, PathBuf)>,
+    id: &'a str,
+    sign: bool,
+}
+
+impl Master<'_> {
+    fn run(&self, driver: &str, args: &[&str]) -> Value {
+        let mut cmd = Command::new(python());
+        cmd.arg(py_dir().join("master_keys.py"))
+            .arg("--root")
+            .arg(self.root)
+            .arg("--pki-dir")
+            .arg(&self.pki)
+            .args(["--id", self.id, "--driver", driver])
+            .args(layout().args());
+        if let Some((cid, dir)) = &self.cluster {
+            cmd.args(["--cluster-id", cid])
+                .arg("--cluster-pki-dir")
+                .arg(dir);
+        }
+        if self.sign {
+            cmd.arg("--sign");
+        }
+        let out = cmd.args(args).output().expect("run master_keys.py");
+        assert!(
+            out.status.success(),
+            "master_keys.py {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("master_keys.py prints JSON")
+    }
+
+    /// Salt's MasterKeys under localfs_key: creates the keys in the tree.
+    fn setup(&self, signature: bool) -> Value {
+        let mut args = vec!["setup"];
+        if signature {
+            args.push("--signature");
+        }
+        let v = self.run("localfs_key", &args);
+        assert!(!v["generated"].as_array().unwrap().is_empty(), "{v}");
+        v["keys"].clone()
+    }
+
+    /// Salt's MasterKeys under mmap_key, and Cache.fetch of each name
+    /// compared with its file.
+    fn serve(&self, files: &[(String, PathBuf)]) -> Value {
+        let expect: BTreeMap<&str, String> = files
+            .iter()
+            .map(|(n, p)| (n.as_str(), p.display().to_string()))
+            .collect();
+        let expect = serde_json::to_string(&expect).unwrap();
+        self.run("mmap_key", &["serve", "--expect", &expect])
+    }
+
+    fn store_dir(&self) -> &Path {
+        master_keys::store_dir(&self.pki, self.cluster.as_ref().map(|c| c.1.as_path()))
+    }
+}
+
+/// Whether the venv's Salt can run MasterKeys (it needs `cryptography` and
+/// `cffi`); reports the test skipped when not.
+fn salt_crypto(what: &str) -> bool {
+    let ok = Command::new(python())
+        .args([
+            "-c",
+            "from cryptography.hazmat.primitives.asymmetric import rsa; import salt.crypt",
+        ])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !ok {
+        keycache_testkit::skip::skip(
+            what,
+            "the venv's Salt cannot import cryptography (tools/setup-venv.sh must install \
+             cryptography and cffi for salt.crypt.MasterKeys)",
+        );
+    }
+    ok
+}
+
+fn private_dir(path: &Path) -> PathBuf {
+    std::fs::create_dir_all(path).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700)).unwrap();
+    path.to_path_buf()
+}
+
+fn names(c: &Collected) -> Vec<&str> {
+    c.files.iter().map(|f| f.name.as_str()).collect()
+}
+
+fn file_list(c: &Collected) -> Vec<(String, PathBuf)> {
+    c.files
+        .iter()
+        .map(|f| (f.name.clone(), f.path.clone()))
+        .collect()
+}
+
+/// Every file of the bank is 0600 or narrower; returns how many there are.
+fn assert_bank_private(dir: &Path) -> usize {
+    let mut n = 0;
+    for e in std::fs::read_dir(dir).unwrap() {
+        let e = e.unwrap();
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.starts_with(".mmap_master.idx") {
+            let mode = e.metadata().unwrap().permissions().mode() & 0o7777;
+            assert_eq!(mode & !0o600, 0, "{name} is mode {mode:o}");
+            n += 1;
+        }
+    }
+    n
+}
+
+/// Nothing in the report, nor in a collected file's Debug, shows a key.
+fn assert_no_key_material(c: &Collected, r: &MasterKeysReport) {
+    for text in [format!("{c:?}"), format!("{r:?}")] {
+        assert!(!text.contains("BEGIN"), "key material in {text}");
+        assert!(!text.contains("MII"), "key material in {text}");
+    }
+}
+
+fn check_served(served: &Value, before: &Value, files: &[(String, PathBuf)]) {
+    assert_eq!(
+        served["generated"],
+        json!([]),
+        "Salt generated new keys: {}",
+        served["generated"]
+    );
+    for k in ["pub_str", "master_pub", "cluster_pub", "sign_pub"] {
+        assert_eq!(served["keys"][k], before[k], "{k} differs");
+    }
+    for (name, _) in files {
+        let f = &served["fetch"][name];
+        assert_eq!(f["equal"], json!(true), "fetch(master_keys, {name}): {f}");
+    }
+    let listed: Vec<&str> = served["list"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    for (name, _) in files {
+        assert!(
+            listed.contains(&name.as_str()),
+            "{name} not listed: {listed:?}"
+        );
+    }
+}
+
+#[test]
+fn standalone_master_keeps_its_identity() {
+    if !salt_crypto("standalone_master_keeps_its_identity") {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let m = Master {
+        root: t.path(),
+        pki: private_dir(&t.path().join("pki")),
+        cluster: None,
+        id: "m1_master",
+        sign: true,
+    };
+    let before = m.setup(true);
+    assert!(before["sign_pub"].is_string());
+
+    let opts = MasterKeyOptions::new("m1_master");
+    let c = master_keys::collect(&m.pki, None, &opts).unwrap();
+    assert_eq!(
+        names(&c),
+        [
+            "m1.pem",
+            "m1.pub",
+            "m1_master_pubkey_signature",
+            "master_sign.pem",
+            "master_sign.pub"
+        ]
+    );
+    // Salt 3008.5 leaves master.pem/master.pub as symlinks to m1.pem/m1.pub.
+    let skipped: Vec<(&str, MasterKeySkipReason)> = c
+        .skipped
+        .iter()
+        .map(|s| (s.name.as_str(), s.reason))
+        .collect();
+    assert_eq!(
+        skipped,
+        [
+            ("master.pem", MasterKeySkipReason::Symlink),
+            ("master.pub", MasterKeySkipReason::Symlink)
+        ]
+    );
+
+    let r = master_keys::write(m.store_dir(), &c, &layout().options()).unwrap();
+    assert_eq!(r.written, names(&c));
+    assert!(r.replaced.is_empty() && r.unchanged.is_empty() && r.kept.is_empty());
+    assert_no_key_material(&c, &r);
+    assert!(assert_bank_private(m.store_dir()) >= 4);
+
+    let files = file_list(&c);
+    check_served(&m.serve(&files), &before, &files);
+    assert_bank_private(m.store_dir());
+
+    // Again: nothing changes.
+    let again = master_keys::write(m.store_dir(), &c, &layout().options()).unwrap();
+    assert_eq!(again.unchanged, names(&c));
+    assert!(again.written.is_empty() && again.replaced.is_empty());
+}
+
+#[test]
+fn cluster_peer_keeps_master_and_cluster_keys() {
+    if !salt_crypto("cluster_peer_keeps_master_and_cluster_keys") {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let cluster = private_dir(&t.path().join("cluster"));
+    let m1 = Master {
+        root: t.path(),
+        pki: private_dir(&t.path().join("pki1")),
+        cluster: Some(("c1", cluster.clone())),
+        id: "m1_master",
+        sign: true,
+    };
+    let before = m1.setup(true);
+    // A second peer sharing the cluster pki dir adds peers/m2.pub.
+    let m2 = Master {
+        root: t.path(),
+        pki: private_dir(&t.path().join("pki2")),
+        cluster: Some(("c1", cluster.clone())),
+        id: "m2_master",
+        sign: false,
+    };
+    m2.setup(false);
+    assert!(before["cluster_pub"].is_string());
+    // get_pub_str serves the cluster key (clean_key: no trailing newline).
+    assert_eq!(
+        before["pub_str"].as_str().unwrap(),
+        before["cluster_pub"].as_str().unwrap().trim_end()
+    );
+
+    let opts = MasterKeyOptions::new("m1_master");
+    let c = master_keys::collect(&m1.pki, Some(&cluster), &opts).unwrap();
+    assert_eq!(
+        names(&c),
+        [
+            "cluster.pem",
+            "cluster.pub",
+            "m1.pem",
+            "m1.pub",
+            // Without master_pubkey_signature set, localfs_key reads the
+            // signature from cluster_pki_dir, where gen_signature wrote it.
+            "m1_master_pubkey_signature",
+            "master_sign.pem",
+            "master_sign.pub",
+            "peers/m1.pub",
+            "peers/m2.pub"
+        ]
+    );
+    let by_name: BTreeMap<&str, &Path> = c
+        .files
+        .iter()
+        .map(|f| (f.name.as_str(), f.path.as_path()))
+        .collect();
+    assert!(by_name["m1.pem"].starts_with(&m1.pki));
+    assert!(by_name["cluster.pem"].starts_with(&cluster));
+    assert!(by_name["m1_master_pubkey_signature"].starts_with(&cluster));
+
+    assert_eq!(m1.store_dir(), cluster.as_path());
+    let r = master_keys::write(m1.store_dir(), &c, &layout().options()).unwrap();
+    assert_eq!(r.written, names(&c));
+    assert_no_key_material(&c, &r);
+    assert!(assert_bank_private(&cluster) >= 4);
+    assert!(!m1.pki.join(".mmap_master.idx").exists());
+
+    let files = file_list(&c);
+    check_served(&m1.serve(&files), &before, &files);
+    assert_bank_private(&cluster);
+}
+
+/// The failure this module fixes, reproduced: with an empty bank Salt's
+/// MasterKeys generates a new key pair (and writes the bank with its umask);
+/// keycache's write then puts the tree's keys back, replacing the generated
+/// ones, and narrows the files Salt created.
+#[test]
+fn empty_bank_makes_salt_generate_and_write_restores() {
+    if !salt_crypto("empty_bank_makes_salt_generate_and_write_restores") {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let m = Master {
+        root: t.path(),
+        pki: private_dir(&t.path().join("pki")),
+        cluster: None,
+        id: "m1_master",
+        sign: false,
+    };
+    let before = m.setup(false);
+    let served = m.serve(&[]);
+    assert_ne!(served["generated"], json!([]));
+    assert_ne!(served["keys"]["master_pub"], before["master_pub"]);
+
+    let c = master_keys::collect(&m.pki, None, &MasterKeyOptions::new("m1_master")).unwrap();
+    let plan = master_keys::plan(m.store_dir(), &c, &layout().options()).unwrap();
+    assert!(plan.dry_run);
+    assert_eq!(plan.replaced, ["m1.pem", "m1.pub"]);
+    // Salt created the bank with its umask (0644 under root's 022).
+    let heap = m.pki.join(".mmap_master.idx.heap");
+    let salt_mode = std::fs::metadata(&heap).unwrap().permissions().mode() & 0o777;
+    let r = master_keys::write(m.store_dir(), &c, &layout().options()).unwrap();
+    assert_eq!(r.replaced, ["m1.pem", "m1.pub"]);
+    assert!(r.written.is_empty());
+    assert_eq!(r.tightened.contains(&heap), salt_mode & !0o600 != 0);
+    assert_bank_private(m.store_dir());
+
+    let files = file_list(&c);
+    check_served(&m.serve(&files), &before, &files);
+}
+
+/// Salt's mmap_key stores a master_keys value as its bytes, str or bytes
+/// alike (no marker), and reads keycache's values back.
+#[test]
+fn value_encoding_is_the_raw_bytes() {
+    // Cache.store needs no cryptography: this runs in the plain venv too.
+    let t = tempfile::tempdir().unwrap();
+    let m = Master {
+        root: t.path(),
+        pki: private_dir(&t.path().join("pki")),
+        cluster: None,
+        id: "m1_master",
+        sign: false,
+    };
+    let value = "-----BEGIN PUBLIC KEY-----\nnœud\n-----END PUBLIC KEY-----\n";
+    let hex: String = value.bytes().map(|b| format!("{b:02x}")).collect();
+    m.run(
+        "mmap_key",
+        &[
+            "store",
+            "--name",
+            "as-str.pub",
+            "--value-hex",
+            &hex,
+            "--as",
+            "str",
+        ],
+    );
+    m.run(
+        "mmap_key",
+        &[
+            "store",
+            "--name",
+            "peers/as-bytes.pub",
+            "--value-hex",
+            &hex,
+            "--as",
+            "bytes",
+        ],
+    );
+    let table = Table::open(
+        m.pki.join(keycache::format::MASTER_INDEX),
+        &layout().options(),
+    )
+    .unwrap();
+    for name in ["as-str.pub", "peers/as-bytes.pub"] {
+        let got = table.get(name.as_bytes()).unwrap().expect("stored");
+        assert_eq!(got.value, value.as_bytes(), "{name}");
+    }
+    assert_eq!(
+        master_keys::names(&m.pki, &layout().options()).unwrap(),
+        ["as-str.pub", "peers/as-bytes.pub"]
+    );
+}
+
+/// What collect leaves out, without Salt: symlinks (in and out of the
+/// tree), empty and non-text files, dot-files, other files, names the
+/// layout cannot hold, pki_dir names found in cluster_pki_dir.
+#[test]
+fn collect_and_write_skip_what_salt_cannot_serve() {
+    let t = tempfile::tempdir().unwrap();
+    let pki = private_dir(&t.path().join("pki"));
+    let cluster = private_dir(&t.path().join("cluster"));
+    let outside = t.path().join("outside.pem");
+    std::fs::write(&outside, "-----BEGIN RSA PRIVATE KEY-----\nX\n").unwrap();
+    let pem = "-----BEGIN PUBLIC KEY-----\nMIIB\n-----END PUBLIC KEY-----\n";
+    std::fs::write(pki.join("m1.pem"), "-----BEGIN RSA PRIVATE KEY-----\nY\n").unwrap();
+    std::fs::write(pki.join("m1.pub"), pem).unwrap();
+    std::os::unix::fs::symlink(&outside, pki.join("master.pem")).unwrap();
+    std::fs::write(pki.join("master_sign.pub"), "").unwrap();
+    std::fs::write(pki.join("master_sign.pem"), b"\xff\xfe").unwrap();
+    std::fs::write(cluster.join("cluster.pub"), pem).unwrap();
+    std::os::unix::fs::symlink(&outside, cluster.join("cluster.pem")).unwrap();
+    std::fs::write(cluster.join("master.pub"), pem).unwrap();
+    std::fs::write(cluster.join("notes.txt"), "hello").unwrap();
+    std::fs::write(cluster.join(".hidden.pem"), pem).unwrap();
+    std::fs::create_dir(cluster.join("minions")).unwrap();
+    std::fs::write(cluster.join("minions").join("web1"), pem).unwrap();
+    std::fs::create_dir(cluster.join("peers")).unwrap();
+    std::fs::write(cluster.join("peers").join("m2.pub"), pem).unwrap();
+    std::fs::write(cluster.join("peers").join("m2.pem"), pem).unwrap();
+    let long = format!("{}.pub", "p".repeat(60));
+    std::fs::write(cluster.join("peers").join(&long), pem).unwrap();
+
+    let c = master_keys::collect(&pki, Some(&cluster), &MasterKeyOptions::new("m1")).unwrap();
+    assert_eq!(
+        names(&c),
+        [
+            "cluster.pub",
+            "m1.pem",
+            "m1.pub",
+            "peers/m2.pub",
+            &format!("peers/{long}")
+        ]
+    );
+    let skipped: BTreeMap<&str, MasterKeySkipReason> = c
+        .skipped
+        .iter()
+        .map(|s| (s.name.as_str(), s.reason))
+        .collect();
+    let want: BTreeMap<&str, MasterKeySkipReason> = [
+        ("cluster.pem", MasterKeySkipReason::Symlink),
+        ("master.pem", MasterKeySkipReason::Symlink),
+        ("master.pub", MasterKeySkipReason::WrongDir),
+        ("master_sign.pem", MasterKeySkipReason::NotText),
+        ("master_sign.pub", MasterKeySkipReason::Empty),
+        ("notes.txt", MasterKeySkipReason::NotAKeyName),
+        ("peers/m2.pem", MasterKeySkipReason::NotAKeyName),
+    ]
+    .into_iter()
+    .collect();
+    assert_eq!(skipped, want);
+
+    // A bank that Salt's umask made 0644 is narrowed; new files are 0600.
+    let store = t.path().join("store");
+    let r = master_keys::write(&store, &c, &layout().options()).unwrap();
+    assert_eq!(
+        r.written,
+        ["cluster.pub", "m1.pem", "m1.pub", "peers/m2.pub"]
+    );
+    assert_eq!(
+        r.skipped
+            .iter()
+            .find(|s| s.name == format!("peers/{long}"))
+            .map(|s| s.reason),
+        Some(MasterKeySkipReason::NameTooLong)
+    );
+    assert_no_key_material(&c, &r);
+    assert!(assert_bank_private(&store) >= 4);
+    let heap = store.join(".mmap_master.idx.heap");
+    std::fs::set_permissions(&heap, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let again = master_keys::write(&store, &c, &layout().options()).unwrap();
+    assert_eq!(again.tightened, [heap]);
+    assert_bank_private(&store);
+
+    // A caller's ownership never widens the mode.
+    let wide = keycache::OpenOptions {
+        ownership: Some(keycache::files::Ownership {
+            owner: None,
+            mode: 0o644,
+            explicit: false,
+        }),
+        ..layout().options()
+    };
+    let store2 = t.path().join("store2");
+    master_keys::write(&store2, &c, &wide).unwrap();
+    assert!(assert_bank_private(&store2) >= 4);
+}
+
+/// A tree from before Salt 3008 (regular master.pem/master.pub, no id-named
+/// pair), migrated after Salt already ran under mmap_key and generated a new
+/// pair into the bank: the tree's pair is stored under both names, so the
+/// generated `m1.pem` is replaced and Salt serves the tree's key.
+#[test]
+fn pre_3008_tree_wins_over_a_generated_pair() {
+    if !salt_crypto("pre_3008_tree_wins_over_a_generated_pair") {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let m = Master {
+        root: t.path(),
+        pki: private_dir(&t.path().join("pki")),
+        cluster: None,
+        id: "m1_master",
+        sign: false,
+    };
+    let before = m.setup(false);
+    for ext in ["pem", "pub"] {
+        let link = m.pki.join(format!("master.{ext}"));
+        std::fs::remove_file(&link).unwrap();
+        std::fs::rename(m.pki.join(format!("m1.{ext}")), &link).unwrap();
+    }
+    let generated = m.serve(&[]);
+    assert_ne!(generated["generated"], json!([]));
+    assert_ne!(generated["keys"]["master_pub"], before["master_pub"]);
+
+    let c = master_keys::collect(&m.pki, None, &MasterKeyOptions::new("m1_master")).unwrap();
+    assert_eq!(names(&c), ["m1.pem", "m1.pub", "master.pem", "master.pub"]);
+    assert!(c.files[0].path.ends_with("master.pem"));
+    let r = master_keys::write(m.store_dir(), &c, &layout().options()).unwrap();
+    assert_eq!(r.replaced, ["m1.pem", "m1.pub"]);
+    assert_eq!(r.written, ["master.pem", "master.pub"]);
+
+    let files = file_list(&c);
+    check_served(&m.serve(&files), &before, &files);
+}
