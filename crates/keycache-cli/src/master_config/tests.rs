@@ -4,6 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
+use super::paths::normpath;
 use super::*;
 
 fn fixture(name: &str) -> PathBuf {
