@@ -194,6 +194,11 @@ pub(crate) enum Origin {
     },
     /// Salt's default.
     Default,
+    /// Given on the command line.
+    Flag {
+        /// The flag (`--size`, or `DIR` for the store directory).
+        flag: String,
+    },
 }
 
 impl fmt::Display for Origin {
@@ -201,6 +206,7 @@ impl fmt::Display for Origin {
         match self {
             Origin::File { file, line, key } => write!(f, "{key}, {}:{line}", file.display()),
             Origin::Default => f.write_str("Salt's default"),
+            Origin::Flag { flag } => f.write_str(flag),
         }
     }
 }
@@ -356,4 +362,78 @@ pub(crate) struct Layout {
     pub(crate) id_size: Setting<usize>,
     /// `mmap_key_max_segment_bytes`.
     pub(crate) max_segment_bytes: Setting<u64>,
+}
+
+/// What the command line gives explicitly: each overrides the master
+/// config.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Explicit {
+    /// The store directory (the commands' `DIR`).
+    pub(crate) dir: Option<PathBuf>,
+    /// `--size`.
+    pub(crate) size: Option<u64>,
+    /// `--slot-size`.
+    pub(crate) slot_size: Option<usize>,
+    /// `--id-size`.
+    pub(crate) id_size: Option<usize>,
+    /// `--max-segment-bytes`.
+    pub(crate) max_segment_bytes: Option<u64>,
+}
+
+/// The store directory and layout a command uses, each with its origin:
+/// a flag, else the master config, else Salt's default.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub(crate) struct Choice {
+    /// The store directory.
+    pub(crate) store_dir: Setting<PathBuf>,
+    /// The layout.
+    pub(crate) layout: Layout,
+}
+
+impl Choice {
+    /// The layout as [`Params`].
+    pub(crate) fn params(&self) -> Params {
+        Params {
+            size: self.layout.size.value,
+            slot_size: self.layout.slot_size.value,
+            id_size: self.layout.id_size.value,
+            max_segment_bytes: self.layout.max_segment_bytes.value,
+        }
+    }
+
+    /// Whether neither a flag nor the config gave the size: the caller may
+    /// read it from the store's index files instead (what `--size` does
+    /// when absent), where Salt would use its default.
+    pub(crate) fn size_is_default(&self) -> bool {
+        self.layout.size.from == Origin::Default
+    }
+}
+
+impl MasterConfig {
+    /// The flags over this config ([`Choice`]).
+    pub(crate) fn choose(&self, e: &Explicit) -> Choice {
+        fn pick<T: Clone>(flag: Option<&T>, name: &str, s: Setting<T>) -> Setting<T> {
+            match flag {
+                Some(v) => Setting {
+                    value: v.clone(),
+                    from: Origin::Flag { flag: name.into() },
+                },
+                None => s,
+            }
+        }
+        let l = self.layout();
+        Choice {
+            store_dir: pick(e.dir.as_ref(), "DIR", self.store_dir()),
+            layout: Layout {
+                size: pick(e.size.as_ref(), "--size", l.size),
+                slot_size: pick(e.slot_size.as_ref(), "--slot-size", l.slot_size),
+                id_size: pick(e.id_size.as_ref(), "--id-size", l.id_size),
+                max_segment_bytes: pick(
+                    e.max_segment_bytes.as_ref(),
+                    "--max-segment-bytes",
+                    l.max_segment_bytes,
+                ),
+            },
+        }
+    }
 }

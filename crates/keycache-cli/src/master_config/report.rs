@@ -5,41 +5,74 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use super::{Layout, MasterConfig, Origin, Setting};
+use super::{Choice, Explicit, Layout, MasterConfig, Origin, Setting};
 
 impl MasterConfig {
+    /// `file` relative to the main file's directory when it is under it.
+    fn short(&self, file: &Path) -> String {
+        let base = self.conf_file.parent().unwrap_or(Path::new("/"));
+        match file.strip_prefix(base) {
+            Ok(rel) => rel.display().to_string(),
+            _ => file.display().to_string(),
+        }
+    }
+
+    /// Where a value came from, for humans: `FILE:LINE` (FILE relative to
+    /// the main file's directory), `default`, `--flag`; with the option's
+    /// name when it is not `name`.
+    pub(crate) fn origin_text(&self, name: &str, o: &Origin) -> String {
+        match o {
+            Origin::Default => "default".into(),
+            Origin::Flag { flag } => flag.clone(),
+            Origin::File { file, line, key } if key == name => {
+                format!("{}:{line}", self.short(file))
+            }
+            Origin::File { file, line, key } => format!("{key}, {}:{line}", self.short(file)),
+        }
+    }
+
+    /// What was read and what it gives, for humans: the files, the store
     /// directory, the layout, each with where it came from, and the notes.
     pub(crate) fn describe(&self) -> String {
+        self.describe_choice(&self.choose(&Explicit::default()))
+    }
+
+    /// [`MasterConfig::describe`] for the directory and layout a command
+    /// chose ([`MasterConfig::choose`]): flags shown as such.
+    pub(crate) fn describe_choice(&self, c: &Choice) -> String {
         let mut s = String::new();
         if self.found {
-            let files: Vec<String> = self.files.iter().map(|f| f.display().to_string()).collect();
-            s += &format!("master config: {}\n", files.join(", "));
+            s += &format!("master config: {}", self.conf_file.display());
+            let more: Vec<String> = self.files[1..].iter().map(|f| self.short(f)).collect();
+            if !more.is_empty() {
+                s += &format!(" (+ {})", more.join(", "));
+            }
+            s += "\n";
         } else {
             s += &format!(
-                "master config: {} absent, Salt's defaults\n",
+                "master config: {} absent: Salt's defaults",
                 self.conf_file.display()
             );
-        }
-        let store = self.store_dir();
-        let why = match (&self.cluster_id, self.clustered) {
-            (Some(id), true) => format!("cluster_id {:?}, {}", id.value, id.from),
-            _ => "no cluster_id".to_string(),
-        };
-        s += &format!(
-            "store: {} ({}; {why})\n",
-            store.value.display(),
-            match &store.from {
-                Origin::Default => "pki_dir, Salt's default".to_string(),
-                o => o.to_string(),
-            },
-        );
-        let l = self.layout();
-        let p = |name: &str, v: String, o: &Origin| match o {
-            Origin::Default => format!("{name} {v} (default)"),
-            Origin::File { file, line, key } if key == name => {
-                format!("{name} {v} ({}:{line})", file.display())
+            let more: Vec<String> = self.files.iter().map(|f| self.short(f)).collect();
+            if !more.is_empty() {
+                s += &format!(" (+ {})", more.join(", "));
             }
-            o => format!("{name} {v} ({o})"),
+            s += "\n";
+        }
+        let by_flag = matches!(c.store_dir.from, Origin::Flag { .. });
+        let cluster = match (&self.cluster_id, self.clustered) {
+            (Some(id), true) if !by_flag => format!("; cluster_id {:?}", id.value),
+            _ => String::new(),
+        };
+        let from = match &c.store_dir.from {
+            Origin::File { file, line, key } => format!("{key} in {}:{line}", self.short(file)),
+            Origin::Flag { flag } => format!("{flag} given"),
+            Origin::Default => "pki_dir, Salt's default".into(),
+        };
+        s += &format!("store: {} ({from}{cluster})\n", c.store_dir.value.display());
+        let l = &c.layout;
+        let p = |name: &str, v: String, o: &Origin| {
+            format!("{name} {v} ({})", self.origin_text(name, o))
         };
         s += &format!(
             "layout: {}, {}, {}, {}\n",

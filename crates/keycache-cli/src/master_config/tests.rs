@@ -31,7 +31,7 @@ fn load_dir(dir: &Path) -> Result<MasterConfig, ConfigError> {
 fn from_file(s: &Option<Setting<impl Clone>>) -> (PathBuf, usize) {
     match &s.as_ref().unwrap().from {
         Origin::File { file, line, .. } => (file.clone(), *line),
-        Origin::Default => panic!("default"),
+        o => panic!("{o:?}"),
     }
 }
 
@@ -71,11 +71,20 @@ fn master_config_standalone_fixture() {
     assert_eq!(c.user.as_ref().unwrap().value, "salt");
     let text = c.describe();
     assert!(
-        text.contains("store: /srv/salt/pki/master (pki_dir, "),
+        text.starts_with(&format!(
+            "master config: {} (+ master.d/10-layout.conf, master.d/20-size.conf)\n",
+            dir.join("master").display()
+        )),
         "{text}"
     );
-    assert!(text.contains("mmap_key_size 20011 ("), "{text}");
-    assert!(text.contains("20-size.conf:2)"), "{text}");
+    assert!(
+        text.contains("store: /srv/salt/pki/master (pki_dir in master:2)\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("mmap_key_size 20011 (master.d/20-size.conf:2)"),
+        "{text}"
+    );
     assert!(
         text.contains("mmap_key_max_segment_bytes 1073741824 (default)"),
         "{text}"
@@ -113,10 +122,11 @@ fn master_config_cluster_fixture_uses_cluster_pki_dir() {
     assert_eq!(c.params().max_segment_bytes, 268_435_456);
     let text = c.describe();
     assert!(
-        text.contains("store: /srv/cluster/pki (cluster_pki_dir, "),
+        text.contains(
+            "store: /srv/cluster/pki (cluster_pki_dir in master.d/cluster.conf:5; cluster_id \"prod\")\n"
+        ),
         "{text}"
     );
-    assert!(text.contains("cluster_id \"prod\""), "{text}");
     let json = serde_json::to_value(&c).unwrap();
     assert_eq!(json["store_dir"]["value"], "/srv/cluster/pki");
     assert_eq!(json["clustered"], true);
@@ -596,7 +606,8 @@ fn master_config_missing_files() {
     assert!(!c.uses_mmap_key());
     assert!(c.notes.iter().any(|n| n.contains("Salt's defaults apply")));
     assert!(
-        c.describe().contains("absent, Salt's defaults"),
+        c.describe()
+            .contains("absent: Salt's defaults (+ master.d/x.conf)"),
         "{}",
         c.describe()
     );
@@ -891,4 +902,44 @@ fn master_config_agrees_with_salt_3008_5() {
         });
         assert_eq!(ours, salt[i], "case {i}: {:?}", cases[i]);
     }
+}
+
+#[test]
+fn master_config_flags_override_the_config() {
+    let dir = fixture("cluster");
+    let c = load_dir(&dir).unwrap();
+    let none = c.choose(&Explicit::default());
+    assert_eq!(none.store_dir, c.store_dir());
+    assert_eq!(none.layout, c.layout());
+    assert_eq!(none.params(), c.params());
+    assert!(none.size_is_default());
+    let e = Explicit {
+        dir: Some("/elsewhere".into()),
+        size: Some(10007),
+        id_size: Some(32),
+        ..Explicit::default()
+    };
+    let ch = c.choose(&e);
+    assert_eq!(ch.store_dir.value, Path::new("/elsewhere"));
+    assert_eq!(ch.store_dir.from, Origin::Flag { flag: "DIR".into() });
+    assert!(!ch.size_is_default());
+    assert_eq!(
+        ch.params(),
+        Params {
+            size: 10007,
+            slot_size: 96,
+            id_size: 32,
+            max_segment_bytes: 268_435_456,
+        }
+    );
+    let text = c.describe_choice(&ch);
+    assert!(text.contains("store: /elsewhere (DIR given)\n"), "{text}");
+    assert!(
+        text.contains("layout: mmap_key_size 10007 (--size), mmap_key_slot_size 96 (default), mmap_key_id_size 32 (--id-size), mmap_key_max_segment_bytes 268435456 (master.d/cluster.conf:6)\n"),
+        "{text}"
+    );
+    let json = serde_json::to_value(&ch).unwrap();
+    assert_eq!(json["store_dir"]["from"]["kind"], "flag");
+    assert_eq!(json["layout"]["size"]["from"]["flag"], "--size");
+    assert_eq!(json["layout"]["max_segment_bytes"]["from"]["kind"], "file");
 }
