@@ -5,6 +5,8 @@
 //! colour, JSON and the error a command fails with.
 mod args;
 mod cmd;
+#[allow(dead_code)] // wired into the commands by the lead
+mod master_config;
 mod output;
 
 use clap::Parser;
