@@ -45,6 +45,10 @@ requirements=(
   "distro==1.9.0"
   "psutil==7.2.2"
   "tornado==6.6.1"
+  # Salt's MasterKeys (salt.crypt), for the master_keys tests.
+  "cryptography==50.0.2"
+  "cffi==2.1.1"
+  "pycparser==3.12"
 )
 
 log() { printf 'setup-venv: %s\n' "$*" >&2; }
@@ -53,7 +57,7 @@ die() { printf 'setup-venv: error: %s\n' "$*" >&2; exit 1; }
 # What must import for the driver to work. Importing `salt` sets the
 # __salt_system_encoding__ builtin that salt.utils.files.fopen needs;
 # xxhash is imported lazily by mmap_cache, so force it here.
-verify_cmd='import salt.cache.mmap_key, salt.runners.pki, salt.utils.mmap_cache as m; m._ensure_xxhash()'
+verify_cmd='import salt.cache.mmap_key, salt.runners.pki, salt.crypt, salt.utils.mmap_cache as m; m._ensure_xxhash(); from cryptography.hazmat.primitives.asymmetric import rsa'
 
 command -v "$host_python" >/dev/null 2>&1 || die "'$host_python' not found (set KEYCACHE_PYTHON)"
 host_version="$("$host_python" -c 'import sys; assert sys.version_info >= (3, 8); print(".".join(map(str, sys.version_info[:3])))' 2>/dev/null)" \
