@@ -14,8 +14,9 @@ use keycache::files::{Ownership, DEFAULT_MODE};
 use keycache::format::{self, Params};
 use keycache::store::{Store, DENIED_INDEX, KEYS_INDEX};
 use keycache::table::OpenOptions;
-use keycache::{Error, MinionId};
+use keycache::MinionId;
 
+use crate::master_config::{Explicit, MasterConfig, Source};
 use crate::output::{errln, esc, esc_path, CmdError};
 
 /// A minion id given on the command line, or a failure with exit code 2.
@@ -28,6 +29,22 @@ pub(crate) fn minion_id(s: &str) -> Result<MinionId, CmdError> {
 pub(crate) struct StoreDir {
     /// The store directory.
     pub(crate) dir: PathBuf,
+}
+
+/// The store a command works on, which the master config may name: for
+/// the commands whose only positional argument it is.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct ConfiguredStore {
+    /// The store directory. Default: the one the Salt master config names
+    /// (pki_dir, or cluster_pki_dir when cluster_id is set; see -c).
+    dir: Option<PathBuf>,
+}
+
+impl ConfiguredStore {
+    /// The directory given, or an empty path: the master config's.
+    pub(crate) fn dir(&self) -> PathBuf {
+        self.dir.clone().unwrap_or_default()
+    }
 }
 
 /// `--json`.
@@ -127,47 +144,112 @@ pub(crate) fn announce_lock_wait(dir: &Path) {
     }
 }
 
-/// The layout options of Salt's master config; they must match the store.
+/// Where the store and its layout come from: the Salt master config
+/// (`-c/--config-dir`, `--master-config`), overridden by explicit flags.
 #[derive(Debug, Clone, Args)]
 pub(crate) struct Layout {
-    /// Slots per table, header included (`mmap_key_size`). Default: inferred
-    /// from an existing index file (after finishing a compaction a crash
-    /// interrupted), else Salt's 1000000.
+    /// Salt's configuration directory, as salt-key's -c: its `master` file
+    /// and the files that one includes (`master.d/*.conf`) give the store
+    /// directory and the mmap_key options. Read when given, or when no
+    /// store directory is given (then `$SALT_CONFIG_DIR` or /etc/salt).
+    #[arg(short = 'c', long = "config-dir", value_name = "DIR")]
+    pub(crate) config_dir: Option<PathBuf>,
+    /// One Salt master config file to read instead of `DIR/master`.
+    #[arg(long, value_name = "FILE", conflicts_with = "config_dir")]
+    pub(crate) master_config: Option<PathBuf>,
+    /// Slots per table, header included (`mmap_key_size`). Default: the
+    /// master config's, else inferred from an existing index file (after
+    /// finishing a compaction a crash interrupted), else Salt's 1000000.
     #[arg(long, value_name = "N")]
     pub(crate) size: Option<u64>,
-    /// Bytes per slot (`mmap_key_slot_size`).
-    #[arg(long, value_name = "N", default_value_t = format::DEFAULT_SLOT_SIZE)]
-    pub(crate) slot_size: usize,
-    /// Bytes of minion id per slot (`mmap_key_id_size`).
-    #[arg(long, value_name = "N", default_value_t = format::DEFAULT_ID_SIZE)]
-    pub(crate) id_size: usize,
-    /// Cap of one heap segment (`mmap_key_max_segment_bytes`).
-    #[arg(long, value_name = "N", default_value_t = format::DEFAULT_MAX_SEGMENT_BYTES)]
-    pub(crate) max_segment_bytes: u64,
+    /// Bytes per slot (`mmap_key_slot_size`). Default: the master config's,
+    /// else Salt's 96.
+    #[arg(long, value_name = "N")]
+    pub(crate) slot_size: Option<usize>,
+    /// Bytes of minion id per slot (`mmap_key_id_size`). Default: the master
+    /// config's, else Salt's 64.
+    #[arg(long, value_name = "N")]
+    pub(crate) id_size: Option<usize>,
+    /// Cap of one heap segment (`mmap_key_max_segment_bytes`). Default: the
+    /// master config's, else Salt's 1073741824.
+    #[arg(long, value_name = "N")]
+    pub(crate) max_segment_bytes: Option<u64>,
+}
+
+/// The store directory and layout a command settled on.
+#[derive(Debug, Clone)]
+pub(crate) struct Resolved {
+    /// The store directory.
+    pub(crate) dir: PathBuf,
+    /// Its layout (the size read off the index files when nothing gave it).
+    pub(crate) params: Params,
 }
 
 impl Layout {
-    /// The parameters, with the size inferred from `dir`'s index files
-    /// (after finishing a compaction that a crash interrupted, which may
-    /// change it).
-    pub(crate) fn params(&self, dir: &Path) -> Result<Params, Error> {
-        self.params_of(dir, true)
+    /// The master config to read: when `-c` or `--master-config` is given,
+    /// or when no store directory is (`dir` empty).
+    pub(crate) fn config(&self, dir: &Path) -> Result<Option<MasterConfig>, CmdError> {
+        if self.config_dir.is_none() && self.master_config.is_none() && !dir.as_os_str().is_empty()
+        {
+            return Ok(None);
+        }
+        let source = Source::from_flags(self.config_dir.as_deref(), self.master_config.as_deref());
+        Ok(Some(MasterConfig::load(&source)?))
     }
 
-    /// [`Layout::params`], finishing an interrupted compaction first only
-    /// when `finish` (a dry run writes nothing).
-    pub(crate) fn params_of(&self, dir: &Path, finish: bool) -> Result<Params, Error> {
-        let base = self.options(Params {
-            size: self.size.unwrap_or(format::DEFAULT_SIZE),
-            slot_size: self.slot_size,
-            id_size: self.id_size,
-            max_segment_bytes: self.max_segment_bytes,
-        });
-        match (self.size, finish) {
-            (Some(_), _) => Ok(base.params),
-            (None, true) => Params::detect(dir, &base),
-            (None, false) => Ok(Params::from_files(dir, base.params)),
-        }
+    /// The store directory (`dir`, else the master config's) and its
+    /// layout (flags, else the master config, else Salt's defaults; the
+    /// size, when neither gives it, read off the index files after
+    /// finishing a rebuild a crash interrupted, unless `finish` is false:
+    /// a dry run writes nothing). Says on stderr, once, which directory
+    /// and layout a master config gave.
+    pub(crate) fn resolve(&self, dir: &Path, finish: bool) -> Result<Resolved, CmdError> {
+        let config = self.config(dir)?;
+        let (dir, base, size_from_files) = match &config {
+            Some(cfg) => {
+                let choice = cfg.choose(&Explicit {
+                    dir: (!dir.as_os_str().is_empty()).then(|| dir.to_path_buf()),
+                    size: self.size,
+                    slot_size: self.slot_size,
+                    id_size: self.id_size,
+                    max_segment_bytes: self.max_segment_bytes,
+                });
+                static SAID: std::sync::Once = std::sync::Once::new();
+                SAID.call_once(|| {
+                    errln!("keycache: {}", cfg.describe_choice(&choice));
+                    if !cfg.uses_mmap_key() {
+                        errln!(
+                            "keycache: warning: keys.cache_driver is {}, not mmap_key: a master with this config does not read these banks",
+                            cfg.cache_driver().unwrap_or("localfs_key")
+                        );
+                    }
+                });
+                (
+                    choice.store_dir.value.clone(),
+                    choice.params(),
+                    choice.size_is_default(),
+                )
+            }
+            None => (
+                dir.to_path_buf(),
+                Params {
+                    size: self.size.unwrap_or(format::DEFAULT_SIZE),
+                    slot_size: self.slot_size.unwrap_or(format::DEFAULT_SLOT_SIZE),
+                    id_size: self.id_size.unwrap_or(format::DEFAULT_ID_SIZE),
+                    max_segment_bytes: self
+                        .max_segment_bytes
+                        .unwrap_or(format::DEFAULT_MAX_SEGMENT_BYTES),
+                },
+                self.size.is_none(),
+            ),
+        };
+        let base = self.options(base);
+        let params = match (size_from_files, finish) {
+            (false, _) => base.params,
+            (true, true) => Params::detect(&dir, &base)?,
+            (true, false) => Params::from_files(&dir, base.params),
+        };
+        Ok(Resolved { dir, params })
     }
 
     /// Open options with `params` and the tunables of the environment
@@ -188,17 +270,18 @@ impl Layout {
         }
     }
 
-    /// Opens the store in `dir` with these parameters, and checks that
-    /// they are the layout of its files ([`Store::check_layout`]) before
-    /// anything is read or written: a store opened with another layout is
-    /// refused. (Damage is not a layout mismatch: `verify` still opens a
-    /// damaged store.)
-    pub(crate) fn open(&self, dir: &Path) -> Result<Store, Error> {
-        self.open_with(dir, self.options(self.params(dir)?))
+    /// Opens the store `dir` names (see [`Layout::resolve`]), and checks
+    /// that the layout is the layout of its files ([`Store::check_layout`])
+    /// before anything is read or written: a store opened with another
+    /// layout is refused. (Damage is not a layout mismatch: `verify` still
+    /// opens a damaged store.)
+    pub(crate) fn open(&self, dir: &Path) -> Result<Store, CmdError> {
+        let r = self.resolve(dir, true)?;
+        self.open_with(&r.dir, self.options(r.params))
     }
 
     /// [`Layout::open`] with the given options.
-    pub(crate) fn open_with(&self, dir: &Path, opts: OpenOptions) -> Result<Store, Error> {
+    pub(crate) fn open_with(&self, dir: &Path, opts: OpenOptions) -> Result<Store, CmdError> {
         let store = Store::open_with(dir, &opts)?;
         store.check_layout()?;
         Ok(store)

@@ -5,7 +5,6 @@
 //! colour, JSON and the error a command fails with.
 mod args;
 mod cmd;
-#[allow(dead_code)] // wired into the commands by the lead
 mod master_config;
 mod output;
 

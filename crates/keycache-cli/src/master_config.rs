@@ -326,6 +326,7 @@ impl MasterConfig {
     }
 
     /// The layout as [`Params`] (not validated: [`Params::validate`]).
+    #[cfg(test)]
     pub(crate) fn params(&self) -> Params {
         let l = self.layout();
         Params {

@@ -531,3 +531,158 @@ fn pre_3008_tree_wins_over_a_generated_pair() {
     let files = file_list(&c);
     check_served(&m.serve(&files), &before, &files);
 }
+
+/// The state directories a Salt master creates at start-up (empty).
+fn state_dirs(pki: &Path) {
+    for d in [
+        "minions",
+        "minions_pre",
+        "minions_rejected",
+        "minions_denied",
+    ] {
+        std::fs::create_dir_all(pki.join(d)).unwrap();
+    }
+}
+
+/// Runs the keycache binary, which must succeed; returns stdout and stderr.
+fn keycache_ok(args: &[&str]) -> (String, String) {
+    let o = common::keycache(args);
+    let (out, err) = (
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    );
+    assert!(o.status.success(), "keycache {args:?}: {err}");
+    (out, err)
+}
+
+/// `keycache migrate` of a Salt 3008.5 master's pki_dir keeps the master's
+/// identity: the master_keys bank is filled (the id read off the
+/// `master.pem` symlink), Salt's MasterKeys under mmap_key generates nothing
+/// and serves the same public keys, and `list --bank master_keys` shows
+/// names only.
+#[test]
+fn keycache_migrate_keeps_the_masters_identity() {
+    if !salt_crypto("keycache_migrate_keeps_the_masters_identity") {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let m = Master {
+        root: t.path(),
+        pki: private_dir(&t.path().join("pki")),
+        cluster: None,
+        id: "m1_master",
+        sign: true,
+    };
+    let before = m.setup(true);
+    state_dirs(&m.pki);
+    let pki = m.pki.display().to_string();
+    let size = SIZE.to_string();
+    let (out, _) = keycache_ok(&["migrate", &pki, "--size", &size]);
+    assert!(out.contains("master_keys: 5 written"), "{out}");
+    let c = master_keys::collect(&m.pki, None, &MasterKeyOptions::new("m1_master")).unwrap();
+    let files = file_list(&c);
+    check_served(&m.serve(&files), &before, &files);
+    assert!(assert_bank_private(&m.pki) >= 4);
+    // Names only, never key bytes, in text and JSON.
+    for json in [false, true] {
+        let mut args = vec!["list", &pki, "--bank", "master_keys", "--size", &size];
+        if json {
+            args.push("--json");
+        }
+        let (out, _) = keycache_ok(&args);
+        assert!(
+            out.contains("m1.pem") && out.contains("master_sign.pub"),
+            "{out}"
+        );
+        assert!(!out.contains("BEGIN"), "key material listed: {out}");
+    }
+    let (out, _) = keycache_ok(&["migrate", &pki, "--size", &size, "--json"]);
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        v["master_keys"]["unchanged"].as_array().map(Vec::len),
+        Some(5),
+        "{v}"
+    );
+    assert!(!out.contains("BEGIN"), "key material in the report: {out}");
+}
+
+/// A cluster peer migrated through its master config (`-c`): the banks go
+/// where Salt's mmap_key looks (cluster_pki_dir), with the config's layout;
+/// the master and cluster keys are served unchanged; the commands say which
+/// directory and layout they used.
+#[test]
+fn keycache_migrate_with_the_master_config_of_a_cluster_peer() {
+    if !salt_crypto("keycache_migrate_with_the_master_config_of_a_cluster_peer") {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let cluster = private_dir(&t.path().join("cluster"));
+    let m = Master {
+        root: t.path(),
+        pki: private_dir(&t.path().join("pki")),
+        cluster: Some(("c1", cluster.clone())),
+        id: "m1_master",
+        sign: false,
+    };
+    let before = m.setup(false);
+    state_dirs(&m.pki);
+    state_dirs(&cluster);
+    // A pending minion key in the cluster tree.
+    std::fs::write(
+        cluster.join("minions_pre/web-1"),
+        common::pem("web-1", 5).as_bytes(),
+    )
+    .unwrap();
+    let conf = t.path().join("etc");
+    std::fs::create_dir_all(conf.join("master.d")).unwrap();
+    std::fs::write(
+        conf.join("master"),
+        format!(
+            "pki_dir: {}\ncluster_id: c1\ncluster_pki_dir: {}\nkeys.cache_driver: mmap_key\n",
+            m.pki.display(),
+            cluster.display()
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        conf.join("master.d/layout.conf"),
+        format!("mmap_key_size: {SIZE}\n"),
+    )
+    .unwrap();
+    let c = conf.display().to_string();
+    let (_, err) = keycache_ok(&["migrate", "-c", &c]);
+    assert!(err.contains(&cluster.display().to_string()), "{err}");
+    assert!(err.contains(&format!("mmap_key_size {SIZE}")), "{err}");
+    let idx = std::fs::metadata(cluster.join(".mmap_keys.idx")).unwrap();
+    assert_eq!(idx.len(), SIZE * 96, "the config's mmap_key_size");
+    assert!(
+        !m.pki.join(".mmap_keys.idx").exists(),
+        "banks written to pki_dir"
+    );
+    let (out, _) = keycache_ok(&["list", "-c", &c, "--json"]);
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["minions_pre"], json!(["web-1"]), "{v}");
+    let collected =
+        master_keys::collect(&m.pki, Some(&cluster), &MasterKeyOptions::new("m1_master")).unwrap();
+    let files = file_list(&collected);
+    check_served(&m.serve(&files), &before, &files);
+}
+
+/// A master config that does not parse: an error naming the file and line,
+/// exit 2, nothing written.
+#[test]
+fn a_bad_master_config_is_refused_naming_file_and_line() {
+    let t = tempfile::tempdir().unwrap();
+    let conf = t.path().join("etc");
+    std::fs::create_dir_all(conf.join("master.d")).unwrap();
+    std::fs::write(conf.join("master"), "pki_dir: /nonexistent\n").unwrap();
+    std::fs::write(conf.join("master.d/bad.conf"), "mmap_key_size: 10\n  : [\n").unwrap();
+    let c = conf.display().to_string();
+    for args in [vec!["list", "-c", &c], vec!["migrate", "-c", &c]] {
+        let o = common::keycache(&args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains("master.d/bad.conf:2"), "{args:?}: {err}");
+    }
+    assert!(!Path::new("/nonexistent").exists());
+}

@@ -5,14 +5,14 @@ use std::process::ExitCode;
 
 use keycache_bench::{MAX_SECONDS, MAX_THREADS};
 
-use crate::args::{Json, Layout, StoreDir};
+use crate::args::{ConfiguredStore, Json, Layout};
 use crate::output::{outln, print_json, CmdResult};
 
 /// The arguments of `keycache bench`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
     #[command(flatten)]
-    store: StoreDir,
+    store: ConfiguredStore,
     /// Reader threads (1 to 256).
     #[arg(long, default_value_t = 1, value_parser = threads)]
     threads: usize,
@@ -43,7 +43,7 @@ fn seconds(s: &str) -> Result<f64, String> {
 
 /// Runs `keycache bench`.
 pub(crate) fn run(a: Args) -> CmdResult {
-    let store = a.layout.open(&a.store.dir)?;
+    let store = a.layout.open(&a.store.dir())?;
     let r = keycache_bench::bench_store(&store, a.threads, a.seconds)?;
     if a.json.json {
         print_json(&r);

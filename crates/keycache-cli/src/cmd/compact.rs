@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use keycache::report;
 use keycache::table::OpenOptions;
 
-use crate::args::{announce_lock_wait, Json, Layout, StoreDir, User};
+use crate::args::{announce_lock_wait, ConfiguredStore, Json, Layout, User};
 use crate::output::{esc_path, outln, print_json, CmdError, CmdResult};
 
 /// The arguments of `keycache compact`.
@@ -13,7 +13,7 @@ use crate::output::{esc_path, outln, print_json, CmdError, CmdResult};
 #[command(mut_arg("user", |a| a.help("Owner of the files written (USER[:GROUP], names or numbers). Default: the owner of the files replaced")))]
 pub(crate) struct Args {
     #[command(flatten)]
-    store: StoreDir,
+    store: ConfiguredStore,
     /// New table size; the Salt master config then needs `mmap_key_size: N`.
     /// Refused when the keys would fill more than 80% of it.
     #[arg(long = "to-size", value_name = "N")]
@@ -50,11 +50,12 @@ fn compact_error(e: keycache::Error) -> CmdError {
 
 /// Runs `keycache compact`.
 pub(crate) fn run(a: Args) -> CmdResult {
-    let dir = &a.store.dir;
+    let resolved = a.layout.resolve(&a.store.dir(), true)?;
+    let dir = &resolved.dir;
     let ownership = a.user.ownership()?;
     let opts = OpenOptions {
         ownership,
-        ..a.layout.options(a.layout.params(dir)?)
+        ..a.layout.options(resolved.params)
     };
     // Refusals (a layout that is not the files', a size too small) come
     // before the notice of a wait for the lock, and before any write.

@@ -6,14 +6,14 @@ use std::path::PathBuf;
 
 use keycache::export::ExportOptions;
 
-use crate::args::{Json, Layout, StoreDir};
+use crate::args::{ConfiguredStore, Json, Layout};
 use crate::output::{errln, esc, esc_path, outln, print_json_line, CmdError, CmdResult};
 
 /// The arguments of `keycache export`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
     #[command(flatten)]
-    store: StoreDir,
+    store: ConfiguredStore,
     /// The pki_dir to write minions, minions_pre, ... into. Key files of ids
     /// the store no longer holds in that state are removed; entries whose
     /// names are not minion ids, and dot-files, are left alone.
@@ -35,7 +35,7 @@ pub(crate) struct Args {
 /// alone, 2 when a value was withheld (it holds a private key block) or an
 /// entry could neither be replaced nor removed (nothing is written then).
 pub(crate) fn run(a: Args) -> CmdResult {
-    let store = a.layout.open(&a.store.dir)?;
+    let store = a.layout.open(&a.store.dir())?;
     let opts = ExportOptions {
         force: a.force,
         dry_run: a.dry_run,

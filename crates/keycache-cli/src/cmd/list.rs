@@ -6,27 +6,29 @@ use std::process::ExitCode;
 use anstyle::{AnsiColor, Style};
 use serde::Serialize;
 
-use keycache::format::ROSTER_TOMBSTONE;
 use keycache::pem::holds_private_key;
 use keycache::store::Store;
-use keycache::table::Table;
 
-use crate::args::{Json, Layout, StoreDir};
+use crate::args::{ConfiguredStore, Json, Layout};
 use crate::cmd::get::WITHHELD;
 use crate::output::{errln, esc, out, outln, paint, print_json, CmdError, CmdResult};
 
 /// The arguments of `keycache list`.
 #[derive(Debug, clap::Args)]
-#[command(mut_arg("dir", |a| a.help("The store directory (pki_dir or cluster_pki_dir)")))]
+#[command(mut_arg("dir", |a| a.help("The store directory (pki_dir or cluster_pki_dir). Default: the one the Salt master config names (see -c)")))]
 pub(crate) struct Args {
     #[command(flatten)]
-    store: StoreDir,
+    store: ConfiguredStore,
     /// Only this group: accepted, pending (unaccepted), rejected or denied.
     #[arg(long, value_name = "S")]
     state: Option<String>,
     /// Include each public key.
     #[arg(long)]
     include_pub: bool,
+    /// List another bank: `master_keys` (the master's own key files),
+    /// by name only: their values are private keys and never printed.
+    #[arg(long, value_name = "BANK", value_parser = ["keys", "master_keys"], default_value = "keys")]
+    bank: String,
     #[command(flatten)]
     json: Json,
     #[command(flatten)]
@@ -89,31 +91,36 @@ type Entries = Vec<(String, Vec<u8>)>;
 fn groups(store: &Store) -> Result<([Entries; 4], usize), CmdError> {
     let mut out: [Entries; 4] = Default::default();
     let mut bad = Vec::new();
-    for r in store.keys(None)? {
-        match r {
-            Ok((id, e)) => {
-                let g = e.state.dir_name();
-                if let Some(i) = GROUPS.iter().position(|x| x.name == g) {
-                    out[i].push((id, e.public_key));
+    // A bank that cannot be listed at all (its index is missing while its
+    // roster lists entries) is reported, and the other bank still listed.
+    match store.keys(None) {
+        Ok(it) => {
+            for r in it {
+                match r {
+                    Ok((id, e)) => {
+                        let g = e.state.dir_name();
+                        if let Some(i) = GROUPS.iter().position(|x| x.name == g) {
+                            out[i].push((id, e.public_key));
+                        }
+                    }
+                    Err(e) => bad.push(e.to_string()),
                 }
             }
-            Err(e) => bad.push(e.to_string()),
         }
+        Err(e) if e.is_corrupt() => bad.push(e.to_string()),
+        Err(e) => return Err(e.into()),
     }
-    for r in store.denied_keys()? {
-        match r {
-            Ok((id, pem)) => out[1].push((id, pem)),
-            Err(e) => bad.push(e.to_string()),
+    match store.denied_keys() {
+        Ok(it) => {
+            for r in it {
+                match r {
+                    Ok((id, pem)) => out[1].push((id, pem)),
+                    Err(e) => bad.push(e.to_string()),
+                }
+            }
         }
-    }
-    for t in [store.keys_table(), store.denied_table()] {
-        let lost = lost_to_a_missing_index(t);
-        if lost > 0 {
-            bad.push(format!(
-                "{}: the index file is missing, but the roster lists {lost} live entries: they cannot be read",
-                t.path().display()
-            ));
-        }
+        Err(e) if e.is_corrupt() => bad.push(e.to_string()),
+        Err(e) => return Err(e.into()),
     }
     for b in &bad {
         errln!("keycache: {}", esc(b));
@@ -122,17 +129,6 @@ fn groups(store: &Store) -> Result<([Entries; 4], usize), CmdError> {
         g.sort();
     }
     Ok((out, bad.len()))
-}
-
-/// Live entries the roster of `t` lists while its index file is missing:
-/// the bank reads as empty, but it is not (only the index holds the ids).
-fn lost_to_a_missing_index(t: &Table) -> usize {
-    if std::fs::symlink_metadata(t.path()).is_ok() {
-        return 0;
-    }
-    t.roster()
-        .map(|r| r.iter().filter(|&&e| e != ROSTER_TOMBSTONE).count())
-        .unwrap_or(0)
 }
 
 /// One group in `--json`: its ids, or with `--include-pub` id -> key.
@@ -153,8 +149,11 @@ fn shown(pem: &[u8]) -> Option<String> {
 /// Runs `keycache list`: exit code 2 when an entry could not be read or a
 /// key was withheld (after listing the rest).
 pub(crate) fn run(a: Args) -> CmdResult {
+    if a.bank == "master_keys" {
+        return list_master_keys(&a);
+    }
     let only = a.state.as_deref().map(group_of).transpose()?;
-    let store = a.layout.open(&a.store.dir)?;
+    let store = a.layout.open(&a.store.dir())?;
     let (groups, bad) = groups(&store)?;
     let shown_groups: Vec<(&Group, &Entries)> = GROUPS
         .iter()
@@ -213,7 +212,7 @@ pub(crate) fn run(a: Args) -> CmdResult {
     if bad > 0 {
         return Err(CmdError::usage(format!(
             "{} could not be read in full ({bad} error{} above; what could be read is listed): run keycache verify {0}",
-            crate::output::esc_path(&a.store.dir),
+            crate::output::esc_path(store.dir()),
             if bad == 1 { "" } else { "s" }
         )));
     }
@@ -224,4 +223,27 @@ pub(crate) fn run(a: Args) -> CmdResult {
         )));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `keycache list --bank master_keys`: the names in the master's bank, never
+/// their values (private keys).
+fn list_master_keys(a: &Args) -> CmdResult {
+    if a.include_pub || a.state.is_some() {
+        return Err(CmdError::usage(
+            "--bank master_keys lists names only: no --include-pub or --state",
+        ));
+    }
+    let r = a.layout.resolve(&a.store.dir(), true)?;
+    let opts = a.layout.options(r.params);
+    let names = keycache::master_keys::names(&r.dir, &opts)?;
+    if a.json.json {
+        let doc: BTreeMap<&str, &Vec<String>> = [("master_keys", &names)].into_iter().collect();
+        print_json(&doc);
+    } else {
+        outln!("{}", paint("Master Keys:", Style::new()));
+        for n in &names {
+            outln!("{}", esc(n));
+        }
+    }
+    Ok(std::process::ExitCode::SUCCESS)
 }

@@ -1,13 +1,15 @@
 //! `keycache migrate`: a `localfs_key` tree into `mmap_key` banks.
 
 use std::io::IsTerminal;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use keycache::master_keys::{self, MasterKeyOptions, MasterKeysReport};
 use keycache::migrate::{self, MigrateOptions, Report as MigrateReport};
+use keycache::table::OpenOptions;
 
 use crate::args::{announce_lock_wait, Json, Layout, User};
-use crate::output::{esc, esc_path, outln, print_json, CmdResult};
+use crate::output::{esc, esc_path, outln, print_json, CmdError, CmdResult};
 
 /// The arguments of `keycache migrate`.
 #[derive(Debug, clap::Args)]
@@ -16,11 +18,21 @@ use crate::output::{esc, esc_path, outln, print_json, CmdResult};
     mut_arg("json", |a| a.help("Print the report as one JSON document on stdout")),
 )]
 pub(crate) struct Args {
-    /// The master's pki_dir.
-    pki_dir: PathBuf,
+    /// The master's pki_dir. Default: the master config's (see -c).
+    pki_dir: Option<PathBuf>,
     /// Write the banks here (the cluster_pki_dir) instead of PKI_DIR.
+    /// Default: the master config's cluster_pki_dir when it sets
+    /// cluster_id, else PKI_DIR.
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
+    /// The master's id as Salt's opts hold it (`<host>_master`), which
+    /// names its key pair in the master_keys bank. Default: read off the
+    /// `master.pem` symlink of a Salt 3008 pki_dir.
+    #[arg(long, value_name = "ID")]
+    master_id: Option<String>,
+    /// Leave the master_keys bank (the master's own keys) alone.
+    #[arg(long)]
+    no_master_keys: bool,
     /// Count and report, write nothing.
     #[arg(long)]
     dry_run: bool,
@@ -38,30 +50,147 @@ pub(crate) struct Args {
     layout: Layout,
 }
 
+/// The report of `keycache migrate`: the key banks' and the master's keys'.
+#[derive(serde::Serialize)]
+struct Out<'a> {
+    #[serde(flatten)]
+    report: &'a MigrateReport,
+    master_keys: Option<MasterKeysReport>,
+}
+
 /// Runs `keycache migrate`.
 pub(crate) fn run(a: Args) -> CmdResult {
     let ownership = a.user.ownership()?;
-    let target = a.out.clone().unwrap_or_else(|| a.pki_dir.clone());
-    let params = a.layout.params_of(&target, !a.dry_run)?;
+    // The tree and the target: the arguments, else the master config
+    // (pki_dir; cluster_pki_dir when cluster_id is set, as Salt's
+    // `rebuild_from_localfs` and `mmap_key.init_kwargs` pick).
+    let given = a.pki_dir.clone().unwrap_or_default();
+    let config = a.layout.config(&given)?;
+    // The master's pki_dir (its own keys) and the cluster_pki_dir of a
+    // cluster peer: the arguments, else the master config's.
+    let pki_dir = match (&config, a.pki_dir.is_none()) {
+        (Some(cfg), true) => cfg.pki_dir().value,
+        _ => given,
+    };
+    let cluster_dir = match (&config, &a.out) {
+        (Some(cfg), None) => cfg.clustered.then(|| cfg.store_dir().value),
+        (_, out) => out.clone(),
+    };
+    // The tree read: PKI_DIR when given; else, as Salt's
+    // `rebuild_from_localfs` reads it, cluster_pki_dir's for a cluster peer.
+    let tree = match (&a.pki_dir, &cluster_dir, &config) {
+        (None, Some(c), Some(_)) => c.clone(),
+        _ => pki_dir.clone(),
+    };
+    let target = cluster_dir.clone().unwrap_or_else(|| pki_dir.clone());
+    let resolved = a.layout.resolve(&target, !a.dry_run)?;
+    let params = resolved.params;
     if !a.dry_run {
         announce_lock_wait(&target);
     }
+    let open = OpenOptions {
+        ownership,
+        ..a.layout.options(params)
+    };
     let opts = MigrateOptions {
-        rebuild_settle: a.layout.options(params).rebuild_settle,
+        rebuild_settle: open.rebuild_settle,
         params,
-        out: a.out,
+        out: cluster_dir.clone(),
         dry_run: a.dry_run,
         replace: a.replace,
         skip_long_ids: a.skip_long_ids,
         ownership,
     };
-    let report = migrate_with_progress(&a.pki_dir, &opts)?;
+    let report = migrate_with_progress(&tree, &opts)?;
+    let master_keys = if a.no_master_keys {
+        None
+    } else {
+        migrate_master_keys(
+            &pki_dir,
+            cluster_dir.as_deref(),
+            a.master_id,
+            a.dry_run,
+            &open,
+        )?
+    };
     if a.json.json {
-        print_json(&report);
+        print_json(&Out {
+            report: &report,
+            master_keys,
+        });
     } else {
         print_text(&report);
+        if let Some(m) = &master_keys {
+            print_master_keys(m);
+        }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The master's id off a Salt 3008 pki_dir: `master.pem` is a symlink to
+/// `<master_id>.pem` there (crypt.py `_setup_keys`), and the id is that
+/// with `_master`.
+fn master_id_of(pki_dir: &Path) -> Option<String> {
+    let target = std::fs::read_link(pki_dir.join("master.pem")).ok()?;
+    let name = target.file_name()?.to_str()?;
+    let stem = name.strip_suffix(".pem")?;
+    (target
+        .parent()
+        .is_none_or(|p| p.as_os_str().is_empty() || p == pki_dir)
+        && !stem.is_empty())
+    .then(|| format!("{stem}_master"))
+}
+
+/// Copies the master's own keys into the `master_keys` bank (a plan only
+/// with `dry_run`); `None` when the tree holds none of them.
+fn migrate_master_keys(
+    pki_dir: &Path,
+    cluster_dir: Option<&Path>,
+    master_id: Option<String>,
+    dry_run: bool,
+    open: &OpenOptions,
+) -> Result<Option<MasterKeysReport>, CmdError> {
+    // Without an id, "master": its pair is `master.pem`/`.pub`, which Salt
+    // renames to its id's own names when it first starts.
+    let id = master_id
+        .or_else(|| master_id_of(pki_dir))
+        .unwrap_or_else(|| "master".into());
+    let collected = master_keys::collect(pki_dir, cluster_dir, &MasterKeyOptions::new(id))?;
+    if collected.files.is_empty() {
+        return Ok(None);
+    }
+    let dir = master_keys::store_dir(pki_dir, cluster_dir);
+    let report = if dry_run {
+        master_keys::plan(dir, &collected, open)?
+    } else {
+        master_keys::write(dir, &collected, open)?
+    };
+    Ok(Some(report))
+}
+
+/// The master keys part of the text report: names only.
+fn print_master_keys(r: &MasterKeysReport) {
+    let names = |v: &[String]| v.iter().map(|n| esc(n)).collect::<Vec<_>>().join(", ");
+    outln!(
+        "master_keys: {} written, {} unchanged",
+        r.written.len(),
+        r.unchanged.len()
+    );
+    if !r.written.is_empty() {
+        outln!("  written: {}", names(&r.written));
+    }
+    if !r.replaced.is_empty() {
+        outln!(
+            "  replaced (the bank held other bytes): {}",
+            names(&r.replaced)
+        );
+    }
+    if !r.kept.is_empty() {
+        outln!("  kept (in the bank, no file): {}", names(&r.kept));
+    }
+    for s in &r.skipped {
+        outln!("  skipped: {} ({})", esc_path(&s.path), s.reason.describe());
+    }
 }
 
 /// Migrates, with a progress bar on stderr when it is a terminal.

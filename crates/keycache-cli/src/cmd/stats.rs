@@ -4,14 +4,14 @@ use std::process::ExitCode;
 
 use keycache::report::{self, BankStats};
 
-use crate::args::{Json, Layout, StoreDir};
+use crate::args::{ConfiguredStore, Json, Layout};
 use crate::output::{outln, print_json, CmdResult};
 
 /// The arguments of `keycache stats`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
     #[command(flatten)]
-    store: StoreDir,
+    store: ConfiguredStore,
     #[command(flatten)]
     json: Json,
     #[command(flatten)]
@@ -30,7 +30,7 @@ fn finite(x: f64) -> f64 {
 
 /// Runs `keycache stats`.
 pub(crate) fn run(a: Args) -> CmdResult {
-    let store = a.layout.open(&a.store.dir)?;
+    let store = a.layout.open(&a.store.dir())?;
     let r = report::stats(&store)?;
     if a.json.json {
         print_json(&r);

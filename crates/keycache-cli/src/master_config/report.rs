@@ -5,7 +5,9 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use super::{Choice, Explicit, Layout, MasterConfig, Origin, Setting};
+#[cfg(test)]
+use super::Explicit;
+use super::{Choice, Layout, MasterConfig, Origin, Setting};
 
 impl MasterConfig {
     /// `file` relative to the main file's directory when it is under it.
@@ -33,6 +35,7 @@ impl MasterConfig {
 
     /// What was read and what it gives, for humans: the files, the store
     /// directory, the layout, each with where it came from, and the notes.
+    #[cfg(test)]
     pub(crate) fn describe(&self) -> String {
         self.describe_choice(&self.choose(&Explicit::default()))
     }
