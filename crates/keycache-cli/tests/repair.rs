@@ -390,3 +390,39 @@ fn stale_segments_past_a_gap_are_removed_and_nothing_is_lost() {
     assert_eq!(out.status.code(), Some(0));
     assert!(!dir.join(".mmap_keys.idx.keycache-lost").exists());
 }
+
+/// A repair of an undamaged bank rebuilds nothing: the library says so
+/// (`Repaired::rebuilt`), and the files keep their inodes.
+#[test]
+fn a_clean_bank_is_not_rebuilt() {
+    use std::os::unix::fs::MetadataExt;
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().join("s");
+    sample_store(&dir);
+    let ino = |n: &str| std::fs::metadata(dir.join(n)).unwrap().ino();
+    let before = (
+        ino(KEYS_INDEX),
+        ino(".mmap_keys.idx.roster"),
+        ino(".mmap_keys.idx.heap.4"),
+    );
+    let s = Store::open_with(&dir, &layout().options()).unwrap();
+    let r =
+        keycache::verify::repair(s.keys_table(), Some(keycache::verify::check_key_value)).unwrap();
+    assert!(!r.rebuilt && r.lost.is_empty() && r.removed_segments.is_empty());
+    drop(s);
+    let l = layout().args();
+    let (out, v) = keycache_json(&args(
+        "verify",
+        dir.to_str().unwrap(),
+        &["--repair", "--json"],
+        &l,
+    ));
+    assert_eq!(out.status.code(), Some(0), "{v:#}");
+    assert!(v["repaired"].as_array().unwrap().is_empty(), "{v:#}");
+    let after = (
+        ino(KEYS_INDEX),
+        ino(".mmap_keys.idx.roster"),
+        ino(".mmap_keys.idx.heap.4"),
+    );
+    assert_eq!(before, after);
+}
