@@ -2,9 +2,15 @@
 //!
 //! [`verify`] checks the header counters against the slots, the roster
 //! against the index, that every occupied id is reachable along its probe
-//! chain and stored once, and every live record's bounds and checksum (and,
-//! for the `keys` bank, its state byte). [`repair`] rebuilds the bank from
-//! every intact entry, reachable or not, atomically, and lists what was lost.
+//! chain and stored once, every live record's bounds and checksum (and, for
+//! the `keys` bank, its state byte), that no heap segment is missing, and
+//! lists the entries earlier repairs lost that the bank does not hold again.
+//! [`check_store`] confirms what a check without the lock finds by a check
+//! under the bank's lock ([`verify_locked`]) before it reports it, so that a
+//! bank Salt writes meanwhile is not reported damaged. [`repair`] decides
+//! under the lock, rebuilds a damaged bank from every intact entry,
+//! reachable or not and in whichever segment, atomically, and names (and
+//! lists in the bank's lost-entries file, [`lost_path`]) what was lost.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::io::{Read, Write};
@@ -1111,10 +1117,44 @@ mod tests {
     }
 
     #[test]
+    fn lost_entries_round_trip_through_their_file() {
+        let e = [
+            LostEntry {
+                id: Some(b"web 01\nx".to_vec()),
+                at: 1_700_000_000,
+                why: "slot 3 points into heap segment 2,\nwhich does not exist".into(),
+            },
+            LostEntry {
+                id: None,
+                at: 0,
+                why: "4 entries: the index file is missing".into(),
+            },
+        ];
+        let dir = tempfile::tempdir().unwrap();
+        let index = dir.path().join(".mmap_keys.idx");
+        let mut text: String = e.iter().map(lost_line).collect();
+        text.push_str("garbage\nlost 12 zz why\n");
+        std::fs::write(lost_path(&index), text).unwrap();
+        let (got, bad) = read_lost(&index).unwrap();
+        assert_eq!(got.len(), 2);
+        assert_eq!(got[0].id, e[0].id);
+        assert_eq!(
+            got[0].why,
+            "slot 3 points into heap segment 2, which does not exist"
+        );
+        assert_eq!(got[1], e[1]);
+        assert_eq!(bad, vec![3, 4]);
+        assert_eq!(utc(1_700_000_000), "2023-11-14 22:13:20 UTC");
+        assert_eq!(utc(951_782_400), "2000-02-29 00:00:00 UTC");
+    }
+
+    #[test]
     fn kinds_say_what_a_repair_keeps() {
         assert!(FindingKind::Unreachable.repairable());
         assert!(FindingKind::RosterDuplicate.repairable());
         assert!(!FindingKind::BadRecord.repairable());
         assert!(!FindingKind::IndexMissing.repairable());
+        assert!(!FindingKind::Lost.repairable());
+        assert!(FindingKind::SegmentMissing.repairable());
     }
 }
