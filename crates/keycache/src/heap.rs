@@ -147,44 +147,54 @@ impl Segment {
 }
 
 /// The segment paths of a bank, by segment number: `.heap`, `.heap.1`, ...
-/// up to the highest-numbered segment file present. A segment missing
-/// below that one (a gap) is listed too, so that the list is indexed by
-/// segment number: opening its path fails. Salt's own discovery stops at
-/// the first gap; keycache reads (and a rebuild replaces or removes) the
-/// segments past one, so that a lost segment costs only its own records.
+/// as far as they go without a gap (Salt's own rule), then on to the
+/// highest-numbered regular segment file past a missing one. A segment
+/// missing below that one is listed too, so that the list is indexed by
+/// segment number (opening its path fails). Salt stops at the first gap;
+/// keycache reads the segments past one, so that a lost segment costs only
+/// its own records, and a rebuild replaces or removes them. Past the gap
+/// only regular files count (Salt never reads them), and a directory ends
+/// the list: a rebuild removes the files listed past its new heap.
 pub(crate) fn discover(index: &Path) -> Vec<PathBuf> {
-    let highest = match highest_segment(index) {
-        Some(h) => h,
-        // The directory cannot be listed: Salt's rule.
-        None => {
-            return (0..=u16::MAX)
-                .map(|n| segment_path(index, n))
-                .take_while(|p| std::fs::symlink_metadata(p).is_ok())
-                .collect()
-        }
-    };
-    match highest {
-        Some(h) => (0..=h).map(|n| segment_path(index, n)).collect(),
-        None => Vec::new(),
+    let mut out: Vec<PathBuf> = (0..=u16::MAX)
+        .map(|n| segment_path(index, n))
+        .take_while(|p| std::fs::symlink_metadata(p).is_ok())
+        .collect();
+    let prefix = out.len();
+    if let Some(h) = highest_past(index, prefix) {
+        out.extend(
+            (prefix..=usize::from(h))
+                .filter_map(|n| u16::try_from(n).ok().map(|n| segment_path(index, n))),
+        );
     }
+    out
 }
 
-/// The highest segment number with a file in the index's directory
-/// (`Some(None)`: none), or `None` when the directory cannot be listed.
-fn highest_segment(index: &Path) -> Option<Option<u16>> {
+/// The highest segment number past `prefix` (the first missing one) whose
+/// file is regular, below any directory with a segment's name; `None` when
+/// there is none or the directory cannot be listed.
+fn highest_past(index: &Path, prefix: usize) -> Option<u16> {
     let dir = match index.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
     };
     let base = index.file_name()?.as_bytes();
-    let mut highest = None;
+    let (mut regular, mut dir_at) = (Vec::new(), u16::MAX);
     for e in std::fs::read_dir(dir).ok()?.flatten() {
         let name = e.file_name();
-        if let Some(n) = segment_number(base, name.as_bytes()) {
-            highest = highest.max(Some(n));
+        let Some(n) = segment_number(base, name.as_bytes()) else {
+            continue;
+        };
+        if usize::from(n) <= prefix {
+            continue;
+        }
+        match e.file_type() {
+            Ok(t) if t.is_file() => regular.push(n),
+            Ok(t) if t.is_dir() => dir_at = dir_at.min(n),
+            _ => {}
         }
     }
-    Some(highest)
+    regular.into_iter().filter(|&n| n < dir_at).max()
 }
 
 /// The segment number of file `name` in the bank whose index file is named
@@ -283,6 +293,11 @@ mod tests {
         for n in [0u16, 1, 3] {
             std::fs::write(segment_path(&idx, n), b"").unwrap();
         }
+        // Past the gap only regular files count, and a directory ends
+        // the list.
+        std::os::unix::fs::symlink("/nonexistent", segment_path(&idx, 9)).unwrap();
+        std::fs::create_dir(segment_path(&idx, 5)).unwrap();
+        std::fs::write(segment_path(&idx, 6), b"").unwrap();
         // Not segments: another bank's, a leading zero, out of range.
         for other in [
             ".mmap_keys.idx.heap.07",

@@ -448,9 +448,10 @@ fn check_scan(t: &Table, check: Option<ValueCheck>, scan: &Scan) -> Result<Vec<F
 fn segment_findings(t: &Table, scan: &Scan) -> Vec<Finding> {
     let index = t.path();
     let paths = heap::discover(index);
+    // Past a gap, a file that is not regular is not read (a hole).
     let present: Vec<bool> = paths
         .iter()
-        .map(|p| std::fs::symlink_metadata(p).is_ok())
+        .map(|p| std::fs::symlink_metadata(p).is_ok_and(|m| m.is_file()))
         .collect();
     let is_present = |n: u16| present.get(usize::from(n)).copied().unwrap_or(false);
     // Live entries with a record, per segment number.
@@ -477,7 +478,12 @@ fn segment_findings(t: &Table, scan: &Scan) -> Vec<Finding> {
     let mut out = Vec::new();
     for n in missing {
         let pointing = live.get(&n).copied().unwrap_or(0);
-        let mut what = format!("heap segment {n} is missing");
+        let file = heap::segment_path(index, n);
+        let mut what = if std::fs::symlink_metadata(&file).is_ok() {
+            format!("heap segment {n} is not a regular file, and is not read")
+        } else {
+            format!("heap segment {n} is missing")
+        };
         if pointing > 0 {
             what.push_str(&format!(
                 ": {pointing} live entries point into it (lost, each listed)"
@@ -507,7 +513,7 @@ fn segment_findings(t: &Table, scan: &Scan) -> Vec<Finding> {
         }
         out.push(Finding {
             kind: FindingKind::SegmentMissing,
-            file: heap::segment_path(index, n),
+            file,
             slot: None,
             offset: None,
             id: None,

@@ -483,6 +483,7 @@ pub(crate) fn load_generation(
     // Every segment up to the highest present: one missing in the middle
     // (damage) is a hole, and the records past it stay readable.
     let mut segments = heap::Segments::default();
+    let mut past_gap = false;
     for (n, sp) in heap::discover(path).into_iter().enumerate() {
         if let Some(old) = reuse.and_then(|g| g.segments.get(n)) {
             let same = std::fs::symlink_metadata(&sp)
@@ -496,7 +497,13 @@ pub(crate) fn load_generation(
             Ok(s) => segments.push(Some(Arc::new(s))),
             // Missing (a gap), or vanished between discovery and open (a
             // rebuild in progress: readers retry with a fresh view).
-            Err(e) if is_not_found(&e) => segments.push(None),
+            Err(e) if is_not_found(&e) => {
+                past_gap = true;
+                segments.push(None);
+            }
+            // Past a gap Salt reads nothing: a file there that is not a
+            // regular file is not used (verify reports it), not refused.
+            Err(Error::NotARegularFile { .. }) if past_gap => segments.push(None),
             Err(e) => return Err(e),
         }
     }
