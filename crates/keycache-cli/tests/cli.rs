@@ -602,6 +602,20 @@ fn verify_finds_damage_and_repair_mends_it() {
         .map(|r| r["lost"].as_array().unwrap().len())
         .sum();
     assert_eq!(lost, 1, "{v}");
+    // Issue 15: the lost entry stays reported (the bank's lost-entries
+    // file), and it is the only finding left.
+    let (out, v) = keycache_json(&["verify", d, "--json"]);
+    assert_eq!(out.status.code(), Some(1), "{v}");
+    let left = v["findings"].as_array().unwrap();
+    assert_eq!(left.len(), 1, "{v}");
+    assert!(
+        left[0]["finding"]["what"]
+            .as_str()
+            .unwrap()
+            .starts_with("lost by the repair"),
+        "{v}"
+    );
+    std::fs::remove_file(st.join(".mmap_keys.idx.keycache-lost")).unwrap();
     let out = keycache(&["verify", d]);
     assert!(
         out.status.success(),

@@ -10,8 +10,9 @@ use crate::output::{exit, json_str, print_json, CmdResult};
 pub(crate) struct Args {
     #[command(flatten)]
     store: StoreDir,
-    /// Rebuild each bank with findings from its intact entries, atomically,
-    /// and list what was lost.
+    /// Rebuild each damaged bank from its intact entries, atomically, and
+    /// list what was lost (also in the bank's `.keycache-lost` file, which
+    /// later runs report until the keys are back)
     #[arg(long)]
     repair: bool,
     #[command(flatten)]
@@ -67,6 +68,27 @@ fn print_text(report: &VerifyReport) {
         );
         for (id, why) in &r.lost {
             println!("  lost {}: {}", json_str(id), json_str(why));
+        }
+        for p in &r.removed_segments {
+            println!(
+                "  removed {} (its records moved; no live entry points into it)",
+                json_str(&p.display().to_string())
+            );
+        }
+        if let Some(p) = &r.lost_file {
+            println!(
+                "  lost entries listed in {}",
+                json_str(&p.display().to_string())
+            );
+        }
+        for f in &r.findings_after {
+            println!(
+                "  after: {}",
+                finding_line(&BankFinding {
+                    bank: r.bank,
+                    finding: f.clone()
+                })
+            );
         }
     }
 }

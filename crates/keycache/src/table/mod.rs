@@ -152,7 +152,8 @@ pub(crate) struct Index {
 #[derive(Debug)]
 pub(crate) struct Generation {
     pub(crate) index: Option<Arc<Index>>,
-    pub(crate) segments: Vec<Arc<Segment>>,
+    /// By segment number; a segment whose file is missing is a hole.
+    pub(crate) segments: heap::Segments,
 }
 
 /// A reader's own handle on a table's current [`Generation`]. Holding it
@@ -388,10 +389,10 @@ impl Table {
             s.high_water = h.high_water;
         }
         s.load_factor = s.occupied.saturating_add(s.deleted) as f64 / p.capacity() as f64;
-        for seg in &g.segments {
+        for seg in g.segments.iter() {
             s.heap_total_bytes += seg.file_len()?;
         }
-        s.segments = g.segments.len() as u64;
+        s.segments = g.segments.iter().count() as u64;
         for r in self.iter()?.flatten() {
             s.heap_live_bytes += format::record_len(r.value.len());
         }
@@ -461,7 +462,7 @@ pub(crate) fn load_generation(
         Err(e) if is_not_found(&e) => {
             return Ok(Generation {
                 index: None,
-                segments: Vec::new(),
+                segments: heap::Segments::default(),
             })
         }
         Err(e) => return Err(e),
@@ -479,21 +480,30 @@ pub(crate) fn load_generation(
         }
     };
     let reuse = prev.filter(|g| g.index.as_ref().map(|i| i.dev_ino) == Some(dev_ino));
-    let mut segments = Vec::new();
+    // Every segment up to the highest present: one missing in the middle
+    // (damage) is a hole, and the records past it stay readable.
+    let mut segments = heap::Segments::default();
+    let mut past_gap = false;
     for (n, sp) in heap::discover(path).into_iter().enumerate() {
         if let Some(old) = reuse.and_then(|g| g.segments.get(n)) {
             let same = std::fs::symlink_metadata(&sp)
                 .map(|m| m.ino() == old.ino && m.len() <= old.reserved());
             if matches!(same, Ok(true)) {
-                segments.push(old.clone());
+                segments.push(Some(old.clone()));
                 continue;
             }
         }
         match Segment::open(&sp, p.max_segment_bytes, 0) {
-            Ok(s) => segments.push(Arc::new(s)),
-            // A segment that vanished between discovery and open (a rebuild
-            // in progress): stop there; readers retry.
-            Err(e) if is_not_found(&e) => break,
+            Ok(s) => segments.push(Some(Arc::new(s))),
+            // Missing (a gap), or vanished between discovery and open (a
+            // rebuild in progress: readers retry with a fresh view).
+            Err(e) if is_not_found(&e) => {
+                past_gap = true;
+                segments.push(None);
+            }
+            // Past a gap Salt reads nothing: a file there that is not a
+            // regular file is not used (verify reports it), not refused.
+            Err(Error::NotARegularFile { .. }) if past_gap => segments.push(None),
             Err(e) => return Err(e),
         }
     }
