@@ -423,10 +423,11 @@ impl Dir {
         }
     }
 
-    /// Writes `pem` under `name`: a temporary file (0600, `own`'s owner, or
-    /// the replaced file's), fsynced, renamed over the name. The directory
-    /// is not fsynced (see [`Dir::sync`]).
-    fn write(&self, name: &str, pem: &[u8], own: &Ownership, op: &'static str) -> Result<()> {
+    /// Writes `pem` under `name`, first half: a temporary file (0600,
+    /// `own`'s owner, or the replaced file's), written, not yet fsynced. Staging a group of files before committing any lets
+    /// the first fsync carry the data of all of them (one journal commit
+    /// instead of one per file on ext4 and XFS).
+    fn stage(&self, name: &str, pem: &[u8], own: &Ownership, op: &'static str) -> Result<Staged> {
         let shown = self.shown(name);
         let mut own = match self.entry(name)? {
             Entry::Other(m) => return Err(not_a_key_file(&shown, &m)),
@@ -434,32 +435,57 @@ impl Dir {
             Entry::Absent => *own,
         };
         own.mode = 0o600;
-        let tmp_name = format!("{TEMP_PREFIX}{}.{name}", std::process::id());
-        let tmp_shown = self.shown(&tmp_name);
-        if let Entry::File(_) = self.entry(&tmp_name)? {
-            std::fs::remove_file(self.at(&tmp_name)).map_err(|e| Error::io(&tmp_shown, op, e))?;
+        let tmp = format!("{TEMP_PREFIX}{}.{name}", std::process::id());
+        let tmp_shown = self.shown(&tmp);
+        if let Entry::File(_) = self.entry(&tmp)? {
+            std::fs::remove_file(self.at(&tmp)).map_err(|e| Error::io(&tmp_shown, op, e))?;
         }
         let mut f = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
             .mode(0o600)
             .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(self.at(&tmp_name))
+            .open(self.at(&tmp))
             .map_err(|e| Error::io(&tmp_shown, op, e))?;
         let done = own
             .apply(&f, &tmp_shown)
-            .and_then(|()| f.write_all(pem).map_err(|e| Error::io(&tmp_shown, op, e)))
-            .and_then(|()| f.sync_data().map_err(|e| Error::io(&tmp_shown, op, e)))
-            .and_then(|()| match self.entry(name)? {
-                // Planted since it was looked at: refused, not replaced.
+            .and_then(|()| f.write_all(pem).map_err(|e| Error::io(&tmp_shown, op, e)));
+        match done {
+            Ok(()) => Ok(Staged {
+                file: f,
+                tmp,
+                name: name.to_owned(),
+            }),
+            Err(e) => {
+                let _ = std::fs::remove_file(self.at(&tmp));
+                Err(e)
+            }
+        }
+    }
+
+    /// Second half of a write: fsync, then the rename over the name
+    /// (refused if a non-regular entry was planted there meanwhile). The
+    /// directory is not fsynced (see [`Dir::sync`]).
+    fn commit(&self, st: Staged, op: &'static str) -> Result<()> {
+        let shown = self.shown(&st.name);
+        let done = st
+            .file
+            .sync_data()
+            .map_err(|e| Error::io(self.shown(&st.tmp), op, e))
+            .and_then(|()| match self.entry(&st.name)? {
                 Entry::Other(m) => Err(not_a_key_file(&shown, &m)),
-                _ => std::fs::rename(self.at(&tmp_name), self.at(name))
+                _ => std::fs::rename(self.at(&st.tmp), self.at(&st.name))
                     .map_err(|e| Error::io(&shown, op, e)),
             });
         if done.is_err() {
-            let _ = std::fs::remove_file(self.at(&tmp_name));
+            let _ = std::fs::remove_file(self.at(&st.tmp));
         }
         done
+    }
+
+    /// Removes a staged temporary that will not be committed.
+    fn discard(&self, st: Staged) {
+        let _ = std::fs::remove_file(self.at(&st.tmp));
     }
 
     /// Removes the regular file `name`; a non-regular entry is refused.
@@ -495,6 +521,63 @@ impl Dir {
         }
         Ok(out)
     }
+}
+
+/// A key file written under its temporary name ([`Dir::stage`]).
+struct Staged {
+    file: File,
+    tmp: String,
+    name: String,
+}
+
+/// How many files are staged before they are committed (each holds a
+/// descriptor open).
+const GROUP: usize = 128;
+
+/// Writes `items` (state directory, name, key) with [`Dir::stage`] and
+/// [`Dir::commit`], in
+/// groups: each group's temporaries are all written before the first is
+/// fsynced and renamed.
+fn write_many(
+    dirs: &[Option<Dir>; 4],
+    items: &[(usize, &str, &[u8])],
+    own: &Ownership,
+    op: &'static str,
+) -> Result<()> {
+    for group in items.chunks(GROUP) {
+        let mut staged: Vec<(usize, Staged)> = Vec::with_capacity(group.len());
+        let mut failed = None;
+        for (d, name, pem) in group {
+            let Some(dir) = &dirs[*d] else { continue };
+            match dir.stage(name, pem, own, op) {
+                Ok(st) => staged.push((*d, st)),
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
+        }
+        let mut it = staged.into_iter();
+        if failed.is_none() {
+            for (d, st) in it.by_ref() {
+                if let Some(dir) = &dirs[d] {
+                    if let Err(e) = dir.commit(st, op) {
+                        failed = Some(e);
+                        break;
+                    }
+                }
+            }
+        }
+        for (d, st) in it {
+            if let Some(dir) = &dirs[d] {
+                dir.discard(st);
+            }
+        }
+        if let Some(e) = failed {
+            return Err(e);
+        }
+    }
+    Ok(())
 }
 
 fn not_found() -> std::io::Error {
@@ -631,6 +714,7 @@ impl Sync {
                 self.dirs[d] = Some(self.root.sub_or_create(name, &self.own)?);
             }
         }
+        let mut items: Vec<(usize, &str, &[u8])> = Vec::new();
         for (id, want) in wants {
             let id = id.as_str();
             for (d, pem) in want.iter().enumerate() {
@@ -640,11 +724,12 @@ impl Sync {
                 if dir.holds(id, pem)? {
                     continue;
                 }
-                dir.write(id, pem, &self.own, W)?;
+                items.push((d, id, pem));
                 self.changes.written.push(dir.shown(id));
                 touched[d] = true;
             }
         }
+        write_many(&self.dirs, &items, &self.own, W)?;
         for (d, dir) in self.dirs.iter().enumerate() {
             if let (true, Some(dir)) = (touched[d], dir) {
                 dir.sync()?;
@@ -885,6 +970,7 @@ pub fn mend(store: &Store) -> Result<TreeRepair> {
     }
     // 2. Missing and different files.
     let mut wrote = [false; 4];
+    let mut items: Vec<(usize, &str, &[u8])> = Vec::new();
     for x in &found {
         let d = TREE_DIRS.iter().position(|n| *n == x.dir).unwrap_or(0);
         match x.problem {
@@ -906,11 +992,11 @@ pub fn mend(store: &Store) -> Result<TreeRepair> {
             }
             dirs[d] = Some(root.sub_or_create(x.dir, &own)?);
         }
-        let Some(dir) = &dirs[d] else { continue };
-        dir.write(id, pem, &own, W)?;
+        items.push((d, id.as_str(), pem.as_slice()));
         out.written.push(x.path.clone());
         wrote[d] = true;
     }
+    write_many(&dirs, &items, &own, W)?;
     // 3. The other directories' strays, and leftover temporaries.
     let mut removed = [false; 4];
     for x in found.iter().filter(|x| x.dir != TREE_DIRS[ACCEPTED]) {
