@@ -208,6 +208,41 @@ fn accepted_keys_pass_validate_token_and_delete_or_reject_revokes_them() {
     let st = open(&pki);
     assert_eq!(tree::check(&st).unwrap(), vec![]);
     assert_eq!(mode(&pki), 0o700, "the pki dir's mode is left alone");
+
+    // A cluster peer: validate_token reads cluster_pki_dir (where a peer's
+    // banks, and so its tree, are) rather than pki_dir.
+    let empty = t.path().join("standalone-pki");
+    std::fs::create_dir(&empty).unwrap();
+    let v = vt(
+        &["check", "--keys", s(&keys), "--stdin"],
+        Some(&serde_json::json!([
+            {"pki_dir": empty, "cluster_pki_dir": pki, "ids": ids},
+            {"pki_dir": pki, "cluster_pki_dir": empty, "ids": ids},
+        ])),
+    );
+    let got: Vec<(String, bool)> = v["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["id"].as_str().unwrap().to_owned(),
+                r["valid"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    let want: Vec<(String, bool)> = [
+        ("web-1", false),
+        ("web-2", true),
+        ("web-3", true),
+        ("web-1", false),
+        ("web-2", false),
+        ("web-3", false),
+    ]
+    .iter()
+    .map(|(i, b)| (i.to_string(), *b))
+    .collect();
+    assert_eq!(got, want);
 }
 
 #[test]

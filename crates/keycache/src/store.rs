@@ -429,7 +429,8 @@ impl Store {
 
     /// Removes `id` from the `keys` bank. Returns whether it was there.
     pub fn remove(&self, id: &MinionId) -> Result<bool> {
-        if !self.tree.is_on() {
+        if !self.tree.is_on() || crate::files::file_id(self.keys.path()).is_none() {
+            // No bank yet: nothing to remove, and no bank created for it.
             return self.keys.remove(id.as_str().as_bytes());
         }
         self.batch(|b| {
@@ -442,7 +443,7 @@ impl Store {
 
     /// Removes `id`'s denied key. Returns whether there was one.
     pub fn remove_denied(&self, id: &MinionId) -> Result<bool> {
-        if !self.tree.is_on() {
+        if !self.tree.is_on() || crate::files::file_id(self.denied.path()).is_none() {
             return self.denied.remove(id.as_str().as_bytes());
         }
         let was = self.denied(id)?.is_some();
