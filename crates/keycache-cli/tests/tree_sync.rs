@@ -410,3 +410,50 @@ fn symlinks_in_the_tree_are_refused_before_anything_changes() {
         "never",
     ]));
 }
+
+#[test]
+fn tree_files_get_the_masters_owner_and_keep_a_replaced_files_owner() {
+    use std::os::unix::fs::MetadataExt;
+    if !keycache_testkit::skip::needs_root("tree file ownership") {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let pki = t.path().join("pki");
+    std::fs::create_dir_all(pki.join("minions_pre")).unwrap();
+    // The master runs as its own user, which owns the pki dir
+    // (Salt's verify_env); keycache runs as root.
+    let (uid, gid) = (4321, 4322);
+    std::os::unix::fs::chown(&pki, Some(uid), Some(gid)).unwrap();
+    let pem = |t: &str| common::pem(t, 200);
+    for id in ["o-1", "o-2"] {
+        std::fs::write(pki.join("minions_pre").join(id), pem(id)).unwrap();
+    }
+    ok(&kc(&["migrate", s(&pki)]));
+    ok(&kc(&["accept", s(&pki), "o-1", "o-2", "--tree", "always"]));
+    let m = std::fs::metadata(pki.join("minions")).unwrap();
+    assert_eq!((m.uid(), m.gid(), m.mode() & 0o7777), (uid, gid, 0o755));
+    let m = std::fs::metadata(pki.join("minions/o-1")).unwrap();
+    assert_eq!((m.uid(), m.gid(), m.mode() & 0o7777), (uid, gid, 0o600));
+    // A file replaced keeps its owner (here another one, set by hand).
+    std::os::unix::fs::chown(pki.join("minions/o-2"), Some(555), Some(556)).unwrap();
+    let st = open(&pki);
+    st.put(
+        &MinionId::new("o-2").unwrap(),
+        KeyState::Accepted,
+        pem("o-2-new").as_bytes(),
+    )
+    .unwrap();
+    let st = st.with_tree(TreeSync::On);
+    st.put(
+        &MinionId::new("o-2").unwrap(),
+        KeyState::Accepted,
+        pem("o-2-newer").as_bytes(),
+    )
+    .unwrap();
+    let m = std::fs::metadata(pki.join("minions/o-2")).unwrap();
+    assert_eq!((m.uid(), m.gid(), m.mode() & 0o7777), (555, 556, 0o600));
+    assert_eq!(
+        std::fs::read_to_string(pki.join("minions/o-2")).unwrap(),
+        pem("o-2-newer")
+    );
+}

@@ -540,14 +540,13 @@ const GROUP: usize = 128;
 /// fsynced and renamed.
 fn write_many(
     dirs: &[Option<Dir>; 4],
-    items: &[(usize, &str, &[u8])],
-    own: &Ownership,
+    items: &[(usize, &str, &[u8], Ownership)],
     op: &'static str,
 ) -> Result<()> {
     for group in items.chunks(GROUP) {
         let mut staged: Vec<(usize, Staged)> = Vec::with_capacity(group.len());
         let mut failed = None;
-        for (d, name, pem) in group {
+        for (d, name, pem, own) in group {
             let Some(dir) = &dirs[*d] else { continue };
             match dir.stage(name, pem, own, op) {
                 Ok(st) => staged.push((*d, st)),
@@ -637,6 +636,9 @@ pub(crate) struct Sync {
     own: Ownership,
     /// `minions/<id>` files to remove before the banks are written.
     early: Vec<String>,
+    /// Owner and group of the `early` files: the files written in their
+    /// place keep them, as a replaced file does.
+    kept: std::collections::HashMap<String, (u32, u32)>,
     changes: TreeChanges,
 }
 
@@ -651,6 +653,7 @@ impl Sync {
             dirs[d] = root.sub(name)?;
         }
         let mut early = Vec::new();
+        let mut kept = std::collections::HashMap::new();
         for (id, want) in wants {
             let id = id.as_str();
             for (d, dir) in dirs.iter().enumerate() {
@@ -668,6 +671,7 @@ impl Sync {
                             };
                             if !keep {
                                 early.push(id.to_owned());
+                                kept.insert(id.to_owned(), (m.uid(), m.gid()));
                             }
                         }
                     }
@@ -679,6 +683,7 @@ impl Sync {
             dirs,
             own: ownership(store),
             early,
+            kept,
             changes: TreeChanges::default(),
         })
     }
@@ -714,7 +719,7 @@ impl Sync {
                 self.dirs[d] = Some(self.root.sub_or_create(name, &self.own)?);
             }
         }
-        let mut items: Vec<(usize, &str, &[u8])> = Vec::new();
+        let mut items: Vec<(usize, &str, &[u8], Ownership)> = Vec::new();
         for (id, want) in wants {
             let id = id.as_str();
             for (d, pem) in want.iter().enumerate() {
@@ -724,12 +729,19 @@ impl Sync {
                 if dir.holds(id, pem)? {
                     continue;
                 }
-                items.push((d, id, pem));
+                let own = match self.kept.get(id) {
+                    Some(&(uid, gid)) if d == ACCEPTED && !self.own.explicit => Ownership {
+                        owner: Some((uid, gid)),
+                        ..self.own
+                    },
+                    _ => self.own,
+                };
+                items.push((d, id, pem, own));
                 self.changes.written.push(dir.shown(id));
                 touched[d] = true;
             }
         }
-        write_many(&self.dirs, &items, &self.own, W)?;
+        write_many(&self.dirs, &items, W)?;
         for (d, dir) in self.dirs.iter().enumerate() {
             if let (true, Some(dir)) = (touched[d], dir) {
                 dir.sync()?;
@@ -970,7 +982,7 @@ pub fn mend(store: &Store) -> Result<TreeRepair> {
     }
     // 2. Missing and different files.
     let mut wrote = [false; 4];
-    let mut items: Vec<(usize, &str, &[u8])> = Vec::new();
+    let mut items: Vec<(usize, &str, &[u8], Ownership)> = Vec::new();
     for x in &found {
         let d = TREE_DIRS.iter().position(|n| *n == x.dir).unwrap_or(0);
         match x.problem {
@@ -992,11 +1004,11 @@ pub fn mend(store: &Store) -> Result<TreeRepair> {
             }
             dirs[d] = Some(root.sub_or_create(x.dir, &own)?);
         }
-        items.push((d, id.as_str(), pem.as_slice()));
+        items.push((d, id.as_str(), pem.as_slice(), own));
         out.written.push(x.path.clone());
         wrote[d] = true;
     }
-    write_many(&dirs, &items, &own, W)?;
+    write_many(&dirs, &items, W)?;
     // 3. The other directories' strays, and leftover temporaries.
     let mut removed = [false; 4];
     for x in found.iter().filter(|x| x.dir != TREE_DIRS[ACCEPTED]) {
