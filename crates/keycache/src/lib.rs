@@ -70,6 +70,7 @@ pub mod report;
 mod roster;
 pub mod store;
 pub mod table;
+pub mod tree;
 pub mod verify;
 
 pub use error::{Error, Result};

@@ -13,6 +13,8 @@ pub use crate::format::{DENIED_INDEX, KEYS_INDEX, MASTER_INDEX};
 use crate::id::MinionId;
 pub use crate::key::{decode_key_value, encode_key_value, KeyBatch, KeyEntry, KeyRef, KeyState};
 use crate::table::{self, Applied, Found, OpenOptions, Stored, Table, TableStats, Txn, View};
+use crate::tree::{want_of, Want};
+pub use crate::tree::{TreeChanges, TreeSync};
 
 /// Keys per state, and denied keys.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -162,6 +164,7 @@ pub struct Store {
     dir: PathBuf,
     keys: Table,
     denied: Table,
+    tree: TreeSync,
 }
 
 impl Store {
@@ -212,7 +215,28 @@ impl Store {
             keys: Table::open(dir.join(KEYS_INDEX), opts)?,
             denied: Table::open(dir.join(DENIED_INDEX), opts)?,
             dir,
+            tree: TreeSync::Off,
         })
+    }
+
+    /// Whether this handle's writes keep the `localfs_key` tree of the
+    /// store's directory in step with the banks (see [`crate::tree`]): off
+    /// unless set. Salt 3008.5's `validate_token` reads `minions/<id>` from
+    /// that directory on every AES request, so a master whose Salt still
+    /// reads the tree (a migrated master: [`TreeSync::auto`]) needs it on.
+    pub fn set_tree(&mut self, sync: TreeSync) {
+        self.tree = sync;
+    }
+
+    /// [`Store::set_tree`], as a builder.
+    pub fn with_tree(mut self, sync: TreeSync) -> Store {
+        self.set_tree(sync);
+        self
+    }
+
+    /// Whether this handle's writes keep the tree in step.
+    pub fn tree(&self) -> TreeSync {
+        self.tree
     }
 
     /// Checks that the layout this store was opened with is the layout of
@@ -405,12 +429,26 @@ impl Store {
 
     /// Removes `id` from the `keys` bank. Returns whether it was there.
     pub fn remove(&self, id: &MinionId) -> Result<bool> {
-        self.keys.remove(id.as_str().as_bytes())
+        if !self.tree.is_on() || crate::files::file_id(self.keys.path()).is_none() {
+            // No bank yet: nothing to remove, and no bank created for it.
+            return self.keys.remove(id.as_str().as_bytes());
+        }
+        self.batch(|b| {
+            let was = b.get(id)?.is_some();
+            b.remove(id)?;
+            Ok(was)
+        })
+        .map(|(was, _)| was)
     }
 
     /// Removes `id`'s denied key. Returns whether there was one.
     pub fn remove_denied(&self, id: &MinionId) -> Result<bool> {
-        self.denied.remove(id.as_str().as_bytes())
+        if !self.tree.is_on() || crate::files::file_id(self.denied.path()).is_none() {
+            return self.denied.remove(id.as_str().as_bytes());
+        }
+        let was = self.denied(id)?.is_some();
+        self.batch(|b| b.remove_denied(id))?;
+        Ok(was)
     }
 
     /// Applies several writes under the banks' locks, made durable by one
@@ -420,20 +458,48 @@ impl Store {
     /// (an error from `f`, [`Error::TableFull`]) changes nothing. Inserts
     /// may take the slots the batch's own removals free. Not atomic across
     /// a crash: each id is then as before or as after.
+    ///
+    /// With the tree on ([`Store::set_tree`]), the tree entries of every id
+    /// the batch touches are brought in step too, under the same locks, in
+    /// the order of [`crate::tree`]: a `minions/<id>` file the store will no
+    /// longer vouch for is removed (durably) before the banks are written,
+    /// new files are written after. An entry under an id's name that is not
+    /// a regular file fails the batch before anything is written.
     pub fn batch<T>(
         &self,
         f: impl FnOnce(&mut Batch<'_, '_>) -> Result<T>,
     ) -> Result<(T, Applied)> {
+        self.batch_with_tree(f)
+            .map(|(out, applied, _)| (out, applied))
+    }
+
+    /// [`Store::batch`], also returning what it did to the tree (nothing
+    /// when the tree is off).
+    pub fn batch_with_tree<T>(
+        &self,
+        f: impl FnOnce(&mut Batch<'_, '_>) -> Result<T>,
+    ) -> Result<(T, Applied, TreeChanges)> {
+        let sync = self.tree.is_on();
         self.keys.with_writer(|kix| {
             let mut keys = Txn::new(&self.keys);
             let mut denied_ops: Vec<(Vec<u8>, Option<Vec<u8>>)> = Vec::new();
+            let mut touched: Vec<MinionId> = Vec::new();
             let out = f(&mut Batch {
                 keys: &mut keys,
                 denied: &mut denied_ops,
+                touched: sync.then_some(&mut touched),
             })?;
+            // What the tree must hold for each id once the batch is in.
+            let wants = if sync {
+                Some(self.wants_after(&keys, &denied_ops, touched)?)
+            } else {
+                None
+            };
             if denied_ops.is_empty() {
                 let plan = self.keys.plan(kix, keys)?;
-                return Ok((out, self.keys.apply(kix, plan)?));
+                let (applied, changes) =
+                    self.with_tree_sync(wants, || self.keys.apply(kix, plan))?;
+                return Ok((out, applied, changes));
             }
             // Both banks locked (keys first, always), both planned before
             // either is written: a batch that does not fit changes nothing.
@@ -447,14 +513,79 @@ impl Store {
                 }
                 let kplan = self.keys.plan(kix, keys)?;
                 let dplan = self.denied.plan(dix, denied)?;
-                let mut applied = self.keys.apply(kix, kplan)?;
-                let a = self.denied.apply(dix, dplan)?;
-                applied.inserted += a.inserted;
-                applied.updated += a.updated;
-                applied.removed += a.removed;
-                Ok((out, applied))
+                let (applied, changes) = self.with_tree_sync(wants, || {
+                    let mut applied = self.keys.apply(kix, kplan)?;
+                    let a = self.denied.apply(dix, dplan)?;
+                    applied.inserted += a.inserted;
+                    applied.updated += a.updated;
+                    applied.removed += a.removed;
+                    Ok(applied)
+                })?;
+                Ok((out, applied, changes))
             })
         })
+    }
+
+    /// What the tree must hold, after the batch, for each id it touched
+    /// (in the order first touched).
+    fn wants_after(
+        &self,
+        keys: &Txn<'_>,
+        denied_ops: &[(Vec<u8>, Option<Vec<u8>>)],
+        mut touched: Vec<MinionId>,
+    ) -> Result<Vec<(MinionId, Want)>> {
+        let mut seen = std::collections::HashSet::new();
+        touched.retain(|id| seen.insert(id.clone()));
+        touched
+            .into_iter()
+            .map(|id| {
+                let k = keys
+                    .get(id.as_str().as_bytes())?
+                    .and_then(|v| decode_key_value(&v).map(|(s, p)| (s, p.to_vec())));
+                let d = match denied_ops
+                    .iter()
+                    .rev()
+                    .find(|(i, _)| i == id.as_str().as_bytes())
+                {
+                    Some((_, v)) => v.clone().map(strip_nuls),
+                    None => self.denied(&id)?,
+                };
+                Ok((id, want_of(k, d)))
+            })
+            .collect()
+    }
+
+    /// Runs `apply` (the bank writes of a batch) between the two halves of
+    /// the tree's writes, when `wants` is given (see [`crate::tree`]). When
+    /// `apply` fails, the tree is brought in step with whatever the banks
+    /// then hold, as far as it can be, and `apply`'s error returned.
+    fn with_tree_sync(
+        &self,
+        wants: Option<Vec<(MinionId, Want)>>,
+        apply: impl FnOnce() -> Result<Applied>,
+    ) -> Result<(Applied, TreeChanges)> {
+        let Some(wants) = wants else {
+            return Ok((apply()?, TreeChanges::default()));
+        };
+        let mut sync = crate::tree::Sync::plan(self, &wants)?;
+        sync.before()?;
+        match apply() {
+            Ok(applied) => Ok((applied, sync.after(&wants)?)),
+            Err(e) => {
+                let now: Result<Vec<(MinionId, Want)>> = wants
+                    .into_iter()
+                    .map(|(id, _)| {
+                        let k = self.get(&id)?.map(|e| (e.state, e.public_key));
+                        let d = self.denied(&id)?;
+                        Ok((id, want_of(k, d)))
+                    })
+                    .collect();
+                if let Ok(now) = now {
+                    let _ = sync.after(&now);
+                }
+                Err(e)
+            }
+        }
     }
 
     /// Compacts both banks (see [`crate::rebuild::compact`]), optionally into
@@ -476,6 +607,8 @@ impl Store {
 pub struct Batch<'t, 'a> {
     keys: &'a mut Txn<'t>,
     denied: &'a mut Vec<(Vec<u8>, Option<Vec<u8>>)>,
+    /// The ids written, when the tree follows the batch.
+    touched: Option<&'a mut Vec<MinionId>>,
 }
 
 fn check_pem(id: &MinionId, pem: &[u8]) -> Result<()> {
@@ -496,11 +629,19 @@ fn check_pem(id: &MinionId, pem: &[u8]) -> Result<()> {
 }
 
 impl Batch<'_, '_> {
+    fn touch(&mut self, id: &MinionId) {
+        if let Some(t) = self.touched.as_deref_mut() {
+            t.push(id.clone());
+        }
+    }
+
     /// Stages a put into the `keys` bank.
     pub fn put(&mut self, id: &MinionId, state: KeyState, pem: &[u8]) -> Result<()> {
         check_pem(id, pem)?;
         self.keys
-            .put(id.as_str().as_bytes(), &encode_key_value(state, pem))
+            .put(id.as_str().as_bytes(), &encode_key_value(state, pem))?;
+        self.touch(id);
+        Ok(())
     }
 
     /// Stages a state change; false when `id` is not in the `keys` bank.
@@ -517,12 +658,15 @@ impl Batch<'_, '_> {
         }
         v[0] = state.byte();
         self.keys.put(id.as_str().as_bytes(), &v)?;
+        self.touch(id);
         Ok(true)
     }
 
     /// Stages a removal from the `keys` bank.
     pub fn remove(&mut self, id: &MinionId) -> Result<()> {
-        self.keys.remove(id.as_str().as_bytes())
+        self.keys.remove(id.as_str().as_bytes())?;
+        self.touch(id);
+        Ok(())
     }
 
     /// Stages a denied key.
@@ -531,6 +675,7 @@ impl Batch<'_, '_> {
         self.keys.table().check_id(id.as_str().as_bytes())?;
         self.denied
             .push((id.as_str().as_bytes().to_vec(), Some(pem.to_vec())));
+        self.touch(id);
         Ok(())
     }
 
@@ -538,6 +683,7 @@ impl Batch<'_, '_> {
     pub fn remove_denied(&mut self, id: &MinionId) -> Result<()> {
         self.keys.table().check_id(id.as_str().as_bytes())?;
         self.denied.push((id.as_str().as_bytes().to_vec(), None));
+        self.touch(id);
         Ok(())
     }
 

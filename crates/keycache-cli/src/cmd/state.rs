@@ -1,11 +1,12 @@
 //! `keycache accept`, `reject` and `delete`: `salt-key -a/-r/-d` and their
-//! `--all` forms.
+//! `--all` forms, keeping the `localfs_key` tree of the store's directory in
+//! step (`--tree`; see `keycache::tree`).
 
 use std::io::{BufRead, IsTerminal};
 
 use serde::Serialize;
 
-use keycache::store::KeyState;
+use keycache::store::{KeyState, TreeChanges, TreeSync};
 use keycache::MinionId;
 
 use crate::args::{announce_lock_wait, minion_id, Json, Layout, StoreDir};
@@ -30,10 +31,39 @@ pub(crate) struct Args {
     /// `salt-key -D` does, and refuses without a terminal unless given -y.
     #[arg(long, short = 'y')]
     yes: bool,
+    /// Keep the key tree of DIR (minions/, minions_pre/, minions_rejected/,
+    /// minions_denied/) in step with the store: Salt 3008.5's validate_token
+    /// reads DIR/minions/<id> on every request of a minion, whatever the key
+    /// cache driver, so an accepted key needs its file there and a deleted
+    /// or rejected one must lose it. `auto`: when DIR/minions exists (a
+    /// migrated master).
+    #[arg(long, value_enum, value_name = "WHEN", default_value_t = TreeMode::Auto)]
+    tree: TreeMode,
     #[command(flatten)]
     json: Json,
     #[command(flatten)]
     layout: Layout,
+}
+
+/// `--tree`: when the command writes the key tree along with the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum TreeMode {
+    /// Always (state directories are created as needed).
+    Always,
+    /// Never: the banks only.
+    Never,
+    /// When the store's directory holds a tree (a `minions` entry).
+    Auto,
+}
+
+impl TreeMode {
+    fn sync(self, dir: &std::path::Path) -> TreeSync {
+        match self {
+            TreeMode::Always => TreeSync::On,
+            TreeMode::Never => TreeSync::Off,
+            TreeMode::Auto => TreeSync::auto(dir),
+        }
+    }
 }
 
 /// Which of the three commands.
@@ -65,7 +95,32 @@ struct Skipped {
     reason: String,
 }
 
-/// What a state change did: `{"<verb>": [ids done], "skipped": [...]}`.
+/// What the command did to the key tree: paths relative to the store's
+/// directory.
+#[derive(Debug, Default, Serialize)]
+struct TreeReport {
+    written: Vec<String>,
+    removed: Vec<String>,
+}
+
+impl TreeReport {
+    fn new(dir: &std::path::Path, ch: &TreeChanges) -> TreeReport {
+        let rel = |p: &std::path::PathBuf| {
+            p.strip_prefix(dir)
+                .unwrap_or(p)
+                .to_string_lossy()
+                .into_owned()
+        };
+        TreeReport {
+            written: ch.written.iter().map(rel).collect(),
+            removed: ch.removed.iter().map(rel).collect(),
+        }
+    }
+}
+
+/// What a state change did: `{"<verb>": [ids done], "skipped": [...],
+/// "tree": {"written": [...], "removed": [...]}}` (`tree` only when the
+/// tree is kept in step).
 #[derive(Debug, Default, Serialize)]
 struct StateReport {
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -75,12 +130,20 @@ struct StateReport {
     #[serde(skip_serializing_if = "Option::is_none")]
     deleted: Option<Vec<String>>,
     skipped: Vec<Skipped>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tree: Option<TreeReport>,
 }
 
 impl StateReport {
-    fn new(action: Action, done: Vec<String>, skipped: Vec<Skipped>) -> StateReport {
+    fn new(
+        action: Action,
+        done: Vec<String>,
+        skipped: Vec<Skipped>,
+        tree: Option<TreeReport>,
+    ) -> StateReport {
         let mut r = StateReport {
             skipped,
+            tree,
             ..StateReport::default()
         };
         *match action {
@@ -123,7 +186,8 @@ pub(crate) fn run(c: Args, action: Action) -> CmdResult {
         (true, false) => return Err(CmdError::usage("give minion ids or --all, not both")),
         _ => {}
     }
-    let store = c.layout.open(&c.store.dir)?;
+    let mut store = c.layout.open(&c.store.dir)?;
+    store.set_tree(c.tree.sync(store.dir()));
     let mut ids: Vec<MinionId> = c
         .ids
         .iter()
@@ -162,7 +226,7 @@ pub(crate) fn run(c: Args, action: Action) -> CmdResult {
             reason,
         })
     };
-    store.batch(|b| {
+    let (_, _, changes) = store.batch_with_tree(|b| {
         for id in &ids {
             let cur = b.get(id)?;
             match action {
@@ -207,12 +271,24 @@ pub(crate) fn run(c: Args, action: Action) -> CmdResult {
         Ok(())
     })?;
     let ok = problems.is_empty() || (c.all && !done.is_empty());
+    let tree = store
+        .tree()
+        .is_on()
+        .then(|| TreeReport::new(store.dir(), &changes));
     if c.json.json {
-        print_json(&StateReport::new(action, done, problems));
+        print_json(&StateReport::new(action, done, problems, tree));
     } else {
         let verb = action.verb();
         for id in &done {
             outln!("Key for minion {} {verb}.", esc(id));
+        }
+        if let Some(t) = &tree {
+            for p in &t.written {
+                outln!("Key tree: wrote {}.", esc(p));
+            }
+            for p in &t.removed {
+                outln!("Key tree: removed {}.", esc(p));
+            }
         }
         for p in &problems {
             errln!("keycache: {}: {}", esc(&p.id), p.reason);
