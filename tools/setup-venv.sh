@@ -49,6 +49,12 @@ requirements=(
   "cryptography==50.0.2"
   "cffi==2.1.1"
   "pycparser==3.12"
+  # salt.channel.server (ReqServerChannel.validate_token), for the key-tree tests.
+  "requests==2.34.2"
+  "urllib3==2.8.0"
+  "idna==3.20"
+  "certifi==2026.10.18"
+  "charset-normalizer==3.5.2"
 )
 
 log() { printf 'setup-venv: %s\n' "$*" >&2; }

@@ -457,3 +457,50 @@ fn tree_files_get_the_masters_owner_and_keep_a_replaced_files_owner() {
         pem("o-2-newer")
     );
 }
+
+/// `keycache verify` reports every disagreement between the tree and the
+/// store (a revoked key still in `minions/` named as one validate_token
+/// would accept), exits 1, and `verify --repair` makes the tree equal to
+/// the store: the revoked minion no longer passes validate_token, the
+/// accepted one does, and verify is clean again (JSON too).
+#[test]
+fn verify_reports_the_tree_and_repair_mends_it_toward_the_store() {
+    let t = tempfile::tempdir().unwrap();
+    let ids = ["v-1", "v-2"];
+    let (keys, pki) = migrated_master(t.path(), &ids);
+    ok(&kc(&["accept", s(&pki), "v-1", "v-2"]));
+    ok(&kc(&["delete", s(&pki), "v-1", "--tree", "never"]));
+    assert_eq!(
+        passing(&keys, &pki, &ids),
+        ids.to_vec(),
+        "the revoked key still passes"
+    );
+    let o = kc(&["verify", s(&pki)]);
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    assert!(
+        out.contains("minions/v-1") && out.contains("validate_token"),
+        "{out}"
+    );
+    let o = kc(&["verify", s(&pki), "--json"]);
+    assert_eq!(o.status.code(), Some(1));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        v["tree"]["disagreements"].as_array().map(Vec::len),
+        Some(1),
+        "{v}"
+    );
+    // --tree never: the tree is not looked at.
+    assert_eq!(
+        kc(&["verify", s(&pki), "--tree", "never"]).status.code(),
+        Some(0)
+    );
+    let out = ok(&kc(&["verify", s(&pki), "--repair"]));
+    assert!(
+        out.contains("tree: removed") && out.contains("minions/v-1"),
+        "{out}"
+    );
+    assert_eq!(passing(&keys, &pki, &ids), vec!["v-2"]);
+    let out = ok(&kc(&["verify", s(&pki)]));
+    assert!(out.contains("clean"), "{out}");
+}

@@ -57,7 +57,7 @@ pub(crate) enum TreeMode {
 }
 
 impl TreeMode {
-    fn sync(self, dir: &std::path::Path) -> TreeSync {
+    pub(crate) fn sync(self, dir: &std::path::Path) -> TreeSync {
         match self {
             TreeMode::Always => TreeSync::On,
             TreeMode::Never => TreeSync::Off,

@@ -1,9 +1,11 @@
 //! `keycache verify [--repair]`: the consistency check of both banks.
 
+use keycache::tree::{TreeDisagreement, TreeRepair};
 use keycache::verify::{check_store, BankFinding, VerifyReport};
 
 use crate::args::{Json, Layout, StoreDir};
-use crate::output::{exit, json_str, print_json, CmdResult};
+use crate::cmd::state::TreeMode;
+use crate::output::{esc_path, exit, json_str, outln, print_json, CmdResult};
 
 /// The arguments of `keycache verify`.
 #[derive(Debug, clap::Args)]
@@ -15,26 +17,87 @@ pub(crate) struct Args {
     /// later runs report until the keys are back)
     #[arg(long)]
     repair: bool,
+    /// Also compare the localfs_key tree (minions/, minions_pre/, ...) with
+    /// the store, which Salt's validate_token reads on every request
+    /// (`--repair` makes it equal to the store): always, never, or auto,
+    /// when the store's directory holds a `minions` entry.
+    #[arg(long, value_enum, value_name = "WHEN", default_value_t = TreeMode::Auto)]
+    tree: TreeMode,
     #[command(flatten)]
     json: Json,
     #[command(flatten)]
     layout: Layout,
 }
 
-/// Runs `keycache verify`: exit code 0 when the store is clean, or was
-/// repaired back to clean without losing an entry.
+/// What `keycache verify` prints with `--json`: the banks' report, and the
+/// tree's when it was checked.
+#[derive(serde::Serialize)]
+struct Out<'a> {
+    #[serde(flatten)]
+    report: &'a VerifyReport,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tree: Option<TreeOut>,
+}
+
+/// The key tree's part of the report.
+#[derive(serde::Serialize)]
+struct TreeOut {
+    /// What disagrees with the store (after the repair, with `--repair`).
+    disagreements: Vec<TreeDisagreement>,
+    /// What `--repair` did.
+    repaired: Option<TreeRepair>,
+}
+
+/// Runs `keycache verify`: exit code 0 when the store (and its key tree,
+/// when checked) is clean, or was repaired back to clean without losing an
+/// entry.
 pub(crate) fn run(a: Args) -> CmdResult {
     let store = a.layout.open(&a.store.dir)?;
     let report = check_store(&store, a.repair)?;
+    let tree = if a.tree.sync(store.dir()).is_on() {
+        let repaired = if a.repair {
+            Some(keycache::tree::mend(&store)?)
+        } else {
+            None
+        };
+        let disagreements = keycache::tree::check(&store)?;
+        Some(TreeOut {
+            disagreements,
+            repaired,
+        })
+    } else {
+        None
+    };
+    let tree_ok = tree.as_ref().is_none_or(|t| t.disagreements.is_empty());
     if a.json.json {
-        print_json(&report);
+        print_json(&Out {
+            report: &report,
+            tree,
+        });
     } else {
         print_text(&report);
-        if report.clean {
-            println!("{}: clean", store.dir().display());
+        if let Some(t) = &tree {
+            print_tree(t);
+        }
+        if report.clean && tree_ok {
+            outln!("{}: clean", esc_path(store.dir()));
         }
     }
-    Ok(exit(report.passed()))
+    Ok(exit(report.passed() && tree_ok))
+}
+
+fn print_tree(t: &TreeOut) {
+    if let Some(r) = &t.repaired {
+        for p in &r.written {
+            outln!("tree: wrote {}", esc_path(p));
+        }
+        for p in &r.removed {
+            outln!("tree: removed {}", esc_path(p));
+        }
+    }
+    for d in &t.disagreements {
+        outln!("tree: {}", crate::output::esc(&d.to_string()));
+    }
 }
 
 /// `bank: file[ @offset][ slot N][ id "ID"]: what`.
@@ -55,34 +118,34 @@ fn finding_line(f: &BankFinding) -> String {
 
 fn print_text(report: &VerifyReport) {
     for f in &report.findings {
-        println!("{}", finding_line(f));
+        outln!("{}", finding_line(f));
     }
     // The bank and the lost ids and reasons are printed as JSON strings,
     // quotes and all, as they always were.
     for r in &report.repaired {
-        println!(
+        outln!(
             "repaired {}: kept {} entries, lost {}",
             json_str(r.bank),
             r.kept,
             r.lost.len()
         );
         for (id, why) in &r.lost {
-            println!("  lost {}: {}", json_str(id), json_str(why));
+            outln!("  lost {}: {}", json_str(id), json_str(why));
         }
         for p in &r.removed_segments {
-            println!(
+            outln!(
                 "  removed {} (its records moved; no live entry points into it)",
                 json_str(&p.display().to_string())
             );
         }
         if let Some(p) = &r.lost_file {
-            println!(
+            outln!(
                 "  lost entries listed in {}",
                 json_str(&p.display().to_string())
             );
         }
         for f in &r.findings_after {
-            println!(
+            outln!(
                 "  after: {}",
                 finding_line(&BankFinding {
                     bank: r.bank,
