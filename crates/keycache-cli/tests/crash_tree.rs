@@ -16,7 +16,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{py_dir, python};
 use keycache::store::TreeSync;
 use keycache::tree;
 use keycache::{KeyState, MinionId, OpenOptions, Params, Store};
@@ -37,28 +36,7 @@ fn opts() -> OpenOptions {
 }
 
 fn vt(args: &[&str], stdin: Option<&Value>) -> Value {
-    let mut child = Command::new(python())
-        .arg(py_dir().join("validate_token.py"))
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run validate_token.py");
-    {
-        use std::io::Write;
-        let mut sin = child.stdin.take().unwrap();
-        if let Some(v) = stdin {
-            sin.write_all(v.to_string().as_bytes()).unwrap();
-        }
-    }
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "validate_token.py {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    common::run_py("validate_token.py", args, stdin)
 }
 
 /// The invariant: every `minions/<id>` entry is a regular file whose bytes

@@ -17,9 +17,9 @@ mod common;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 
-use common::{keycache, py_dir, python};
+use common::keycache;
 use keycache::store::TreeSync;
 use keycache::tree::{self, TreeProblem};
 use keycache::{KeyState, MinionId, OpenOptions, Params, Store};
@@ -46,28 +46,7 @@ fn open(dir: &Path) -> Store {
 
 /// Runs `validate_token.py ARGS`, feeding `stdin`; its JSON.
 fn vt(args: &[&str], stdin: Option<&Value>) -> Value {
-    let mut child = Command::new(python())
-        .arg(py_dir().join("validate_token.py"))
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run validate_token.py");
-    {
-        use std::io::Write;
-        let mut sin = child.stdin.take().unwrap();
-        if let Some(v) = stdin {
-            sin.write_all(v.to_string().as_bytes()).unwrap();
-        }
-    }
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "validate_token.py {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    common::run_py("validate_token.py", args, stdin)
 }
 
 /// Salt key pairs for `ids` in `keys/`: id -> public PEM.

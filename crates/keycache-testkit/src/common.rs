@@ -261,3 +261,32 @@ pub fn kc_dump(dir: &Path, layout: &Layout) -> Value {
     }
     serde_json::json!({"keys": keys, "denied_keys": denied})
 }
+
+/// Runs the Python script `py/SCRIPT` of the test kit with the venv's
+/// Python, feeding `stdin` as JSON; panics with its stderr unless it
+/// succeeds; returns the JSON it prints.
+pub fn run_py(script: &str, args: &[&str], stdin: Option<&Value>) -> Value {
+    let mut child = Command::new(python())
+        .arg(py_dir().join(script))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("run {script}: {e}"));
+    {
+        let mut sin = child.stdin.take().expect("stdin");
+        if let Some(v) = stdin {
+            sin.write_all(v.to_string().as_bytes())
+                .expect("write stdin");
+        }
+    }
+    let out = child.wait_with_output().expect("wait");
+    assert!(
+        out.status.success(),
+        "{script} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{script} {args:?}: stdout is not JSON ({e})"))
+}

@@ -322,22 +322,8 @@ pub fn export(store: &Store, pki_dir: &Path, opts: &ExportOptions) -> Result<Exp
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{KeyState, MinionId, OpenOptions, Params};
-
-    fn pem(tag: &str) -> Vec<u8> {
-        format!("-----BEGIN PUBLIC KEY-----\n{tag}AAAA\n-----END PUBLIC KEY-----\n").into_bytes()
-    }
-
-    fn store(dir: &Path) -> Store {
-        let opts = OpenOptions {
-            params: Params {
-                size: 1009,
-                ..Params::default()
-            },
-            ..OpenOptions::default()
-        };
-        Store::open_with(dir, &opts).unwrap()
-    }
+    use crate::test_util::{pem, small_store as store};
+    use crate::{KeyState, MinionId};
 
     #[test]
     fn a_bare_relative_name_has_the_current_directory_as_parent() {

@@ -70,6 +70,8 @@ pub mod report;
 mod roster;
 pub mod store;
 pub mod table;
+#[cfg(test)]
+mod test_util;
 pub mod tree;
 pub mod verify;
 

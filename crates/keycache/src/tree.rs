@@ -1033,24 +1033,12 @@ pub fn mend(store: &Store) -> Result<TreeRepair> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_util::{pem, small_store};
     use crate::{OpenOptions, Params};
     use std::os::unix::fs::PermissionsExt;
 
-    fn pem(tag: &str) -> Vec<u8> {
-        format!("-----BEGIN PUBLIC KEY-----\n{tag}AAAA\n-----END PUBLIC KEY-----\n").into_bytes()
-    }
-
     fn store(dir: &Path) -> Store {
-        let opts = OpenOptions {
-            params: Params {
-                size: 1009,
-                ..Params::default()
-            },
-            ..OpenOptions::default()
-        };
-        Store::open_with(dir, &opts)
-            .unwrap()
-            .with_tree(TreeSync::On)
+        small_store(dir).with_tree(TreeSync::On)
     }
 
     fn files(dir: &Path) -> Vec<String> {
