@@ -1,0 +1,267 @@
+//! The tree compared with the store ([`check`]) and made equal to it
+//! ([`mend`]).
+
+use super::*;
+
+/// Takes `flock` on the `keys` bank's lock file (the lock every keycache
+/// writer, and Salt's, holds while it writes), shared or exclusive, for as
+/// long as the returned file is open. None when there is no lock file and
+/// `create` is false (no writer ever wrote the bank).
+fn bank_lock(store: &Store, exclusive: bool) -> Result<Option<File>> {
+    let path = crate::format::lock_path(store.keys_table().path());
+    let f = match crate::files::open_regular(&path, true) {
+        Ok(f) => f,
+        Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+            if !exclusive {
+                return Ok(None);
+            }
+            match crate::files::create_new(&path, &ownership(store)) {
+                Ok(f) => f,
+                Err(Error::Io { source, .. })
+                    if source.kind() == std::io::ErrorKind::AlreadyExists =>
+                {
+                    crate::files::open_regular(&path, true)?
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(e) => return Err(e),
+    };
+    if exclusive {
+        f.lock().map_err(|e| Error::io(&path, "flock", e))?;
+    } else {
+        f.lock_shared().map_err(|e| Error::io(&path, "flock", e))?;
+    }
+    Ok(Some(f))
+}
+
+/// The store's view, per state directory: id -> key (withheld ids apart).
+pub(super) struct Wanted {
+    files: [BTreeMap<String, Vec<u8>>; 4],
+    withheld: [BTreeSet<String>; 4],
+    /// id -> its state in the `keys` bank.
+    states: BTreeMap<String, KeyState>,
+    /// ids with a denied key.
+    denied: BTreeSet<String>,
+}
+
+fn wanted(store: &Store) -> Result<Wanted> {
+    let mut w = Wanted {
+        files: Default::default(),
+        withheld: Default::default(),
+        states: BTreeMap::new(),
+        denied: BTreeSet::new(),
+    };
+    for r in store.keys(None)? {
+        let (id, e) = r?;
+        let d = dir_of(e.state);
+        w.states.insert(id.clone(), e.state);
+        if crate::pem::holds_private_key(&e.public_key) {
+            w.withheld[d].insert(id);
+        } else {
+            w.files[d].insert(id, e.public_key);
+        }
+    }
+    for r in store.denied_keys()? {
+        let (id, pem) = r?;
+        w.denied.insert(id.clone());
+        if crate::pem::holds_private_key(&pem) {
+            w.withheld[DENIED].insert(id);
+        } else {
+            w.files[DENIED].insert(id, pem);
+        }
+    }
+    Ok(w)
+}
+
+/// The comparison behind [`check`] and [`mend`].
+fn compare(root: &Dir, w: &Wanted) -> Result<Vec<TreeDisagreement>> {
+    let mut out = Vec::new();
+    for (d, name) in TREE_DIRS.iter().enumerate() {
+        let dis = |problem, id: Option<&str>, path: PathBuf| TreeDisagreement {
+            problem,
+            dir: TREE_DIRS[d],
+            id: id.map(str::to_owned),
+            store: id.and_then(|id| held(w.states.get(id).copied(), w.denied.contains(id), d)),
+            path,
+        };
+        let dir = match root.sub(name) {
+            Ok(dir) => dir,
+            Err(Error::NotARegularFile { path, .. }) => {
+                out.push(dis(TreeProblem::NotADirectory, None, path));
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        let mut present = BTreeSet::new();
+        if let Some(dir) = &dir {
+            let mut names = dir.names()?;
+            names.sort();
+            for n in names {
+                let Some(n) = n.to_str() else { continue };
+                if n.starts_with(TEMP_PREFIX) {
+                    out.push(dis(TreeProblem::TempFile, None, dir.shown(n)));
+                    continue;
+                }
+                if n.starts_with('.') || crate::id::validate(n).is_err() {
+                    continue;
+                }
+                present.insert(n.to_owned());
+                let path = dir.shown(n);
+                match dir.entry(n)? {
+                    Node::Absent => {
+                        present.remove(n);
+                    }
+                    Node::Other(_) => out.push(dis(TreeProblem::NotAFile, Some(n), path)),
+                    Node::File(m) => match w.files[d].get(n) {
+                        Some(pem) => {
+                            if m.len() != pem.len() as u64 || dir.read(n, m.len())? != *pem {
+                                out.push(dis(TreeProblem::KeyDiffers, Some(n), path));
+                            }
+                        }
+                        None if w.withheld[d].contains(n) => {
+                            out.push(dis(TreeProblem::Withheld, Some(n), path))
+                        }
+                        None => out.push(dis(TreeProblem::Stray, Some(n), path)),
+                    },
+                }
+            }
+        }
+        for id in w.files[d].keys() {
+            if !present.contains(id) {
+                out.push(dis(
+                    TreeProblem::Missing,
+                    Some(id),
+                    root.shown(name).join(id),
+                ));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Every disagreement between the `localfs_key` tree in the store's
+/// directory and the store: a key file in a state directory for an id not
+/// in that state ([`TreeProblem::Stray`]), a missing file for an id in a
+/// state ([`TreeProblem::Missing`]), different key bytes
+/// ([`TreeProblem::KeyDiffers`]), entries that are not regular files,
+/// state directories that are not directories, leftover temporaries. In
+/// directory order (`minions`, `minions_pre`, `minions_rejected`,
+/// `minions_denied`), then by name; [`TreeDisagreement::grants_access`]
+/// tells those that let a minion pass Salt's `validate_token`.
+///
+/// Reads only. It holds a shared `flock` on the `keys` bank's lock file
+/// while it reads, so that a keycache writer's bank and tree writes are
+/// seen both or neither. Meant for a store that keeps a tree (see
+/// [`TreeSync::auto`]): without one, every key is reported missing.
+pub fn check(store: &Store) -> Result<Vec<TreeDisagreement>> {
+    let _lock = bank_lock(store, false)?;
+    let root = Dir::open_root(store.dir())?;
+    let w = wanted(store)?;
+    compare(&root, &w)
+}
+
+/// Makes the tree in the store's directory equal to the store: stray key
+/// files in `minions/` are removed first (and that removal made durable),
+/// then missing and different files are written (temporary file, fsync,
+/// rename, as a tree write does; missing state directories are created),
+/// then the other stray files and leftover temporaries are removed.
+/// Entries that are not regular files and state directories that are not
+/// directories are left alone and listed in [`TreeRepair::refused`].
+/// Holds the `keys` bank's lock (`flock`, exclusive) throughout, as
+/// writers do.
+pub fn mend(store: &Store) -> Result<TreeRepair> {
+    const W: &str = "write (mending the key tree)";
+    const R: &str = "remove (mending the key tree)";
+    let _lock = bank_lock(store, true)?;
+    let root = Dir::open_root(store.dir())?;
+    let w = wanted(store)?;
+    let found = compare(&root, &w)?;
+    let own = ownership(store);
+    let mut out = TreeRepair::default();
+    let mut dirs: [Option<Dir>; 4] = Default::default();
+    for (d, name) in TREE_DIRS.iter().enumerate() {
+        dirs[d] = match root.sub(name) {
+            Ok(dir) => dir,
+            Err(Error::NotARegularFile { .. }) => None,
+            Err(e) => return Err(e),
+        };
+    }
+    let removal = |x: &TreeDisagreement| {
+        matches!(
+            x.problem,
+            TreeProblem::Stray | TreeProblem::Withheld | TreeProblem::TempFile
+        )
+    };
+    let name_of = |x: &TreeDisagreement| -> String {
+        x.path
+            .file_name()
+            .map(OsStr::as_bytes)
+            .map(|b| String::from_utf8_lossy(b).into_owned())
+            .unwrap_or_default()
+    };
+    // 1. What lets a minion in that the store does not vouch for.
+    if let Some(dir) = &dirs[ACCEPTED] {
+        let mut any = false;
+        for x in found
+            .iter()
+            .filter(|x| x.dir == TREE_DIRS[ACCEPTED] && removal(x))
+        {
+            if dir.remove(&name_of(x), R)? {
+                out.removed.push(x.path.clone());
+                any = true;
+            }
+        }
+        if any {
+            dir.sync()?;
+        }
+    }
+    // 2. Missing and different files.
+    let mut wrote = [false; 4];
+    let mut items: Vec<(usize, &str, &[u8], Ownership)> = Vec::new();
+    for x in &found {
+        let d = TREE_DIRS.iter().position(|n| *n == x.dir).unwrap_or(0);
+        match x.problem {
+            TreeProblem::Missing | TreeProblem::KeyDiffers => {}
+            TreeProblem::NotAFile | TreeProblem::NotADirectory => {
+                out.refused.push(x.clone());
+                continue;
+            }
+            _ => continue,
+        }
+        let Some(id) = &x.id else { continue };
+        let Some(pem) = w.files[d].get(id) else {
+            continue;
+        };
+        if dirs[d].is_none() {
+            if std::fs::symlink_metadata(root.at(x.dir)).is_ok() {
+                // Not a directory: refused above (NotADirectory).
+                continue;
+            }
+            dirs[d] = Some(root.sub_or_create(x.dir, &own)?);
+        }
+        items.push((d, id.as_str(), pem.as_slice(), own));
+        out.written.push(x.path.clone());
+        wrote[d] = true;
+    }
+    write_many(&dirs, &items, W)?;
+    // 3. The other directories' strays, and leftover temporaries.
+    let mut removed = [false; 4];
+    for x in found.iter().filter(|x| x.dir != TREE_DIRS[ACCEPTED]) {
+        if !removal(x) {
+            continue;
+        }
+        let d = TREE_DIRS.iter().position(|n| *n == x.dir).unwrap_or(0);
+        let Some(dir) = &dirs[d] else { continue };
+        if dir.remove(&name_of(x), R)? {
+            out.removed.push(x.path.clone());
+            removed[d] = true;
+        }
+    }
+    for (d, dir) in dirs.iter().enumerate() {
+        if let (true, Some(dir)) = (wrote[d] || removed[d], dir) {
+            dir.sync()?;
+        }
+    }
+    Ok(out)
+}

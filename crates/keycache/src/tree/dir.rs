@@ -1,0 +1,299 @@
+//! The tree's state directories, opened without following links, and the
+//! key files in them: looked at, written through temporaries, removed.
+
+use super::*;
+
+/// A directory opened without following a symlink, and reached through
+/// its descriptor from then on.
+#[derive(Debug)]
+pub(super) struct Dir {
+    /// The open directory; `base` stays valid while it is open.
+    fd: File,
+    /// `/proc/self/fd/N` (its entries resolve in the opened directory), or
+    /// the path itself where `/proc` is not mounted.
+    base: PathBuf,
+    /// The path, for messages.
+    path: PathBuf,
+}
+
+/// What is under a name in a directory (not followed).
+pub(super) enum Node {
+    Absent,
+    File(std::fs::Metadata),
+    Other(std::fs::Metadata),
+}
+
+impl Dir {
+    fn from_file(fd: File, path: PathBuf) -> Result<Dir> {
+        let proc = PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
+        let me = fd.metadata().map_err(|e| Error::io(&path, "stat", e))?;
+        let base = match std::fs::metadata(&proc) {
+            Ok(m) if m.is_dir() && (m.dev(), m.ino()) == (me.dev(), me.ino()) => proc,
+            _ => path.clone(),
+        };
+        Ok(Dir { fd, base, path })
+    }
+
+    /// The pki dir (the store's directory, followed as given).
+    pub(super) fn open_root(path: &Path) -> Result<Dir> {
+        let fd = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
+            .open(path)
+            .map_err(|e| Error::io(path, "open directory", e))?;
+        Dir::from_file(fd, path.to_path_buf())
+    }
+
+    pub(super) fn at(&self, name: &str) -> PathBuf {
+        self.base.join(name)
+    }
+
+    pub(super) fn shown(&self, name: &str) -> PathBuf {
+        self.path.join(name)
+    }
+
+    /// The state directory `name`, not followed; None when absent.
+    pub(super) fn sub(&self, name: &str) -> Result<Option<Dir>> {
+        let shown = self.shown(name);
+        match std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(self.at(name))
+        {
+            Ok(fd) => Dir::from_file(fd, shown).map(Some),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ELOOP) | Some(libc::ENOTDIR)) => {
+                Err(not_a_dir(&shown))
+            }
+            Err(e) => Err(Error::io(&shown, "open directory", e)),
+        }
+    }
+
+    /// The state directory `name`, created (0755, `own`'s owner) when
+    /// absent, its creation made durable.
+    pub(super) fn sub_or_create(&self, name: &str, own: &Ownership) -> Result<Dir> {
+        if let Some(d) = self.sub(name)? {
+            return Ok(d);
+        }
+        let shown = self.shown(name);
+        match std::fs::DirBuilder::new().mode(0o755).create(self.at(name)) {
+            Ok(()) => {
+                let d = self
+                    .sub(name)?
+                    .ok_or_else(|| Error::io(&shown, "open directory", not_found()))?;
+                if let Some((uid, gid)) = own.owner {
+                    let m = d.fd.metadata().map_err(|e| Error::io(&shown, "stat", e))?;
+                    if (m.uid(), m.gid()) != (uid, gid) {
+                        match std::os::unix::fs::fchown(&d.fd, Some(uid), Some(gid)) {
+                            Ok(()) => {}
+                            Err(e) if e.raw_os_error() == Some(libc::EPERM) => {}
+                            Err(e) => return Err(Error::io(&shown, "chown", e)),
+                        }
+                    }
+                }
+                self.sync()?;
+                Ok(d)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => self
+                .sub(name)?
+                .ok_or_else(|| Error::io(&shown, "open directory", not_found())),
+            Err(e) => Err(Error::io(&shown, "create directory", e)),
+        }
+    }
+
+    pub(super) fn entry(&self, name: &str) -> Result<Node> {
+        match std::fs::symlink_metadata(self.at(name)) {
+            Ok(m) if m.is_file() => Ok(Node::File(m)),
+            Ok(m) => Ok(Node::Other(m)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Node::Absent),
+            Err(e) => Err(Error::io(self.shown(name), "stat", e)),
+        }
+    }
+
+    /// The content of the regular file `name` when it is `len` bytes long
+    /// (at most `len + 1` bytes are read), without following a symlink.
+    pub(super) fn read(&self, name: &str, len: u64) -> Result<Vec<u8>> {
+        let shown = self.shown(name);
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open(self.at(name))
+            .map_err(|e| Error::io(&shown, "open", e))?;
+        let m = f.metadata().map_err(|e| Error::io(&shown, "stat", e))?;
+        if !m.is_file() {
+            return Err(not_a_key_file(&shown, &m));
+        }
+        let mut out = Vec::with_capacity(len as usize);
+        f.take(len + 1)
+            .read_to_end(&mut out)
+            .map_err(|e| Error::io(&shown, "read", e))?;
+        Ok(out)
+    }
+
+    /// Whether `name` is a regular file holding exactly `pem`.
+    pub(super) fn holds(&self, name: &str, pem: &[u8]) -> Result<bool> {
+        match self.entry(name)? {
+            Node::File(m) if m.len() == pem.len() as u64 => Ok(self.read(name, m.len())? == pem),
+            _ => Ok(false),
+        }
+    }
+
+    /// Writes `pem` under `name`, first half: a temporary file (0600,
+    /// `own`'s owner, or the replaced file's), written, not yet fsynced. Staging a group of files before committing any lets
+    /// the first fsync carry the data of all of them (one journal commit
+    /// instead of one per file on ext4 and XFS).
+    fn stage(&self, name: &str, pem: &[u8], own: &Ownership, op: &'static str) -> Result<Staged> {
+        let shown = self.shown(name);
+        let mut own = match self.entry(name)? {
+            Node::Other(m) => return Err(not_a_key_file(&shown, &m)),
+            Node::File(_) => own.replacing(&self.at(name)),
+            Node::Absent => *own,
+        };
+        own.mode = 0o600;
+        let tmp = format!("{TEMP_PREFIX}{}.{name}", std::process::id());
+        let tmp_shown = self.shown(&tmp);
+        if let Node::File(_) = self.entry(&tmp)? {
+            std::fs::remove_file(self.at(&tmp)).map_err(|e| Error::io(&tmp_shown, op, e))?;
+        }
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(self.at(&tmp))
+            .map_err(|e| Error::io(&tmp_shown, op, e))?;
+        let done = own
+            .apply(&f, &tmp_shown)
+            .and_then(|()| f.write_all(pem).map_err(|e| Error::io(&tmp_shown, op, e)));
+        match done {
+            Ok(()) => Ok(Staged {
+                file: f,
+                tmp,
+                name: name.to_owned(),
+            }),
+            Err(e) => {
+                let _ = std::fs::remove_file(self.at(&tmp));
+                Err(e)
+            }
+        }
+    }
+
+    /// Second half of a write: fsync, then the rename over the name
+    /// (refused if a non-regular entry was planted there meanwhile). The
+    /// directory is not fsynced (see [`Dir::sync`]).
+    fn commit(&self, st: Staged, op: &'static str) -> Result<()> {
+        let shown = self.shown(&st.name);
+        let done = st
+            .file
+            .sync_data()
+            .map_err(|e| Error::io(self.shown(&st.tmp), op, e))
+            .and_then(|()| match self.entry(&st.name)? {
+                Node::Other(m) => Err(not_a_key_file(&shown, &m)),
+                _ => std::fs::rename(self.at(&st.tmp), self.at(&st.name))
+                    .map_err(|e| Error::io(&shown, op, e)),
+            });
+        if done.is_err() {
+            let _ = std::fs::remove_file(self.at(&st.tmp));
+        }
+        done
+    }
+
+    /// Removes a staged temporary that will not be committed.
+    fn discard(&self, st: Staged) {
+        let _ = std::fs::remove_file(self.at(&st.tmp));
+    }
+
+    /// Removes the regular file `name`; a non-regular entry is refused.
+    /// Returns whether a file was removed.
+    pub(super) fn remove(&self, name: &str, op: &'static str) -> Result<bool> {
+        let shown = self.shown(name);
+        match self.entry(name)? {
+            Node::Absent => Ok(false),
+            Node::Other(m) => Err(not_a_key_file(&shown, &m)),
+            Node::File(_) => match std::fs::remove_file(self.at(name)) {
+                Ok(()) => Ok(true),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+                Err(e) => Err(Error::io(&shown, op, e)),
+            },
+        }
+    }
+
+    /// Makes the directory's entries (creations, renames, removals) durable.
+    pub(super) fn sync(&self) -> Result<()> {
+        self.fd
+            .sync_all()
+            .map_err(|e| Error::io(&self.path, "fsync", e))
+    }
+
+    /// The names in the directory.
+    pub(super) fn names(&self) -> Result<Vec<std::ffi::OsString>> {
+        let rd = std::fs::read_dir(&self.base)
+            .map_err(|e| Error::io(&self.path, "read directory", e))?;
+        let mut out = Vec::new();
+        for ent in rd {
+            let ent = ent.map_err(|e| Error::io(&self.path, "read directory", e))?;
+            out.push(ent.file_name());
+        }
+        Ok(out)
+    }
+}
+
+/// A key file written under its temporary name ([`Dir::stage`]).
+pub(super) struct Staged {
+    file: File,
+    tmp: String,
+    name: String,
+}
+
+/// How many files are staged before they are committed (each holds a
+/// descriptor open).
+pub(super) const GROUP: usize = 128;
+
+/// Writes `items` (state directory, name, key) with [`Dir::stage`] and
+/// [`Dir::commit`], in
+/// groups: each group's temporaries are all written before the first is
+/// fsynced and renamed.
+pub(super) fn write_many(
+    dirs: &[Option<Dir>; 4],
+    items: &[(usize, &str, &[u8], Ownership)],
+    op: &'static str,
+) -> Result<()> {
+    for group in items.chunks(GROUP) {
+        let mut staged: Vec<(usize, Staged)> = Vec::with_capacity(group.len());
+        let mut failed = None;
+        for (d, name, pem, own) in group {
+            let Some(dir) = &dirs[*d] else { continue };
+            match dir.stage(name, pem, own, op) {
+                Ok(st) => staged.push((*d, st)),
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
+        }
+        let mut it = staged.into_iter();
+        if failed.is_none() {
+            for (d, st) in it.by_ref() {
+                if let Some(dir) = &dirs[d] {
+                    if let Err(e) = dir.commit(st, op) {
+                        failed = Some(e);
+                        break;
+                    }
+                }
+            }
+        }
+        for (d, st) in it {
+            if let Some(dir) = &dirs[d] {
+                dir.discard(st);
+            }
+        }
+        if let Some(e) = failed {
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
+fn not_found() -> std::io::Error {
+    std::io::ErrorKind::NotFound.into()
+}

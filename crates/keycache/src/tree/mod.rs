@@ -1,0 +1,300 @@
+//! The `localfs_key` tree kept in step with the store.
+//!
+//! Salt 3008.5's `ReqServerChannel.validate_token` (salt/channel/server.py)
+//! reads `<pki_dir or cluster_pki_dir>/minions/<id>` straight from disk on
+//! every AES request of a signed-in minion, bypassing the key cache driver:
+//! under `mmap_key`, a key accepted only in the banks fails every request,
+//! and a key deleted or rejected only in the banks keeps passing as long as
+//! its old file is there. A store with [`TreeSync::On`]
+//! ([`Store::set_tree`]) therefore writes the tree along with the banks, in
+//! the store's own directory (where Salt's `mmap_key` keeps the banks and
+//! `validate_token` looks for the files): the accepted key in `minions/`,
+//! pending keys in `minions_pre/`, rejected ones in `minions_rejected/`,
+//! denied ones in `minions_denied/`, and no file for an id in a directory of
+//! a state it is not in.
+//!
+//! # The order of the two writes
+//!
+//! A crash between the bank write and the tree write never leaves a file in
+//! `minions/` that lets a minion pass `validate_token` while the store does
+//! not hold that id accepted with that key:
+//!
+//! 1. before the banks are written, `minions/<id>` is removed for every id
+//!    of the batch that will not be accepted with exactly that file's key
+//!    afterwards (rejected, deleted, re-keyed), and `minions/` is fsynced;
+//! 2. the banks are written (durable when it returns);
+//! 3. then the new files are written (temporary file, fsync, rename over the
+//!    name, fsync of the directory), the accepted key into `minions/` last
+//!    of all in the sense that the store already holds it, and the files of
+//!    the other directories that no longer belong are removed (after the
+//!    writes: a key moving from pending to accepted is in both directories
+//!    for a moment, and Salt's `localfs_key` precedence, rejected, then
+//!    pending, then accepted, then gives it the less trusted state).
+//!
+//! A crash between 1 and 2 leaves a minion accepted in the banks without
+//! its file (it is refused until [`mend`]); a crash between 2 and 3 leaves
+//! the tree behind the store, never ahead of it. [`check`] reports what a
+//! crash (or anyone else) left, [`mend`] makes the tree equal to the store.
+//!
+//! # Files as Salt's `localfs_key` writes them
+//!
+//! Salt 3008.5's `localfs_key.store` (salt/cache/localfs_key.py) writes a
+//! key through `tempfile.mkstemp` in the state directory (mode 0600),
+//! `chown`s it to the master's `user`, and renames it over the key's name
+//! (`salt.utils.atomicfile.atomic_rename`); `os.makedirs` creates a missing
+//! state directory, and the master's `verify_env` (salt/utils/verify.py)
+//! creates them 0755 (umask 022) owned by the master's user and keeps the
+//! pki dir itself 0700 or 0750. keycache writes key files 0600 through a
+//! dot-file temporary (`.keycache-tree.<pid>.<id>`, which Salt's listings
+//! skip) and a rename, with the owner and group of the file they replace or
+//! else of the store's bank files (the pki dir's owner: the master's user),
+//! fsyncs the file before the rename and the directory after it, and creates
+//! a missing state directory 0755 with the pki dir's owner. The pki dir's
+//! own mode is never changed.
+//!
+//! # No symlink is followed
+//!
+//! The state directories are opened relative to the pki dir without
+//! following a symlink, and every file is reached relative to its opened
+//! directory (through `/proc/self/fd`), never by a path that could be
+//! re-resolved through a planted symlink; key files are opened with
+//! `O_NOFOLLOW`. A symlink, a directory or any other non-regular file under
+//! a key's name (or in place of a state directory) is neither followed,
+//! replaced nor removed: a write that would have to is refused with
+//! [`Error::NotARegularFile`] naming the path before the banks or the tree
+//! change, and [`mend`] lists it in [`TreeRepair::refused`].
+//!
+//! What belongs to the tree in a state directory: the entries whose names
+//! are valid minion ids and do not start with `.` (Salt's `list_all` skips
+//! dot-files), as for [`crate::export`]. Leftover temporaries of a writer
+//! killed mid-write (`.keycache-tree.*`) are reported and removed by
+//! [`mend`].
+//!
+//! Values that hold a private key block ([`crate::pem::holds_private_key`])
+//! are never written to the tree: such an id gets no file (and one there is
+//! removed).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::ffi::OsStr;
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+use crate::files::Ownership;
+use crate::id::MinionId;
+use crate::migrate::TREE_DIRS;
+use crate::store::{KeyState, Store};
+
+/// Prefix of the temporary files a tree write creates in a state directory.
+pub const TEMP_PREFIX: &str = ".keycache-tree.";
+
+/// Index of `minions/` in [`TREE_DIRS`].
+const ACCEPTED: usize = 0;
+/// Index of `minions_denied/` in [`TREE_DIRS`].
+const DENIED: usize = 3;
+
+/// Whether a [`Store`]'s writes keep the `localfs_key` tree of its
+/// directory in step ([`Store::set_tree`]). The library's default is
+/// [`TreeSync::Off`]; [`TreeSync::auto`] is the CLI's default.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
+pub enum TreeSync {
+    /// The banks only; the tree is left alone.
+    #[default]
+    Off,
+    /// Every write also writes the tree in the store's directory (state
+    /// directories created as needed), in the order described in the
+    /// module's documentation.
+    On,
+}
+
+impl TreeSync {
+    /// [`TreeSync::On`] when `dir` holds a tree (a `minions` entry exists
+    /// there, not followed: a migrated master whose Salt still reads
+    /// `minions/<id>`), else [`TreeSync::Off`]. A `minions` that is a
+    /// symlink counts as a tree: the writes then refuse it by name rather
+    /// than leave Salt reading a tree that is out of step.
+    pub fn auto(dir: &Path) -> TreeSync {
+        match std::fs::symlink_metadata(dir.join(TREE_DIRS[ACCEPTED])) {
+            Ok(m) if m.is_dir() || m.file_type().is_symlink() => TreeSync::On,
+            _ => TreeSync::Off,
+        }
+    }
+
+    /// Whether the tree is written.
+    pub fn is_on(self) -> bool {
+        self == TreeSync::On
+    }
+}
+
+/// What a batch did to the tree.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct TreeChanges {
+    /// Key files written (new or replaced).
+    pub written: Vec<PathBuf>,
+    /// Key files removed.
+    pub removed: Vec<PathBuf>,
+}
+
+impl TreeChanges {
+    /// Nothing was written or removed.
+    pub fn is_empty(&self) -> bool {
+        self.written.is_empty() && self.removed.is_empty()
+    }
+}
+
+/// What is wrong with one entry of the tree, compared with the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
+pub enum TreeProblem {
+    /// A key file in a state directory for an id the store does not hold in
+    /// that state (in `minions/`: a minion Salt's `validate_token` lets in
+    /// although the store does not hold it accepted).
+    Stray,
+    /// No key file for an id the store holds in that state (in `minions/`:
+    /// an accepted minion that `validate_token` refuses).
+    Missing,
+    /// The key file's bytes differ from the store's key.
+    KeyDiffers,
+    /// A key file for an id whose stored value holds a private key block:
+    /// the tree never gets such a value, so the file is out of step.
+    Withheld,
+    /// A symlink, directory or other non-regular file under a key's name:
+    /// never followed, replaced or removed by keycache.
+    NotAFile,
+    /// A state directory that is a symlink or not a directory.
+    NotADirectory,
+    /// A temporary file left by a tree write that was killed.
+    TempFile,
+}
+
+/// One disagreement between the tree and the store ([`check`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct TreeDisagreement {
+    /// What is wrong.
+    pub problem: TreeProblem,
+    /// The state directory: `minions`, `minions_pre`, `minions_rejected`
+    /// or `minions_denied`.
+    pub dir: &'static str,
+    /// The minion id (None for a state directory or a temporary file).
+    pub id: Option<String>,
+    /// The entry's path.
+    pub path: PathBuf,
+    /// What the store holds for the id: `accepted`, `pending`, `rejected`
+    /// in the `keys` bank, or `denied` (for `minions_denied`); None when
+    /// the store holds nothing there.
+    pub store: Option<&'static str>,
+}
+
+impl TreeDisagreement {
+    /// Whether this lets Salt's `validate_token` accept a minion the store
+    /// does not hold accepted with that key: a file (or anything Salt would
+    /// read through) in `minions/` that the store does not vouch for.
+    pub fn grants_access(&self) -> bool {
+        self.dir == TREE_DIRS[ACCEPTED]
+            && matches!(
+                self.problem,
+                TreeProblem::Stray
+                    | TreeProblem::KeyDiffers
+                    | TreeProblem::Withheld
+                    | TreeProblem::NotAFile
+                    | TreeProblem::NotADirectory
+            )
+    }
+}
+
+impl std::fmt::Display for TreeDisagreement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let p = self.path.display();
+        let held = match self.store {
+            Some("denied") => "holds a denied key for it".to_owned(),
+            Some(s) => format!("holds it {s}"),
+            None => "does not hold it".to_owned(),
+        };
+        match self.problem {
+            TreeProblem::Stray => write!(f, "{p}: a key file, but the store {held}")?,
+            TreeProblem::Missing => write!(f, "{p}: no key file, but the store {held}")?,
+            TreeProblem::KeyDiffers => write!(f, "{p}: the key file differs from the store's key")?,
+            TreeProblem::Withheld => write!(
+                f,
+                "{p}: a key file, but the store's value holds a private key block and is never \
+                 written to the tree"
+            )?,
+            TreeProblem::NotAFile => write!(
+                f,
+                "{p}: not a regular file (a symlink, a directory or other): keycache neither \
+                 follows, replaces nor removes it"
+            )?,
+            TreeProblem::NotADirectory => write!(
+                f,
+                "{p}: the state directory is a symlink or not a directory: keycache does not \
+                 follow it"
+            )?,
+            TreeProblem::TempFile => {
+                write!(f, "{p}: a temporary file left by a killed tree write")?
+            }
+        }
+        if self.grants_access() {
+            write!(f, " (Salt's validate_token reads it: a minion the store does not hold accepted with this key would pass)")?;
+        }
+        Ok(())
+    }
+}
+
+/// What [`mend`] did.
+#[derive(Debug, Default, Clone)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct TreeRepair {
+    /// Key files written (missing or different).
+    pub written: Vec<PathBuf>,
+    /// Files removed (stray key files, leftover temporaries).
+    pub removed: Vec<PathBuf>,
+    /// Disagreements left as they are: entries that are not regular files,
+    /// state directories that are not directories. Remove them by hand,
+    /// then mend again.
+    pub refused: Vec<TreeDisagreement>,
+}
+
+/// The refusal for an entry under a key's name that is not a regular file.
+fn not_a_key_file(path: &Path, m: &std::fs::Metadata) -> Error {
+    Error::NotARegularFile {
+        path: path.into(),
+        why: if m.file_type().is_symlink() {
+            "a symlink in place of a key file of the tree: keycache neither follows, replaces \
+             nor removes it; remove it (or use --tree never), then try again"
+        } else if m.is_dir() {
+            "a directory in place of a key file of the tree: keycache neither replaces nor \
+             removes it; remove it (or use --tree never), then try again"
+        } else {
+            "not a regular file in place of a key file of the tree: keycache neither replaces \
+             nor removes it; remove it (or use --tree never), then try again"
+        },
+    }
+}
+
+fn not_a_dir(path: &Path) -> Error {
+    Error::NotARegularFile {
+        path: path.into(),
+        why: "a state directory of the tree that is a symlink or not a directory: keycache \
+              does not follow it; replace it with a directory (or use --tree never)",
+    }
+}
+
+mod check;
+mod dir;
+mod sync;
+#[cfg(test)]
+mod tests;
+
+pub use check::{check, mend};
+use dir::{write_many, Dir, Node};
+use sync::{dir_of, held, ownership};
+pub(crate) use sync::{want_of, Sync, Want};

@@ -1,0 +1,188 @@
+//! The tree kept in step with a batch of writes: what each id should have in
+//! each state directory, and the order of the writes around the banks'.
+
+use super::*;
+
+/// The key file an id should have in each state directory (None: no file).
+pub(crate) type Want = [Option<Vec<u8>>; 4];
+
+/// What the tree should hold for an id that the `keys` bank holds as
+/// `keys` and the `denied_keys` bank as `denied`. Values that hold a
+/// private key block get no file.
+pub(crate) fn want_of(keys: Option<(KeyState, Vec<u8>)>, denied: Option<Vec<u8>>) -> Want {
+    let mut w: Want = Default::default();
+    if let Some((s, pem)) = keys {
+        if !crate::pem::holds_private_key(&pem) {
+            w[dir_of(s)] = Some(pem);
+        }
+    }
+    if let Some(pem) = denied {
+        if !crate::pem::holds_private_key(&pem) {
+            w[DENIED] = Some(pem);
+        }
+    }
+    w
+}
+
+pub(super) fn dir_of(s: KeyState) -> usize {
+    match s {
+        KeyState::Accepted => 0,
+        KeyState::Pending => 1,
+        KeyState::Rejected => 2,
+    }
+}
+
+/// What the store holds for an id, for a report.
+pub(super) fn held(keys: Option<KeyState>, denied: bool, dir: usize) -> Option<&'static str> {
+    if dir == DENIED {
+        denied.then_some("denied")
+    } else {
+        keys.map(KeyState::name)
+    }
+}
+
+/// Ownership of the tree's new files: the store's (its bank files' owner,
+/// the pki dir's by default).
+pub(super) fn ownership(store: &Store) -> Ownership {
+    store.keys_table().ownership()
+}
+
+/// The tree writes of one batch, planned (and checked) before the banks
+/// are written: [`Sync::plan`], [`Sync::before`], the bank write, then
+/// [`Sync::after`].
+pub(crate) struct Sync {
+    root: Dir,
+    dirs: [Option<Dir>; 4],
+    own: Ownership,
+    /// `minions/<id>` files to remove before the banks are written.
+    early: Vec<String>,
+    /// Owner and group of the `early` files: the files written in their
+    /// place keep them, as a replaced file does.
+    kept: std::collections::HashMap<String, (u32, u32)>,
+    changes: TreeChanges,
+}
+
+impl Sync {
+    /// Looks at every entry the batch's ids have in the tree. An entry
+    /// under an id's name that is not a regular file, or a state directory
+    /// that is not one, fails here, before anything is written.
+    pub(crate) fn plan(store: &Store, wants: &[(MinionId, Want)]) -> Result<Sync> {
+        let root = Dir::open_root(store.dir())?;
+        let mut dirs: [Option<Dir>; 4] = Default::default();
+        for (d, name) in TREE_DIRS.iter().enumerate() {
+            dirs[d] = root.sub(name)?;
+        }
+        let mut early = Vec::new();
+        let mut kept = std::collections::HashMap::new();
+        for (id, want) in wants {
+            let id = id.as_str();
+            for (d, dir) in dirs.iter().enumerate() {
+                let Some(dir) = dir else { continue };
+                match dir.entry(id)? {
+                    Node::Absent => {}
+                    Node::Other(m) => return Err(not_a_key_file(&dir.shown(id), &m)),
+                    Node::File(m) => {
+                        if d == ACCEPTED {
+                            let keep = match &want[d] {
+                                Some(pem) if m.len() == pem.len() as u64 => {
+                                    dir.read(id, m.len())? == *pem
+                                }
+                                _ => false,
+                            };
+                            if !keep {
+                                early.push(id.to_owned());
+                                kept.insert(id.to_owned(), (m.uid(), m.gid()));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        Ok(Sync {
+            root,
+            dirs,
+            own: ownership(store),
+            early,
+            kept,
+            changes: TreeChanges::default(),
+        })
+    }
+
+    /// Step 1: removes the `minions/<id>` files that the store will not
+    /// vouch for once the batch is written, durably.
+    pub(crate) fn before(&mut self) -> Result<()> {
+        if self.early.is_empty() {
+            return Ok(());
+        }
+        let Some(dir) = &self.dirs[ACCEPTED] else {
+            return Ok(());
+        };
+        for id in &self.early {
+            if dir.remove(id, "remove (before the store leaves accepted)")? {
+                self.changes.removed.push(dir.shown(id));
+            }
+        }
+        dir.sync()
+    }
+
+    /// Step 3, once the banks hold `wants`: writes the files that are
+    /// missing or different, then removes those that no longer belong,
+    /// fsyncing files and directories.
+    pub(crate) fn after(mut self, wants: &[(MinionId, Want)]) -> Result<TreeChanges> {
+        const W: &str =
+            "write the key tree after the store changed (keycache verify --repair mends it)";
+        const R: &str =
+            "remove from the key tree after the store changed (keycache verify --repair mends it)";
+        let mut touched = [false; 4];
+        for (d, name) in TREE_DIRS.iter().enumerate() {
+            if wants.iter().any(|(_, w)| w[d].is_some()) && self.dirs[d].is_none() {
+                self.dirs[d] = Some(self.root.sub_or_create(name, &self.own)?);
+            }
+        }
+        let mut items: Vec<(usize, &str, &[u8], Ownership)> = Vec::new();
+        for (id, want) in wants {
+            let id = id.as_str();
+            for (d, pem) in want.iter().enumerate() {
+                let (Some(pem), Some(dir)) = (pem, &self.dirs[d]) else {
+                    continue;
+                };
+                if dir.holds(id, pem)? {
+                    continue;
+                }
+                let own = match self.kept.get(id) {
+                    Some(&(uid, gid)) if d == ACCEPTED && !self.own.explicit => Ownership {
+                        owner: Some((uid, gid)),
+                        ..self.own
+                    },
+                    _ => self.own,
+                };
+                items.push((d, id, pem, own));
+                self.changes.written.push(dir.shown(id));
+                touched[d] = true;
+            }
+        }
+        write_many(&self.dirs, &items, W)?;
+        for (d, dir) in self.dirs.iter().enumerate() {
+            if let (true, Some(dir)) = (touched[d], dir) {
+                dir.sync()?;
+            }
+        }
+        let mut removed = [false; 4];
+        for (id, want) in wants {
+            let id = id.as_str();
+            for (d, dir) in self.dirs.iter().enumerate() {
+                let Some(dir) = dir else { continue };
+                if want[d].is_none() && dir.remove(id, R)? {
+                    self.changes.removed.push(dir.shown(id));
+                    removed[d] = true;
+                }
+            }
+        }
+        for (d, dir) in self.dirs.iter().enumerate() {
+            if let (true, Some(dir)) = (removed[d], dir) {
+                dir.sync()?;
+            }
+        }
+        Ok(self.changes)
+    }
+}
