@@ -16,6 +16,12 @@ use crate::table::{self, Applied, Found, OpenOptions, Stored, Table, TableStats,
 use crate::tree::{want_of, Want};
 pub use crate::tree::{TreeChanges, TreeSync};
 
+mod batch;
+mod reader;
+
+pub use batch::Batch;
+pub use reader::Reader;
+
 /// Keys per state, and denied keys.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
@@ -80,69 +86,6 @@ fn key_ref<'b>(
             mtime: f.mtime,
         })),
         None => Err(not_a_key(t, id.as_ref(), f.slot, f.len)),
-    }
-}
-
-/// A thread's handle on a [`Store`] for a loop of lookups ([`Store::reader`]).
-///
-/// Every lookup of the [`Store`] loads the current view of the files from
-/// an `ArcSwap`, which costs two atomic read-modify-writes: full barriers
-/// on x86, which keep the memory accesses of one lookup from overlapping
-/// those of the next. A `Reader` keeps its own view and only compares a
-/// generation number (a plain load) before each lookup, reloading the view
-/// when the files changed: its lookups see writes and compactions as the
-/// store's do, lock-free, with the same retry policy.
-///
-/// It holds the files of the view it last used mapped: after a compaction
-/// replaced them, they are released at its next lookup or when it is
-/// dropped. Keep one per thread (it is `Send`, and `&mut` to use).
-#[derive(Debug, Clone)]
-pub struct Reader<'s> {
-    store: &'s Store,
-    keys: View,
-    denied: View,
-}
-
-impl Reader<'_> {
-    /// [`Store::get_in`] through this reader.
-    pub fn get_in<'b>(
-        &mut self,
-        id: &MinionId,
-        buf: &'b mut Vec<u8>,
-    ) -> Result<Option<KeyRef<'b>>> {
-        buf.clear();
-        let t = &self.store.keys;
-        let f = t.get_valid_in_view(&mut self.keys, id.as_ref(), buf)?;
-        key_ref(t, id, f, buf)
-    }
-
-    /// [`Store::get`] through this reader.
-    pub fn get(&mut self, id: &MinionId) -> Result<Option<KeyEntry>> {
-        let mut value = Vec::new();
-        let t = &self.store.keys;
-        match t.get_valid_in_view(&mut self.keys, id.as_ref(), &mut value)? {
-            Some(f) => entry_of(
-                t,
-                id.as_ref(),
-                Stored {
-                    value,
-                    mtime: f.mtime,
-                    slot: f.slot,
-                },
-            )
-            .map(Some),
-            None => Ok(None),
-        }
-    }
-
-    /// [`Store::denied`] through this reader.
-    pub fn denied(&mut self, id: &MinionId) -> Result<Option<Vec<u8>>> {
-        let mut value = Vec::new();
-        let t = &self.store.denied;
-        Ok(
-            t.get_valid_in_view(&mut self.denied, id.as_ref(), &mut value)?
-                .map(|_| strip_nuls(value)),
-        )
     }
 }
 
@@ -600,99 +543,6 @@ impl Store {
                 crate::rebuild::compacted(dt, size)?,
             ])
         })
-    }
-}
-
-/// The writes of a [`Store::batch`].
-pub struct Batch<'t, 'a> {
-    keys: &'a mut Txn<'t>,
-    denied: &'a mut Vec<(Vec<u8>, Option<Vec<u8>>)>,
-    /// The ids written, when the tree follows the batch.
-    touched: Option<&'a mut Vec<MinionId>>,
-}
-
-fn check_pem(id: &MinionId, pem: &[u8]) -> Result<()> {
-    if pem.is_empty() {
-        return Err(Error::InvalidId {
-            id: id.to_string(),
-            why: "its public key is empty",
-        });
-    }
-    // Private key material never enters a minion bank.
-    if crate::pem::holds_private_key(pem) {
-        return Err(Error::InvalidId {
-            id: id.to_string(),
-            why: "its public key holds a private key block",
-        });
-    }
-    Ok(())
-}
-
-impl Batch<'_, '_> {
-    fn touch(&mut self, id: &MinionId) {
-        if let Some(t) = self.touched.as_deref_mut() {
-            t.push(id.clone());
-        }
-    }
-
-    /// Stages a put into the `keys` bank.
-    pub fn put(&mut self, id: &MinionId, state: KeyState, pem: &[u8]) -> Result<()> {
-        check_pem(id, pem)?;
-        self.keys
-            .put(id.as_str().as_bytes(), &encode_key_value(state, pem))?;
-        self.touch(id);
-        Ok(())
-    }
-
-    /// Stages a state change; false when `id` is not in the `keys` bank.
-    pub fn set_state(&mut self, id: &MinionId, state: KeyState) -> Result<bool> {
-        let Some(mut v) = self.keys.get(id.as_str().as_bytes())? else {
-            return Ok(false);
-        };
-        if decode_key_value(&v).is_none() {
-            return Err(Error::Corrupt {
-                path: PathBuf::from(KEYS_INDEX),
-                id: Some(id.to_string()),
-                why: "value is not [state][public key]".into(),
-            });
-        }
-        v[0] = state.byte();
-        self.keys.put(id.as_str().as_bytes(), &v)?;
-        self.touch(id);
-        Ok(true)
-    }
-
-    /// Stages a removal from the `keys` bank.
-    pub fn remove(&mut self, id: &MinionId) -> Result<()> {
-        self.keys.remove(id.as_str().as_bytes())?;
-        self.touch(id);
-        Ok(())
-    }
-
-    /// Stages a denied key.
-    pub fn deny(&mut self, id: &MinionId, pem: &[u8]) -> Result<()> {
-        check_pem(id, pem)?;
-        self.keys.table().check_id(id.as_str().as_bytes())?;
-        self.denied
-            .push((id.as_str().as_bytes().to_vec(), Some(pem.to_vec())));
-        self.touch(id);
-        Ok(())
-    }
-
-    /// Stages the removal of a denied key.
-    pub fn remove_denied(&mut self, id: &MinionId) -> Result<()> {
-        self.keys.table().check_id(id.as_str().as_bytes())?;
-        self.denied.push((id.as_str().as_bytes().to_vec(), None));
-        self.touch(id);
-        Ok(())
-    }
-
-    /// The current entry of `id` as this batch would leave it.
-    pub fn get(&self, id: &MinionId) -> Result<Option<(KeyState, Vec<u8>)>> {
-        Ok(self
-            .keys
-            .get(id.as_str().as_bytes())?
-            .and_then(|v| decode_key_value(&v).map(|(s, p)| (s, p.to_vec()))))
     }
 }
 

@@ -1,0 +1,96 @@
+//! The writes of a [`Store::batch`] ([`Batch`]).
+
+use super::*;
+
+/// The writes of a [`Store::batch`].
+pub struct Batch<'t, 'a> {
+    pub(super) keys: &'a mut Txn<'t>,
+    pub(super) denied: &'a mut Vec<(Vec<u8>, Option<Vec<u8>>)>,
+    /// The ids written, when the tree follows the batch.
+    pub(super) touched: Option<&'a mut Vec<MinionId>>,
+}
+
+pub(super) fn check_pem(id: &MinionId, pem: &[u8]) -> Result<()> {
+    if pem.is_empty() {
+        return Err(Error::InvalidId {
+            id: id.to_string(),
+            why: "its public key is empty",
+        });
+    }
+    // Private key material never enters a minion bank.
+    if crate::pem::holds_private_key(pem) {
+        return Err(Error::InvalidId {
+            id: id.to_string(),
+            why: "its public key holds a private key block",
+        });
+    }
+    Ok(())
+}
+
+impl Batch<'_, '_> {
+    fn touch(&mut self, id: &MinionId) {
+        if let Some(t) = self.touched.as_deref_mut() {
+            t.push(id.clone());
+        }
+    }
+
+    /// Stages a put into the `keys` bank.
+    pub fn put(&mut self, id: &MinionId, state: KeyState, pem: &[u8]) -> Result<()> {
+        check_pem(id, pem)?;
+        self.keys
+            .put(id.as_str().as_bytes(), &encode_key_value(state, pem))?;
+        self.touch(id);
+        Ok(())
+    }
+
+    /// Stages a state change; false when `id` is not in the `keys` bank.
+    pub fn set_state(&mut self, id: &MinionId, state: KeyState) -> Result<bool> {
+        let Some(mut v) = self.keys.get(id.as_str().as_bytes())? else {
+            return Ok(false);
+        };
+        if decode_key_value(&v).is_none() {
+            return Err(Error::Corrupt {
+                path: PathBuf::from(KEYS_INDEX),
+                id: Some(id.to_string()),
+                why: "value is not [state][public key]".into(),
+            });
+        }
+        v[0] = state.byte();
+        self.keys.put(id.as_str().as_bytes(), &v)?;
+        self.touch(id);
+        Ok(true)
+    }
+
+    /// Stages a removal from the `keys` bank.
+    pub fn remove(&mut self, id: &MinionId) -> Result<()> {
+        self.keys.remove(id.as_str().as_bytes())?;
+        self.touch(id);
+        Ok(())
+    }
+
+    /// Stages a denied key.
+    pub fn deny(&mut self, id: &MinionId, pem: &[u8]) -> Result<()> {
+        check_pem(id, pem)?;
+        self.keys.table().check_id(id.as_str().as_bytes())?;
+        self.denied
+            .push((id.as_str().as_bytes().to_vec(), Some(pem.to_vec())));
+        self.touch(id);
+        Ok(())
+    }
+
+    /// Stages the removal of a denied key.
+    pub fn remove_denied(&mut self, id: &MinionId) -> Result<()> {
+        self.keys.table().check_id(id.as_str().as_bytes())?;
+        self.denied.push((id.as_str().as_bytes().to_vec(), None));
+        self.touch(id);
+        Ok(())
+    }
+
+    /// The current entry of `id` as this batch would leave it.
+    pub fn get(&self, id: &MinionId) -> Result<Option<(KeyState, Vec<u8>)>> {
+        Ok(self
+            .keys
+            .get(id.as_str().as_bytes())?
+            .and_then(|v| decode_key_value(&v).map(|(s, p)| (s, p.to_vec()))))
+    }
+}
