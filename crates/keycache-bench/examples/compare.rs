@@ -31,7 +31,6 @@
 //! Internal subcommands (run as child processes): `noop`, `open-first`,
 //! `rss`, `callgrind-loop`.
 
-#![allow(unsafe_code, clippy::undocumented_unsafe_blocks)] // FIXME(testkit): move into one audited module
 #[path = "../benches/common/mod.rs"]
 mod common;
 
@@ -445,15 +444,7 @@ where
 /// small VM an unpinned lone thread gets moved between vCPUs and measures
 /// slower than it is.
 fn pin_to_cpu(cpu: usize) {
-    let n = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1);
-    // SAFETY: a cpu_set_t on the stack, filled through libc's macros.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu % n, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-    }
+    keycache_testkit::sys::pin_to_cpu(cpu);
 }
 
 #[inline]
@@ -1026,12 +1017,7 @@ fn evict(dir: &Path) {
         let e = e.unwrap();
         if e.file_type().unwrap().is_file() {
             if let Ok(f) = std::fs::File::open(e.path()) {
-                use std::os::fd::AsRawFd;
-                // SAFETY: a plain syscall on a descriptor we own.
-                unsafe {
-                    libc::fdatasync(f.as_raw_fd());
-                    libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED);
-                }
+                let _ = keycache_testkit::sys::evict_from_page_cache(&f);
             }
         }
     }
