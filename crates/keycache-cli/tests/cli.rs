@@ -256,21 +256,7 @@ fn migrate_reports_every_skip_reason() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let got: Vec<(String, String)> = rep["skipped"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| {
-            (
-                Path::new(x["path"].as_str().unwrap())
-                    .file_name()
-                    .unwrap()
-                    .to_string_lossy()
-                    .into_owned(),
-                x["reason"].as_str().unwrap().into(),
-            )
-        })
-        .collect();
+    let got = common::skipped_reasons(&rep);
     let want = [
         ("link", "symlink"),
         ("subdir", "not_a_regular_file"),

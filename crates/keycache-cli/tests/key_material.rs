@@ -94,20 +94,7 @@ fn migrate_keeps_public_keys_byte_for_byte_and_skips_everything_else() {
         "{}",
         String::from_utf8_lossy(&run.stderr)
     );
-    let skipped: Vec<(String, String)> = v["skipped"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| {
-            let path = s["path"].as_str().unwrap().to_owned();
-            let name = Path::new(&path)
-                .file_name()
-                .unwrap()
-                .to_string_lossy()
-                .into_owned();
-            (name, s["reason"].as_str().unwrap().to_owned())
-        })
-        .collect();
+    let skipped = common::skipped_reasons(&v);
     let store = Store::open_with(
         &out,
         &keycache::OpenOptions {

@@ -33,3 +33,21 @@ pub fn keycache_json(args: &[&str]) -> (Output, Value) {
     });
     (out, v)
 }
+
+/// The skipped entries of a `keycache migrate --json` report, as (file
+/// name, reason) pairs in report order.
+pub fn skipped_reasons(report: &Value) -> Vec<(String, String)> {
+    report["skipped"]
+        .as_array()
+        .expect("a skipped list")
+        .iter()
+        .map(|s| {
+            let path = std::path::Path::new(s["path"].as_str().expect("a path"));
+            let name = path.file_name().expect("a file name").to_string_lossy();
+            (
+                name.into_owned(),
+                s["reason"].as_str().expect("a reason").to_owned(),
+            )
+        })
+        .collect()
+}
