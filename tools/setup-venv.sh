@@ -55,6 +55,30 @@ requirements=(
   "idna==3.20"
   "certifi==2026.10.18"
   "charset-normalizer==3.5.2"
+  # A real salt-master and salt-minion (../shared/SALT-3008.md), for the
+  # saltext.keycache end-to-end test, and pytest for the driver's tests.
+  "pyzmq==27.3.0"
+  "pycryptodomex==3.24.2"
+  "aiohttp==3.14.5"
+  "aiohappyeyeballs==2.7.1"
+  "aiosignal==1.4.0"
+  "attrs==26.1.0"
+  "frozenlist==1.8.0"
+  "multidict==7.2.1"
+  "propcache==0.5.4"
+  "yarl==1.25.1"
+  "typing_extensions==4.16.0"
+  "jmespath==1.1.0"
+  "croniter==7.0.0"
+  "setproctitle==1.3.8"
+  "python-dateutil==4.0.0"
+  "tzdata==2026.6"
+  "pytest==9.2.0"
+  "iniconfig==2.3.1"
+  "pluggy==1.7.0"
+  "Pygments==2.21.0"
+  # The PEP 517 backend of crates/saltext-keycache.
+  "maturin==1.16.0"
 )
 
 log() { printf 'setup-venv: %s\n' "$*" >&2; }

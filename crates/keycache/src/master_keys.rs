@@ -528,6 +528,17 @@ fn tighten(index: &Path) -> Result<Vec<PathBuf>> {
     Ok(changed)
 }
 
+/// Opens the `master_keys` bank of `dir` for a driver that reads and
+/// writes it entry by entry (Salt's `master_keys` bank: private keys
+/// among the values): files it creates are mode 0600 or narrower (owner
+/// from `opts.ownership`, else `dir`'s), and existing bank files wider than
+/// that (Salt's mmap_key creates them with its umask) are narrowed first.
+pub fn open_bank(dir: &Path, opts: &OpenOptions) -> Result<Table> {
+    let index = dir.join(MASTER_INDEX);
+    tighten(&index)?;
+    Table::open(index, &private_options(dir, opts)?)
+}
+
 /// `opts` with the owner of new files kept and their mode never wider than
 /// 0600.
 fn private_options(dir: &Path, opts: &OpenOptions) -> Result<OpenOptions> {

@@ -1,0 +1,41 @@
+"""Type stubs of saltext.keycache._native (the pyo3 core)."""
+
+from typing import Any, Optional, Union
+
+class KeycacheError(Exception):
+    """Raised when no SaltCacheError class was registered."""
+
+class Driver:
+    """Salt's key cache functions on one store directory (mmap_key's values and errors)."""
+
+    @property
+    def dir(self) -> str: ...
+    def fetch(self, bank: str, key: Any) -> Any:
+        """keys: {"state", "pub"} or None; denied_keys: [pub] or {}; master_keys: str or {}."""
+    def store(self, bank: str, key: Any, data: Any) -> None:
+        """Writes durably (the GIL released); keeps the key tree in step when enabled."""
+    def flush(self, bank: str, key: Optional[Any] = None) -> bool:
+        """Removes key, or with key=None the whole bank (its files)."""
+    def list(self, bank: str) -> list[str]: ...
+    def list_all(self, bank: str, include_data: bool = False) -> dict[str, Any]:
+        """keys: {id: {"state"[, "pub"]}}; denied_keys: {id: [pub]}."""
+    def contains(self, bank: str, key: Optional[Any] = None) -> bool: ...
+    def updated(self, bank: str, key: Any) -> Optional[int]: ...
+
+def driver(
+    dir: str,
+    *,
+    size: int,
+    slot_size: int,
+    id_size: int,
+    max_segment_bytes: int,
+    tree: bool,
+    pki_dir_is_abs: bool,
+) -> Driver:
+    """The process-wide driver of dir with this layout (opened once, kept across loader reloads)."""
+
+def set_error_class(cls: type) -> None:
+    """Registers the exception class errors are raised as (Salt's SaltCacheError)."""
+
+def after_fork_in_child() -> None:
+    """Forgets the parent's open stores (registered with os.register_at_fork)."""

@@ -1,0 +1,1 @@
+"""Salt cache modules of saltext.keycache (Salt's loader adds this directory)."""

@@ -1,0 +1,168 @@
+"""
+keycache: Salt's PKI key cache on the keycache engine.
+
+.. code-block:: yaml
+
+    keys.cache_driver: keycache
+
+A drop-in for ``mmap_key`` (Salt 3008.5): the same files in the same
+directory (``pki_dir``, or ``cluster_pki_dir`` when ``cluster_id`` is set),
+the same values, the same ``SaltCacheError`` where ``mmap_key`` raises one,
+so a master can switch between the two drivers either way. It reads the
+same options:
+
+- ``mmap_key_size`` (slots, default 1 000 000), ``mmap_key_slot_size``
+  (96), ``mmap_key_id_size`` (64), ``mmap_key_max_segment_bytes`` (falling
+  back to ``mmap_cache_max_segment_bytes``);
+- ``keycache_tree`` (default ``True``): keep the legacy key tree
+  (``minions/<id>``, ``minions_pre/``, ``minions_rejected/``,
+  ``minions_denied/``) in step with the banks. Salt's ``validate_token``
+  reads ``minions/<id>`` on every request, so without it a minion accepted
+  through the driver could not talk to the master.
+
+Differences from ``mmap_key``, all on the safe side:
+
+- an id longer than ``mmap_key_id_size`` is refused on ``store`` and never
+  found by a read (``mmap_key`` truncates it, so two minions could share an
+  entry);
+- writes are crash-safe and the ``master_keys`` bank's files are mode 0600.
+
+This module is only the shim Salt's loader needs (it packs Python functions
+alone, and runs this body again for every new ``Cache``); the stores are kept
+open by ``saltext.keycache._native`` for the life of the process.
+"""
+
+import os
+
+import salt.utils.mmap_cache
+from salt.exceptions import SaltCacheError
+
+from saltext.keycache import _native
+
+__virtualname__ = "keycache"
+__func_alias__ = {"list_": "list", "flush_": "flush"}
+
+_DEFAULT_SIZE = 1_000_000
+_DEFAULT_SLOT_SIZE = 96
+_DEFAULT_ID_SIZE = 64
+
+_native.set_error_class(SaltCacheError)
+
+# cachedir -> _native.Driver, for this load of the module (the native module
+# keeps the open stores themselves across loads).
+_drivers = {}
+
+
+def __virtual__():
+    return __virtualname__
+
+
+def _open(cachedir):
+    opts = __opts__
+    max_segment_bytes = opts.get(
+        "mmap_key_max_segment_bytes",
+        opts.get(
+            "mmap_cache_max_segment_bytes",
+            salt.utils.mmap_cache.DEFAULT_MAX_SEGMENT_BYTES,
+        ),
+    )
+    pki_dir = opts.get("pki_dir")
+    try:
+        d = _native.driver(
+            cachedir,
+            size=int(opts.get("mmap_key_size", _DEFAULT_SIZE)),
+            slot_size=int(opts.get("mmap_key_slot_size", _DEFAULT_SLOT_SIZE)),
+            id_size=int(opts.get("mmap_key_id_size", _DEFAULT_ID_SIZE)),
+            max_segment_bytes=int(max_segment_bytes),
+            tree=bool(opts.get("keycache_tree", True)),
+            pki_dir_is_abs=isinstance(pki_dir, str) and os.path.isabs(pki_dir),
+        )
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise SaltCacheError(f"keycache: bad settings for {cachedir!r}: {exc}")
+    _drivers[cachedir] = d
+    return d
+
+
+def init_kwargs(kwargs):
+    """
+    The directory (``pki_dir``, or ``cluster_pki_dir`` when ``cluster_id`` is
+    set) and the user, as ``mmap_key`` and ``localfs_key`` give them.
+    """
+    if "pki_dir" in kwargs:
+        cachedir = kwargs["pki_dir"]
+    elif __opts__.get("cluster_id"):
+        cachedir = __opts__["cluster_pki_dir"]
+    else:
+        cachedir = __opts__["pki_dir"]
+    user = kwargs.get("user", __opts__.get("user"))
+    return {"cachedir": cachedir, "user": user}
+
+
+def get_storage_id(kwargs):
+    """
+    A unique identifier for this driver instance.
+    """
+    return ("keycache", kwargs.get("cachedir", __opts__.get("pki_dir", "")))
+
+
+def store(bank, key, data, cachedir, **kwargs):
+    """
+    Store *data* for *bank*/*key*: ``keys`` takes ``{"state", "pub"}``,
+    ``denied_keys`` a list (its first item is stored), ``master_keys`` a
+    string or bytes.
+    """
+    d = _drivers.get(cachedir) or _open(cachedir)
+    return d.store(bank, key, data)
+
+
+def fetch(bank, key, cachedir, **kwargs):
+    """
+    ``keys``: ``{"state", "pub"}`` or ``None``; ``denied_keys``: ``[pub]`` or
+    ``{}``; ``master_keys``: the PEM string or ``{}``.
+    """
+    d = _drivers.get(cachedir) or _open(cachedir)
+    return d.fetch(bank, key)
+
+
+def updated(bank, key, cachedir, **kwargs):
+    """
+    The Unix time (int) of the last write of *bank*/*key*, or ``None``.
+    """
+    d = _drivers.get(cachedir) or _open(cachedir)
+    return d.updated(bank, key)
+
+
+def flush_(bank, key=None, cachedir=None, **kwargs):
+    """
+    Remove *key* from *bank*, or the whole *bank* when *key* is ``None``.
+    """
+    if cachedir is None:
+        cachedir = __opts__.get("pki_dir", "")
+    d = _drivers.get(cachedir) or _open(cachedir)
+    return d.flush(bank, key)
+
+
+def list_(bank, cachedir, **kwargs):
+    """
+    The ids in *bank*.
+    """
+    d = _drivers.get(cachedir) or _open(cachedir)
+    return d.list(bank)
+
+
+def list_all(bank, cachedir, include_data=False, **kwargs):
+    """
+    ``{id: value}`` for every entry of ``keys`` (``{"state"}``, with
+    ``"pub"`` when *include_data*) or ``denied_keys`` (``[pub]``), in one
+    pass.
+    """
+    d = _drivers.get(cachedir) or _open(cachedir)
+    return d.list_all(bank, include_data)
+
+
+def contains(bank, key, cachedir, **kwargs):
+    """
+    Whether *bank* holds *key*; with ``key=None``, whether the bank exists.
+    """
+    d = _drivers.get(cachedir) or _open(cachedir)
+    return d.contains(bank, key)

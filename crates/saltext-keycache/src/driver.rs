@@ -1,0 +1,546 @@
+//! [`Driver`]: Salt's key cache functions over one store directory, with
+//! the values and errors of `salt/cache/mmap_key.py` (see [`crate::values`]).
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use arc_swap::{ArcSwap, ArcSwapOption};
+use keycache::format::MASTER_INDEX;
+use keycache::table::Table;
+use keycache::tree::TreeSync;
+use keycache::{KeyState, MinionId, OpenOptions, Params, Store};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyString};
+
+use crate::values::{self, Bank};
+use crate::{error, fork_generation, DriverKey};
+
+/// The open files of one store, for one process (see [`Driver`]).
+pub(crate) struct Open {
+    generation: u64,
+    pid: u32,
+    dir: PathBuf,
+    opts: OpenOptions,
+    tree: bool,
+    store: ArcSwapOption<Store>,
+    master: ArcSwapOption<Table>,
+    opening: Mutex<()>,
+}
+
+impl Open {
+    /// Handles for `key`, opened on first use.
+    pub(crate) fn new(key: &DriverKey) -> Open {
+        let (size, slot_size, id_size, max_segment_bytes) = key.params;
+        Open {
+            generation: fork_generation(),
+            pid: std::process::id(),
+            dir: PathBuf::from(&key.dir),
+            opts: OpenOptions {
+                params: Params {
+                    size,
+                    slot_size,
+                    id_size,
+                    max_segment_bytes,
+                },
+                ..OpenOptions::default()
+            },
+            tree: key.tree,
+            store: ArcSwapOption::empty(),
+            master: ArcSwapOption::empty(),
+            opening: Mutex::new(()),
+        }
+    }
+
+    /// The `keys` and `denied_keys` banks.
+    fn store(&self) -> keycache::Result<Arc<Store>> {
+        if let Some(s) = self.store.load_full() {
+            return Ok(s);
+        }
+        let _g = self.opening.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = self.store.load_full() {
+            return Ok(s);
+        }
+        make_dir(&self.dir)?;
+        let sync = if self.tree {
+            TreeSync::On
+        } else {
+            TreeSync::Off
+        };
+        let s = Arc::new(Store::open_with(&self.dir, &self.opts)?.with_tree(sync));
+        self.store.store(Some(s.clone()));
+        Ok(s)
+    }
+
+    /// The `master_keys` bank (its files mode 0600 or narrower).
+    fn master(&self) -> keycache::Result<Arc<Table>> {
+        if let Some(t) = self.master.load_full() {
+            return Ok(t);
+        }
+        let _g = self.opening.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(t) = self.master.load_full() {
+            return Ok(t);
+        }
+        make_dir(&self.dir)?;
+        let t = Arc::new(keycache::master_keys::open_bank(&self.dir, &self.opts)?);
+        self.master.store(Some(t.clone()));
+        Ok(t)
+    }
+
+    /// The table of `bank`.
+    fn table(&self, bank: Bank) -> keycache::Result<TableRef> {
+        Ok(match bank {
+            Bank::Keys => TableRef::Keys(self.store()?),
+            Bank::Denied => TableRef::Denied(self.store()?),
+            Bank::Master => TableRef::Master(self.master()?),
+        })
+    }
+
+    /// Forgets the handles of `bank`'s files (after they were removed).
+    fn forget(&self, bank: Bank) {
+        match bank {
+            Bank::Master => self.master.store(None),
+            _ => self.store.store(None),
+        }
+    }
+}
+
+/// A table of an [`Open`], kept alive by its owner.
+enum TableRef {
+    Keys(Arc<Store>),
+    Denied(Arc<Store>),
+    Master(Arc<Table>),
+}
+
+impl std::ops::Deref for TableRef {
+    type Target = Table;
+    fn deref(&self) -> &Table {
+        match self {
+            TableRef::Keys(s) => s.keys_table(),
+            TableRef::Denied(s) => s.denied_table(),
+            TableRef::Master(t) => t,
+        }
+    }
+}
+
+/// Creates the store directory, as mmap_key does (`os.makedirs`), mode 0700.
+fn make_dir(dir: &Path) -> keycache::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    if dir.is_dir() {
+        return Ok(());
+    }
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| keycache::Error::Io {
+            path: dir.to_path_buf(),
+            op: "create directory",
+            source: e,
+        })
+}
+
+/// Salt's key cache functions on the store of one directory (a master's
+/// `pki_dir`, or `cluster_pki_dir`), with one layout. Values, absent
+/// entries and errors are those of Salt 3008.5's `mmap_key`; errors are
+/// raised as the class given to `set_error_class` (Salt's
+/// `SaltCacheError`), with keycache's message.
+#[pyclass(frozen, module = "saltext.keycache._native")]
+pub struct Driver {
+    pub(crate) key: DriverKey,
+    pub(crate) open: ArcSwap<Open>,
+}
+
+impl Driver {
+    /// This process's handles: new ones after a fork, and before a write
+    /// (`writing`) in a process other than the one that opened them.
+    fn current(&self, writing: bool) -> Arc<Open> {
+        let o = self.open.load_full();
+        if o.generation == fork_generation() && (!writing || o.pid == std::process::id()) {
+            return o;
+        }
+        let fresh = Arc::new(Open::new(&self.key));
+        self.open.store(fresh.clone());
+        fresh
+    }
+
+    /// The bank named `bank`, or Salt's error for an unknown one.
+    fn bank(py: Python<'_>, bank: &str) -> PyResult<Bank> {
+        Bank::parse(bank).ok_or_else(|| error(py, format!("keycache: unrecognised bank {bank:?}")))
+    }
+
+    /// Salt's `_check_id`: in the minion banks, `key` must pass Salt's
+    /// `valid_id` (a `str`, not empty, `.` or `..`, without `/`, `\` or
+    /// NUL, and the master's `pki_dir` absolute).
+    fn check_id(&self, py: Python<'_>, bank: Option<Bank>, key: &Bound<'_, PyAny>) -> PyResult<()> {
+        if !bank.is_some_and(Bank::holds_minion_ids) {
+            return Ok(());
+        }
+        let ok = self.key.pki_dir_is_abs
+            && key
+                .cast::<PyString>()
+                .ok()
+                .and_then(|s| s.to_str().ok().map(|s| keycache::id::validate(s).is_ok()))
+                .unwrap_or(false);
+        if ok {
+            Ok(())
+        } else {
+            Err(error(
+                py,
+                format!("keycache: {} is not a valid minion_id", key.repr()?),
+            ))
+        }
+    }
+
+    /// The bytes of a key name (`str`, or bytes for `master_keys`).
+    fn name(key: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
+        values::to_bytes(key)
+    }
+
+    /// Whether the id fits the table's id field; Salt's mmap_key would
+    /// truncate a longer one (two minions could then share an entry), so
+    /// such an id is never found, and storing it is refused.
+    fn fits(&self, name: &[u8]) -> bool {
+        name.len() <= self.key.params.2 && !name.is_empty() && !name.contains(&0)
+    }
+}
+
+/// keycache's error as the driver's exception.
+fn fail(py: Python<'_>, e: keycache::Error) -> PyErr {
+    error(py, format!("keycache: {e}"))
+}
+
+#[pymethods]
+impl Driver {
+    /// The store's directory.
+    #[getter]
+    fn dir(&self) -> &str {
+        &self.key.dir
+    }
+
+    /// Salt's `fetch(bank, key)`.
+    fn fetch<'py>(
+        &self,
+        py: Python<'py>,
+        bank: &str,
+        key: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let b = Bank::parse(bank);
+        self.check_id(py, b, key)?;
+        let b = Self::bank(py, bank)?;
+        let name = Self::name(key)?;
+        if !self.fits(&name) {
+            return Ok(values::absent(py, b));
+        }
+        let open = self.current(false);
+        let table = open.table(b).map_err(|e| fail(py, e))?;
+        let mut buf = Vec::new();
+        match table.get_into(&name, &mut buf).map_err(|e| fail(py, e))? {
+            Some(f) if f.len > 0 => values::fetched(py, b, f.value(&buf)),
+            _ => Ok(values::absent(py, b)),
+        }
+    }
+
+    /// Salt's `store(bank, key, data)`.
+    fn store(
+        &self,
+        py: Python<'_>,
+        bank: &str,
+        key: &Bound<'_, PyAny>,
+        data: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let b = Bank::parse(bank);
+        self.check_id(py, b, key)?;
+        let b = Self::bank(py, bank)?;
+        let name = Self::name(key)?;
+        enum Put {
+            Key(KeyState, Vec<u8>),
+            Denied(Vec<u8>),
+            Master(Vec<u8>),
+        }
+        let put = match b {
+            Bank::Keys => {
+                let d = data.cast::<PyDict>().ok().filter(|d| {
+                    d.contains("state").unwrap_or(false) && d.contains("pub").unwrap_or(false)
+                });
+                let Some(d) = d else {
+                    return Err(error(
+                        py,
+                        format!(
+                            "keycache: keys bank requires {{state, pub}} dict, got {}",
+                            data.get_type().repr()?
+                        ),
+                    ));
+                };
+                let state = d.get_item("state")?.map(|s| s.extract::<String>());
+                let state = match state {
+                    Some(Ok(s)) => s.parse::<KeyState>().ok(),
+                    _ => None,
+                };
+                let Some(state) = state else {
+                    let s = d
+                        .get_item("state")?
+                        .map(|s| s.repr().map(|r| r.to_string()));
+                    let shown = match s {
+                        Some(Ok(r)) => r,
+                        _ => "None".to_string(),
+                    };
+                    return Err(error(py, format!("keycache: unknown key state {shown}")));
+                };
+                let pub_key = match d.get_item("pub")? {
+                    Some(p) => values::to_bytes(&p)?,
+                    None => Vec::new(),
+                };
+                Put::Key(state, pub_key)
+            }
+            Bank::Denied => {
+                let raw = match data.cast::<PyList>() {
+                    Ok(l) if l.is_empty() => Vec::new(),
+                    Ok(l) => values::to_bytes(&l.get_item(0)?)?,
+                    Err(_) => values::to_bytes(data)?,
+                };
+                Put::Denied(raw)
+            }
+            Bank::Master => Put::Master(values::to_bytes(data)?),
+        };
+        if !self.fits(&name) {
+            return Err(error(
+                py,
+                format!(
+                    "keycache: failed to write bank={bank:?} key={}: the name is {} bytes, \
+                     more than mmap_key_id_size ({})",
+                    key.repr()?,
+                    name.len(),
+                    self.key.params.2
+                ),
+            ));
+        }
+        let open = self.current(true);
+        py.detach(|| -> keycache::Result<()> {
+            match put {
+                Put::Key(state, p) => open.store()?.put(&minion(&name)?, state, &p),
+                Put::Denied(p) => open.store()?.deny(&minion(&name)?, &p),
+                Put::Master(v) => open.master()?.put(&name, &v).map(|_| ()),
+            }
+        })
+        .map_err(|e| fail(py, e))
+    }
+
+    /// Salt's `flush(bank, key=None)`: removes `key`, or the whole bank.
+    #[pyo3(signature = (bank, key=None))]
+    fn flush(&self, py: Python<'_>, bank: &str, key: Option<&Bound<'_, PyAny>>) -> PyResult<bool> {
+        let b = Bank::parse(bank);
+        if let Some(k) = key {
+            self.check_id(py, b, k)?;
+        }
+        let b = Self::bank(py, bank)?;
+        let open = self.current(true);
+        let Some(k) = key else {
+            py.detach(|| wipe(&open, b)).map_err(|e| fail(py, e))?;
+            return Ok(true);
+        };
+        let name = Self::name(k)?;
+        if !self.fits(&name) {
+            return Ok(false);
+        }
+        py.detach(|| -> keycache::Result<bool> {
+            match b {
+                Bank::Keys => open.store()?.remove(&minion(&name)?),
+                Bank::Denied => open.store()?.remove_denied(&minion(&name)?),
+                Bank::Master => open.master()?.remove(&name),
+            }
+        })
+        .map_err(|e| fail(py, e))
+    }
+
+    /// Salt's `list(bank)`: the bank's ids, in roster order.
+    fn list<'py>(&self, py: Python<'py>, bank: &str) -> PyResult<Bound<'py, PyList>> {
+        let b = Self::bank(py, bank)?;
+        let open = self.current(false);
+        let ids = py
+            .detach(|| -> keycache::Result<Vec<Vec<u8>>> {
+                let t = open.table(b)?;
+                let mut ids = Vec::new();
+                for r in t.iter()? {
+                    match r {
+                        Ok(r) => ids.push(r.id),
+                        // An entry that cannot be read back is left out, as
+                        // Salt leaves out what it cannot read.
+                        Err(_) => continue,
+                    }
+                }
+                Ok(ids)
+            })
+            .map_err(|e| fail(py, e))?;
+        PyList::new(py, ids.iter().map(|id| values::text(py, id)))
+    }
+
+    /// Salt's `list_all(bank, include_data=False)`: `{id: value}` of the
+    /// `keys` or `denied_keys` bank in one pass.
+    #[pyo3(signature = (bank, include_data=false))]
+    fn list_all<'py>(
+        &self,
+        py: Python<'py>,
+        bank: &str,
+        include_data: bool,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let b = match Bank::parse(bank) {
+            Some(b @ (Bank::Keys | Bank::Denied)) => b,
+            _ => {
+                return Err(error(
+                    py,
+                    format!("keycache: list_all unsupported for bank {bank:?}"),
+                ))
+            }
+        };
+        let open = self.current(false);
+        let items = py
+            .detach(|| -> keycache::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+                let t = open.table(b)?;
+                let mut items = Vec::new();
+                // An entry that cannot be read back is left out, as Salt
+                // leaves out what it cannot read.
+                for mut r in t.iter()?.flatten() {
+                    let keep = values::rstrip_nul(&r.value).len();
+                    r.value.truncate(keep);
+                    if !r.value.is_empty() {
+                        items.push((r.id, r.value));
+                    }
+                }
+                Ok(items)
+            })
+            .map_err(|e| fail(py, e))?;
+        let out = PyDict::new(py);
+        for (id, raw) in &items {
+            let v = match b {
+                Bank::Keys => match values::decode_key(raw) {
+                    Some((s, p)) => values::key_dict(py, s, include_data.then_some(p))?.into_any(),
+                    None => continue,
+                },
+                _ => PyList::new(py, [values::text(py, raw)])?.into_any(),
+            };
+            out.set_item(values::text(py, id), v)?;
+        }
+        Ok(out)
+    }
+
+    /// Salt's `contains(bank, key)`; with `key=None`, whether the bank's
+    /// index file exists.
+    #[pyo3(signature = (bank, key=None))]
+    fn contains(
+        &self,
+        py: Python<'_>,
+        bank: &str,
+        key: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<bool> {
+        let b = Bank::parse(bank);
+        let Some(k) = key else {
+            return Ok(b.is_some_and(|b| {
+                std::path::Path::new(&self.key.dir)
+                    .join(index_name(b))
+                    .exists()
+            }));
+        };
+        self.check_id(py, b, k)?;
+        let b = Self::bank(py, bank)?;
+        let name = Self::name(k)?;
+        if !self.fits(&name) {
+            return Ok(false);
+        }
+        let open = self.current(false);
+        let t = open.table(b).map_err(|e| fail(py, e))?;
+        t.contains(&name).map_err(|e| fail(py, e))
+    }
+
+    /// Salt's `updated(bank, key)`: the write time in whole seconds, or
+    /// `None`.
+    fn updated(&self, py: Python<'_>, bank: &str, key: &Bound<'_, PyAny>) -> PyResult<Option<i64>> {
+        let b = Bank::parse(bank);
+        self.check_id(py, b, key)?;
+        let b = Self::bank(py, bank)?;
+        let name = Self::name(key)?;
+        if !self.fits(&name) {
+            return Ok(None);
+        }
+        let open = self.current(false);
+        let t = open.table(b).map_err(|e| fail(py, e))?;
+        let mut buf = Vec::new();
+        Ok(t.get_into(&name, &mut buf)
+            .map_err(|e| fail(py, e))?
+            // Salt: int(mtime_ns / 1e9), a float division truncated.
+            .map(|f| (f.mtime as f64 / 1e9) as i64))
+    }
+}
+
+/// The minion id of a name already checked by `valid_id`.
+fn minion(name: &[u8]) -> keycache::Result<MinionId> {
+    MinionId::from_bytes(name)
+}
+
+/// The index file name of a bank.
+fn index_name(b: Bank) -> &'static str {
+    match b {
+        Bank::Keys => keycache::format::KEYS_INDEX,
+        Bank::Denied => keycache::format::DENIED_INDEX,
+        Bank::Master => MASTER_INDEX,
+    }
+}
+
+/// Salt's `flush(bank)`: the bank's files removed (index, heap segments,
+/// lock, roster). With the tree on, the bank's ids are first removed from
+/// the tree, through the bank, so the tree never vouches for a key the
+/// store no longer holds.
+fn wipe(open: &Open, b: Bank) -> keycache::Result<()> {
+    if open.tree && b != Bank::Master {
+        let store = open.store()?;
+        let t = if b == Bank::Keys {
+            store.keys_table()
+        } else {
+            store.denied_table()
+        };
+        let ids: Vec<MinionId> = t
+            .iter()?
+            .filter_map(|r| r.ok())
+            .filter_map(|r| MinionId::from_bytes(&r.id).ok())
+            .collect();
+        if !ids.is_empty() {
+            store.batch(|batch| {
+                for id in &ids {
+                    match b {
+                        Bank::Keys => batch.remove(id)?,
+                        _ => batch.remove_denied(id)?,
+                    }
+                }
+                Ok(())
+            })?;
+        }
+    }
+    open.forget(b);
+    let base = open.dir.join(index_name(b));
+    let with = |s: &str| {
+        let mut p = base.clone().into_os_string();
+        p.push(s);
+        PathBuf::from(p)
+    };
+    let mut paths = vec![base.clone(), with(".heap"), with(".lock"), with(".roster")];
+    for n in 1u32.. {
+        let seg = with(&format!(".heap.{n}"));
+        if std::fs::symlink_metadata(&seg).is_err() {
+            break;
+        }
+        paths.push(seg);
+    }
+    for p in paths {
+        match std::fs::remove_file(&p) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                return Err(keycache::Error::Io {
+                    path: p,
+                    op: "remove",
+                    source: e,
+                })
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,148 @@
+//! The native core of `saltext.keycache`, Salt's `keys.cache_driver:
+//! keycache`.
+//!
+//! Salt's loader packs only Python functions of the module it loads and
+//! runs that module's body again for every new `salt.cache.Cache`, so the
+//! driver is a thin Python module (`saltext/keycache/cache/keycache.py`)
+//! whose functions call this one. This module keeps the open stores, keyed
+//! by directory and layout, for the life of the process: a new `Cache()`
+//! finds them open.
+//!
+//! ```python
+//! from saltext.keycache import _native
+//!
+//! d = _native.driver("/etc/salt/pki/master", size=1_000_000, slot_size=96,
+//!                    id_size=64, max_segment_bytes=1 << 30, tree=True,
+//!                    pki_dir_is_abs=True)
+//! d.store("keys", "web-01", {"state": "pending", "pub": pem})
+//! d.fetch("keys", "web-01")   # {"state": "pending", "pub": pem}
+//! ```
+//!
+//! * Reads take no lock: they go straight to keycache's lock-free readers.
+//! * Writes (with their fsyncs) and listings release the GIL.
+//! * Fork: a child never uses its parent's handles. `after_fork_in_child`
+//!   (registered with `os.register_at_fork` by the Python package) drops
+//!   them, and every write checks the process id as well, so a child
+//!   forked some other way reopens before it writes: a parent's `flock` on
+//!   the shared lock file description would otherwise let both write at once.
+
+#![deny(clippy::unwrap_used)]
+
+mod driver;
+mod values;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use arc_swap::ArcSwap;
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::PyType;
+
+pub use driver::Driver;
+
+pyo3::create_exception!(
+    _native,
+    KeycacheError,
+    pyo3::exceptions::PyException,
+    "A keycache error, raised when no SaltCacheError class was registered."
+);
+
+/// The exception class errors are raised as (Salt's `SaltCacheError`).
+static ERROR_CLASS: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+
+/// Bumped in a forked child: handles opened before it are not used again.
+static FORK_GENERATION: AtomicU64 = AtomicU64::new(0);
+
+/// What identifies one open store: its directory and the driver's settings.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct DriverKey {
+    pub(crate) dir: String,
+    pub(crate) params: (u64, usize, usize, u64),
+    pub(crate) tree: bool,
+    pub(crate) pki_dir_is_abs: bool,
+}
+
+/// The drivers of this process. Looked up when a driver module is (re)loaded,
+/// never on a read.
+static DRIVERS: Mutex<Option<HashMap<DriverKey, Py<Driver>>>> = Mutex::new(None);
+
+/// The error class set by [`set_error_class`], else [`KeycacheError`].
+pub(crate) fn error(py: Python<'_>, msg: String) -> PyErr {
+    match ERROR_CLASS.get(py) {
+        Some(class) => PyErr::from_type(class.bind(py).clone(), msg),
+        None => KeycacheError::new_err(msg),
+    }
+}
+
+/// The fork generation handles are checked against.
+pub(crate) fn fork_generation() -> u64 {
+    FORK_GENERATION.load(Ordering::Acquire)
+}
+
+/// Registers the class errors are raised as: Salt's `SaltCacheError`. The
+/// first class registered stays.
+#[pyfunction]
+fn set_error_class(py: Python<'_>, class: Bound<'_, PyType>) {
+    let _ = ERROR_CLASS.set(py, class.unbind());
+}
+
+/// Forgets every handle of the parent: called in a forked child (by the
+/// package's `os.register_at_fork(after_in_child=...)`).
+#[pyfunction]
+fn after_fork_in_child() {
+    FORK_GENERATION.fetch_add(1, Ordering::AcqRel);
+    let mut g = DRIVERS.lock().unwrap_or_else(|e| e.into_inner());
+    // Dropping a parent's handle closes this process's copies of its file
+    // descriptors and unmaps; no lock is taken.
+    *g = None;
+}
+
+/// The driver for the store in `dir` with these settings, opened once per
+/// process and shared by every `Cache()` that asks for it.
+#[pyfunction(name = "driver")]
+#[pyo3(signature = (dir, *, size, slot_size, id_size, max_segment_bytes, tree, pki_dir_is_abs))]
+#[allow(clippy::too_many_arguments)]
+fn open_driver(
+    py: Python<'_>,
+    dir: String,
+    size: u64,
+    slot_size: usize,
+    id_size: usize,
+    max_segment_bytes: u64,
+    tree: bool,
+    pki_dir_is_abs: bool,
+) -> PyResult<Py<Driver>> {
+    let key = DriverKey {
+        dir,
+        params: (size, slot_size, id_size, max_segment_bytes),
+        tree,
+        pki_dir_is_abs,
+    };
+    let mut g = DRIVERS.lock().unwrap_or_else(|e| e.into_inner());
+    let map = g.get_or_insert_with(HashMap::new);
+    if let Some(d) = map.get(&key) {
+        return Ok(d.clone_ref(py));
+    }
+    let d = Py::new(
+        py,
+        Driver {
+            key: key.clone(),
+            open: ArcSwap::new(Arc::new(driver::Open::new(&key))),
+        },
+    )?;
+    map.insert(key, d.clone_ref(py));
+    Ok(d)
+}
+
+/// The native module `saltext.keycache._native`.
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Driver>()?;
+    m.add_function(wrap_pyfunction!(open_driver, m)?)?;
+    m.add_function(wrap_pyfunction!(set_error_class, m)?)?;
+    m.add_function(wrap_pyfunction!(after_fork_in_child, m)?)?;
+    m.add("KeycacheError", m.py().get_type::<KeycacheError>())?;
+    Ok(())
+}
