@@ -5,8 +5,10 @@
 #   3. a Python venv with the real salt==3008.5 (tools/setup-venv.sh), then
 #      cargo test (library, CLI, Salt interop, model, concurrency,
 #      reliability, fuzz corpus replay);
-#   4. cargo doc, warnings are errors;
-#   5. the benches and the comparison tool compile.
+#   4. pytest on the Salt driver (crates/saltext-keycache/tests), installed
+#      into the venv with pip (tools/install-saltext.sh);
+#   5. cargo doc, warnings are errors;
+#   6. the benches and the comparison tool compile.
 # Tests that cannot run here (not root, no strace) print a SKIP line and are
 # listed at the end; with KEYCACHE_NO_SKIPS=1 (as .ci/run sets) they fail.
 # Usage: tools/test.sh [extra cargo test args]
@@ -19,8 +21,8 @@ cargo fmt --all -- --check
 echo "==> cargo clippy (all targets, warnings are errors)" >&2
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
-echo "==> Python venv with salt==3008.5" >&2
-py=$(tools/setup-venv.sh | tail -n 1)
+echo "==> Python venv with salt==3008.5, and saltext.keycache installed into it with pip (maturin)" >&2
+py=$(tools/install-saltext.sh | tail -n 1)
 export KEYCACHE_PYTHON="$py"
 
 # strace lets tests/hostile.rs check that the migrator opens nothing outside the
@@ -37,6 +39,9 @@ export KEYCACHE_SKIP_LOG="$skips"
 
 echo "==> cargo test (library, CLI, Salt interop, model, concurrency, reliability, fuzz corpus replay)" >&2
 cargo test --locked "$@"
+
+echo "==> the Salt driver (saltext.keycache): Salt's own mmap_key tests, interop, concurrency, a real master and minion" >&2
+KEYCACHE_BIN="$PWD/target/debug/keycache" "$py" -m pytest -p no:cacheprovider -q crates/saltext-keycache/tests
 
 if [ -s "$skips" ]; then
     echo "==> $(sort -u "$skips" | wc -l) test(s) or part(s) of tests skipped:" >&2
