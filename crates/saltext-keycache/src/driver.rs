@@ -317,6 +317,19 @@ impl Driver {
         let open = self.current(true);
         py.detach(|| -> keycache::Result<()> {
             match put {
+                // Salt stores an empty key too (it then reads as absent); the
+                // library's batches refuse one, so the id leaves the bank and
+                // the tree through a batch first, then the bare value is put.
+                Put::Key(state, p) if p.is_empty() => {
+                    let s = open.store()?;
+                    s.remove(&minion(&name)?)?;
+                    s.keys_table().put(&name, &[state.byte()]).map(|_| ())
+                }
+                Put::Denied(p) if p.is_empty() => {
+                    let s = open.store()?;
+                    s.remove_denied(&minion(&name)?)?;
+                    s.denied_table().put(&name, b"").map(|_| ())
+                }
                 Put::Key(state, p) => open.store()?.put(&minion(&name)?, state, &p),
                 Put::Denied(p) => open.store()?.deny(&minion(&name)?, &p),
                 Put::Master(v) => open.master()?.put(&name, &v).map(|_| ()),
@@ -502,7 +515,11 @@ fn wipe(open: &Open, b: Bank) -> keycache::Result<()> {
             .filter_map(|r| r.ok())
             .filter_map(|r| MinionId::from_bytes(&r.id).ok())
             .collect();
-        if !ids.is_empty() {
+        if b == Bank::Denied && !open.dir.join(index_name(Bank::Keys)).exists() {
+            // A batch would create the keys bank (it takes that bank's lock
+            // first); with no keys bank, only minions_denied/ holds anything.
+            remove_denied_files(&open.dir, &ids)?;
+        } else if !ids.is_empty() {
             store.batch(|batch| {
                 for id in &ids {
                     match b {
@@ -541,6 +558,42 @@ fn wipe(open: &Open, b: Bank) -> keycache::Result<()> {
                 })
             }
         }
+    }
+    Ok(())
+}
+
+/// Removes `minions_denied/<id>` for each id (a symlink or other
+/// non-directory entry is unlinked, never followed), then syncs the
+/// directory. A `minions_denied` that is not a directory is left alone.
+fn remove_denied_files(dir: &Path, ids: &[MinionId]) -> keycache::Result<()> {
+    let sub = dir.join("minions_denied");
+    match std::fs::symlink_metadata(&sub) {
+        Ok(m) if m.is_dir() => {}
+        _ => return Ok(()),
+    }
+    let mut removed = false;
+    for id in ids {
+        let p = sub.join(id.as_str());
+        match std::fs::symlink_metadata(&p) {
+            Ok(m) if !m.is_dir() => {
+                std::fs::remove_file(&p).map_err(|e| keycache::Error::Io {
+                    path: p.clone(),
+                    op: "remove",
+                    source: e,
+                })?;
+                removed = true;
+            }
+            _ => {}
+        }
+    }
+    if removed {
+        std::fs::File::open(&sub)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| keycache::Error::Io {
+                path: sub.clone(),
+                op: "fsync",
+                source: e,
+            })?;
     }
     Ok(())
 }

@@ -178,6 +178,9 @@ pub struct Table {
     /// Bumped after every store into `gen`: a [`View`] compares it with the
     /// number it last saw instead of loading `gen` on every lookup.
     gen_no: AtomicU64,
+    /// Whether `gen` has no index (the bank's files are missing): lookups
+    /// then look for the file every time.
+    unmapped: std::sync::atomic::AtomicBool,
     next_check: AtomicU64,
     /// When a read last gave up on an entry (coarse clock, ns; 0: never).
     gave_up_at: AtomicU64,
@@ -264,7 +267,9 @@ impl Table {
             None => Ownership::for_dir(&dir)?,
         };
         let gen = load_generation(&path, &opts.params, None)?;
+        let unmapped = std::sync::atomic::AtomicBool::new(gen.index.is_none());
         Ok(Table {
+            unmapped,
             path,
             dir,
             params: opts.params,
@@ -332,11 +337,14 @@ impl Table {
         Ok(self.gen.load())
     }
 
-    /// Re-stats the index when the refresh interval has passed.
+    /// Re-stats the index when the refresh interval has passed, or on every
+    /// lookup while the bank has no index file (as Salt's readers do: a bank
+    /// another process creates is seen at once; a missing file costs one
+    /// failed stat).
     #[inline]
     fn check_due(&self) -> Result<()> {
         let now = map::coarse_now_ns();
-        if now >= self.next_check.load(Ordering::Relaxed) {
+        if now >= self.next_check.load(Ordering::Relaxed) || self.unmapped.load(Ordering::Relaxed) {
             self.next_check
                 .store(now.saturating_add(self.refresh_ns), Ordering::Relaxed);
             self.refresh(false)?;
@@ -357,18 +365,15 @@ impl Table {
     pub(crate) fn refresh(&self, force: bool) -> Result<()> {
         let cur = self.gen.load_full();
         let mapped = cur.index.as_ref().map(|i| i.dev_ino);
-        if files::file_id(&self.path) != mapped {
-            self.gen
-                .store(Arc::new(load_generation(&self.path, &self.params, None)?));
+        let next = if files::file_id(&self.path) != mapped {
+            load_generation(&self.path, &self.params, None)?
         } else if force {
-            self.gen.store(Arc::new(load_generation(
-                &self.path,
-                &self.params,
-                Some(&cur),
-            )?));
+            load_generation(&self.path, &self.params, Some(&cur))?
         } else {
             return Ok(());
-        }
+        };
+        self.unmapped.store(next.index.is_none(), Ordering::Relaxed);
+        self.gen.store(Arc::new(next));
         self.gen_no.fetch_add(1, Ordering::Release);
         Ok(())
     }
