@@ -12,6 +12,7 @@ use keycache::{KeyState, MinionId, OpenOptions, Params, Store};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString};
 
+use crate::listing::{Keep, Walk};
 use crate::values::{self, Bank};
 use crate::{error, fork_generation, DriverKey};
 
@@ -369,22 +370,10 @@ impl Driver {
     fn list<'py>(&self, py: Python<'py>, bank: &str) -> PyResult<Bound<'py, PyList>> {
         let b = Self::bank(py, bank)?;
         let open = self.current(false);
-        let ids = py
-            .detach(|| -> keycache::Result<Vec<Vec<u8>>> {
-                let t = open.table(b)?;
-                let mut ids = Vec::new();
-                for r in t.iter()? {
-                    match r {
-                        Ok(r) => ids.push(r.id),
-                        // An entry that cannot be read back is left out, as
-                        // Salt leaves out what it cannot read.
-                        Err(_) => continue,
-                    }
-                }
-                Ok(ids)
-            })
+        let walk = py
+            .detach(|| Walk::of(&*open.table(b)?, Keep::Ids))
             .map_err(|e| fail(py, e))?;
-        PyList::new(py, ids.iter().map(|id| values::text(py, id)))
+        walk.ids(py)
     }
 
     /// Salt's `list_all(bank, include_data=False)`: `{id: value}` of the
@@ -406,34 +395,14 @@ impl Driver {
             }
         };
         let open = self.current(false);
-        let items = py
-            .detach(|| -> keycache::Result<Vec<(Vec<u8>, Vec<u8>)>> {
-                let t = open.table(b)?;
-                let mut items = Vec::new();
-                // An entry that cannot be read back is left out, as Salt
-                // leaves out what it cannot read.
-                for mut r in t.iter()?.flatten() {
-                    let keep = values::rstrip_nul(&r.value).len();
-                    r.value.truncate(keep);
-                    if !r.value.is_empty() {
-                        items.push((r.id, r.value));
-                    }
-                }
-                Ok(items)
-            })
+        let keep = Keep::Values {
+            bank: b,
+            data: include_data,
+        };
+        let walk = py
+            .detach(|| Walk::of(&*open.table(b)?, keep))
             .map_err(|e| fail(py, e))?;
-        let out = PyDict::new(py);
-        for (id, raw) in &items {
-            let v = match b {
-                Bank::Keys => match values::decode_key(raw) {
-                    Some((s, p)) => values::key_dict(py, s, include_data.then_some(p))?.into_any(),
-                    None => continue,
-                },
-                _ => PyList::new(py, [values::text(py, raw)])?.into_any(),
-            };
-            out.set_item(values::text(py, id), v)?;
-        }
-        Ok(out)
+        walk.dict(py, b, include_data)
     }
 
     /// Salt's `contains(bank, key)`; with `key=None`, whether the bank's

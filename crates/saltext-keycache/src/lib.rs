@@ -29,6 +29,7 @@
 #![deny(clippy::unwrap_used)]
 
 mod driver;
+mod listing;
 mod values;
 
 use std::collections::HashMap;

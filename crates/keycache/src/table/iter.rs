@@ -102,6 +102,8 @@ impl Table {
             entries,
             pos: 0,
             seen: vec![0u64; (self.params.size as usize).div_ceil(64)],
+            buf: Vec::new(),
+            index: self.gen.load().index.clone(),
         })
     }
 }
@@ -112,12 +114,28 @@ pub struct Iter<'a> {
     entries: Vec<u32>,
     pos: usize,
     seen: Vec<u64>,
+    /// The slot copy of [`Iter::next_into`], reused.
+    buf: Vec<u8>,
+    /// The index mapped when the walk began, for prefetching slots ahead
+    /// (reads go through the table's current view).
+    index: Option<Arc<Index>>,
 }
 
-impl Iterator for Iter<'_> {
-    type Item = Result<Record>;
+/// How many roster entries ahead a walk starts loading slots: the slots of
+/// a large bank are spread over its index, one cache miss each.
+const PREFETCH_AHEAD: usize = 12;
 
-    fn next(&mut self) -> Option<Result<Record>> {
+impl Iter<'_> {
+    /// The next roster slot to read: tombstones, slot 0, slots past the
+    /// table and slots already yielded are skipped.
+    fn next_slot(&mut self) -> Option<u64> {
+        if let (Some(ix), Some(&ahead)) = (&self.index, self.entries.get(self.pos + PREFETCH_AHEAD))
+        {
+            let slot = u64::from(ahead);
+            if slot != 0 && slot < self.table.params.size {
+                ix.map.prefetch(self.table.params.slot_offset(slot));
+            }
+        }
         while self.pos < self.entries.len() {
             let s = self.entries[self.pos];
             self.pos += 1;
@@ -130,6 +148,35 @@ impl Iterator for Iter<'_> {
                 continue;
             }
             self.seen[w] |= 1 << b;
+            return Some(slot);
+        }
+        None
+    }
+
+    /// The next entry, as [`Iterator::next`] gives it, read into `id` and
+    /// `value` (their contents replaced), with its mtime and slot: buffers
+    /// reused across calls make a walk of a large bank allocation-free.
+    pub fn next_into(
+        &mut self,
+        id: &mut Vec<u8>,
+        value: &mut Vec<u8>,
+    ) -> Option<Result<(u64, u64)>> {
+        while let Some(slot) = self.next_slot() {
+            match self.table.read_slot_into(slot, &mut self.buf, id, value) {
+                Ok(Some(found)) => return Some(Ok(found)),
+                Ok(None) => continue,
+                Err(e) => return Some(Err(e)),
+            }
+        }
+        None
+    }
+}
+
+impl Iterator for Iter<'_> {
+    type Item = Result<Record>;
+
+    fn next(&mut self) -> Option<Result<Record>> {
+        while let Some(slot) = self.next_slot() {
             match self.table.read_slot(slot) {
                 Ok(Some(r)) => return Some(Ok(r)),
                 Ok(None) => continue,

@@ -480,11 +480,31 @@ impl Table {
 
     /// Reads the entry in data slot `slot`, if it is occupied.
     pub(crate) fn read_slot(&self, slot: u64) -> Result<Option<Record>> {
+        let (mut buf, mut id, mut value) = (Vec::new(), Vec::new(), Vec::new());
+        Ok(self
+            .read_slot_into(slot, &mut buf, &mut id, &mut value)?
+            .map(|(mtime, slot)| Record {
+                id,
+                value,
+                mtime,
+                slot,
+            }))
+    }
+
+    /// [`Table::read_slot`] into buffers the caller reuses: `id` and
+    /// `value` are replaced by the entry's; returns its mtime and slot.
+    pub(crate) fn read_slot_into(
+        &self,
+        slot: u64,
+        buf: &mut Vec<u8>,
+        id: &mut Vec<u8>,
+        value: &mut Vec<u8>,
+    ) -> Result<Option<(u64, u64)>> {
         let p = &self.params;
         if slot == 0 || slot >= p.size {
             return Ok(None);
         }
-        let mut buf = vec![0u8; p.slot_used()];
+        buf.resize(p.slot_used(), 0);
         let mut retry = Retry::new(self);
         loop {
             let g = self.gen.load();
@@ -496,39 +516,21 @@ impl Table {
                 Some(OCCUPIED) => {}
                 _ => return Ok(None),
             }
-            ix.map.copy_out(off, &mut buf);
-            let id = format::slot_id(p, &buf).to_vec();
-            let mut value = Vec::new();
-            match self.read_value_at(
-                &g,
-                ix,
-                slot,
-                &SlotFields::decode(p, &buf),
-                &buf,
-                &mut value,
-            )? {
-                Attempt::Found(f) => {
-                    return Ok(Some(Record {
-                        id,
-                        value,
-                        mtime: f.mtime,
-                        slot,
-                    }))
-                }
+            ix.map.copy_out(off, buf);
+            id.clear();
+            id.extend_from_slice(format::slot_id(p, buf));
+            value.clear();
+            match self.read_value_at(&g, ix, slot, &SlotFields::decode(p, buf), buf, value)? {
+                Attempt::Found(f) => return Ok(Some((f.mtime, slot))),
                 Attempt::Empty(f) => {
                     if !retry.again(false)? {
-                        return Ok(Some(Record {
-                            id,
-                            value,
-                            mtime: f.mtime,
-                            slot,
-                        }));
+                        return Ok(Some((f.mtime, slot)));
                     }
                 }
                 Attempt::Absent => return Ok(None),
                 Attempt::Retry { refresh, why } => {
                     if !retry.again(refresh)? {
-                        return Err(corrupt(&self.path, Some(&id), why));
+                        return Err(corrupt(&self.path, Some(id), why));
                     }
                 }
             }
