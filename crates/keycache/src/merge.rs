@@ -1,0 +1,558 @@
+//! Merging a peer's snapshot into a store: how the masters of a cluster
+//! with isolated filesystems converge on one key state.
+//!
+//! [`plan`] compares our snapshot with theirs (and, for a three-way merge,
+//! with the base: the snapshot both peers last agreed on) and decides, per
+//! (bank, id), what the store should hold; it is pure. [`apply`] writes a
+//! plan into the store in one atomic rebuild under both banks' locks.
+//! [`merge`] does both, taking our snapshot under the locks' protection
+//! and planning again when a writer changed the store in between.
+//!
+//! # The rules, per (bank, id)
+//!
+//! Values are compared by state and key (not mtime). With a base:
+//!
+//! - ours and theirs agree: nothing to do;
+//! - only theirs changed (ours equals the base): theirs is taken, an added
+//!   entry, a changed one or a deletion;
+//! - only ours changed: ours stays;
+//! - both changed, differently: a **conflict**, settled by the policy.
+//!
+//! Without a base, a union: entries only theirs holds are added, nothing is
+//! deleted, and entries both hold with different values are conflicts.
+//!
+//! # The default policy: `restrictive`, and why
+//!
+//! The default must be symmetric and deterministic, so that peer A merging
+//! B's snapshot and peer B merging A's reach identical stores, and it must
+//! compose (settling a conflict again with its own result changes nothing),
+//! so that pairwise merges among three or more peers converge. `restrictive`
+//! is such a join:
+//!
+//! - the same key in two states: the more restrictive state wins, rejected
+//!   over pending over accepted: a key one peer rejected is not let in
+//!   because another accepted it concurrently;
+//! - a deletion against a change: the deletion wins. A deleted minion can
+//!   present its key again and land in pending; a kept key that one peer
+//!   deleted (a decommissioned or compromised minion) would stay trusted;
+//! - two different denied keys: the greater key (bytewise) wins.
+//!
+//! Keys are never compared by time in the default: peers' clocks differ.
+//! `newer` (slot mtime, ties settled as `restrictive`), `ours` and `theirs`
+//! are offered ([`Policy`]).
+//!
+//! # The same id with two different public keys
+//!
+//! A `keys` conflict between two different keys is a key mismatch, settled
+//! by [`KeyMismatch`] whatever the conflict policy. The default, `pending`,
+//! never settles it into accepted: the id is held as pending (or kept
+//! rejected) with the greater key bytewise, so the operator compares the
+//! fingerprints and accepts the right one (`salt-key -a`). `reject` holds it
+//! rejected; `newer`, `ours` and `theirs` take one side's entry as it is
+//! (accepted only if that side accepted that key): explicit choices.
+//!
+//! # Bases
+//!
+//! The base of the next merge of a peer's snapshot is **the snapshot of
+//! that peer merged last** (`theirs`), not the merged result: both stores
+//! descend from it (ours merged it, theirs went on from it), so it is their
+//! common ancestor. The merged result holds our own changes that the peer has
+//! not merged yet; taken as the base, the next merge would see the peer
+//! "delete" them and delete them here (when this side merges twice before the
+//! other merges once, as independent timers do). A peer keeps one base per
+//! peer it merges from; without one (a new or restored peer), the merge is a
+//! union, which adds and never deletes, and the base written after it makes
+//! the next merge three-way.
+//!
+//! A settled conflict whose result equals the base's value (only a key
+//! mismatch held out of accepted can) is raised one step, pending to
+//! rejected, rejected to deleted: the other peer would otherwise read it
+//! as no change on this side and keep its own value for ever.
+//!
+//! # The security invariant
+//!
+//! A merge never gives an id the state accepted with a key that neither
+//! side holds accepted with that key: one-sided changes take that side's
+//! entry as it is, the `restrictive` join never raises a state, and a key
+//! mismatch under the default is never accepted.
+
+use std::collections::BTreeMap;
+
+use crate::error::Result;
+use crate::key::KeyState;
+use crate::snapshot::{self, Bank, Entry, Snapshot, SnapshotOptions};
+use crate::store::Store;
+
+mod apply;
+
+pub use apply::{apply, MergeReport};
+
+/// How a conflict (both sides changed an entry, differently) is settled.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
+pub enum Policy {
+    /// Symmetric and deterministic (the default): the more restrictive
+    /// state (rejected > pending > accepted), a deletion over a change,
+    /// the greater key bytewise between two denied keys.
+    #[default]
+    Restrictive,
+    /// The entry with the later Salt slot mtime; a deletion over a change;
+    /// equal mtimes as `restrictive`. Symmetric, but trusts the peers'
+    /// clocks.
+    Newer,
+    /// Our entry (or our deletion). Not symmetric: peers that both merge
+    /// with `ours` keep their own values.
+    Ours,
+    /// Their entry (or their deletion). Not symmetric.
+    Theirs,
+}
+
+impl Policy {
+    /// The policy's name as the CLI spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::Restrictive => "restrictive",
+            Policy::Newer => "newer",
+            Policy::Ours => "ours",
+            Policy::Theirs => "theirs",
+        }
+    }
+}
+
+/// How a key mismatch (both sides hold the id in `keys`, with different
+/// public keys, and both changed it) is settled.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
+pub enum KeyMismatch {
+    /// The default: held out of accepted, in the more restrictive of both
+    /// states and pending (so rejected stays rejected), with the greater
+    /// key bytewise. Symmetric and deterministic.
+    #[default]
+    Pending,
+    /// Held rejected, with the greater key bytewise.
+    Reject,
+    /// The entry with the later Salt slot mtime, as it is (accepted if that
+    /// side accepted it); equal mtimes as `pending`.
+    Newer,
+    /// Our entry, as it is.
+    Ours,
+    /// Their entry, as it is.
+    Theirs,
+}
+
+impl KeyMismatch {
+    /// The policy's name as the CLI spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            KeyMismatch::Pending => "pending",
+            KeyMismatch::Reject => "reject",
+            KeyMismatch::Newer => "newer",
+            KeyMismatch::Ours => "ours",
+            KeyMismatch::Theirs => "theirs",
+        }
+    }
+}
+
+/// How [`plan`] settles conflicts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MergeOptions {
+    /// Conflicts between states, and between a change and a deletion.
+    pub on_conflict: Policy,
+    /// Conflicts between two different public keys of one id.
+    pub on_key_mismatch: KeyMismatch,
+}
+
+/// What a plan does to one (bank, id) of our store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
+pub enum Action {
+    /// Theirs added it (or, without a base, only they hold it).
+    Added,
+    /// Theirs changed its state or key.
+    Changed,
+    /// Theirs deleted it.
+    Deleted,
+    /// Both sides changed it, differently: settled by the policy (see
+    /// [`PlanEntry::reason`]); the store changes when the result differs
+    /// from ours.
+    Conflict,
+}
+
+impl Action {
+    /// The action's name: `added`, `changed`, `deleted`, `conflict`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Action::Added => "added",
+            Action::Changed => "changed",
+            Action::Deleted => "deleted",
+            Action::Conflict => "conflict",
+        }
+    }
+}
+
+/// One (bank, id) of a plan.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlanEntry {
+    /// The bank.
+    pub bank: Bank,
+    /// The minion id.
+    pub id: String,
+    /// What happens.
+    pub action: Action,
+    /// Our entry.
+    pub ours: Option<Entry>,
+    /// Their entry.
+    pub theirs: Option<Entry>,
+    /// The base's entry (always `None` without a base).
+    pub base: Option<Entry>,
+    /// What the store holds afterwards.
+    pub result: Option<Entry>,
+    /// Both sides hold the id in `keys` with different public keys.
+    pub key_mismatch: bool,
+    /// Why, in words (for a conflict: how it was settled).
+    pub reason: String,
+}
+
+impl PlanEntry {
+    /// Whether applying the plan changes this entry of our store.
+    pub fn changes_store(&self) -> bool {
+        !same(self.ours.as_ref(), self.result.as_ref())
+    }
+}
+
+/// Counts of a plan's entries.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct PlanCounts {
+    /// Entries added from theirs.
+    pub added: usize,
+    /// Entries changed to theirs.
+    pub changed: usize,
+    /// Entries deleted as theirs were.
+    pub deleted: usize,
+    /// Conflicts (key mismatches included).
+    pub conflicts: usize,
+    /// Conflicts between two different keys of one id.
+    pub key_mismatches: usize,
+    /// Entries of our store the plan changes.
+    pub store_changes: usize,
+}
+
+/// What a merge does ([`plan`]): per (bank, id), sorted, only the entries
+/// where something happens or a conflict was settled; and the merged
+/// result, which is also the next base.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MergePlan {
+    /// The entries, sorted by (bank, id).
+    pub entries: Vec<PlanEntry>,
+    /// Whether a base was given (a three-way merge) or not (a union).
+    pub three_way: bool,
+    /// The options the conflicts were settled with.
+    pub options: MergeOptions,
+    /// Our snapshot with the plan applied: what the store holds afterwards
+    /// (for the ids the plan names, and every other one as ours had it).
+    /// Not the next base: see "Bases" in the module's documentation.
+    pub result: Snapshot,
+}
+
+impl MergePlan {
+    /// The counts of the plan's entries.
+    pub fn counts(&self) -> PlanCounts {
+        let mut c = PlanCounts::default();
+        for e in &self.entries {
+            match e.action {
+                Action::Added => c.added += 1,
+                Action::Changed => c.changed += 1,
+                Action::Deleted => c.deleted += 1,
+                Action::Conflict => c.conflicts += 1,
+            }
+            c.key_mismatches += usize::from(e.key_mismatch);
+            c.store_changes += usize::from(e.changes_store());
+        }
+        c
+    }
+
+    /// Whether applying the plan changes nothing in our store.
+    pub fn is_noop(&self) -> bool {
+        !self.entries.iter().any(PlanEntry::changes_store)
+    }
+}
+
+/// Two optional entries with the same state and key (mtimes aside).
+fn same(a: Option<&Entry>, b: Option<&Entry>) -> bool {
+    match (a, b) {
+        (None, None) => true,
+        (Some(a), Some(b)) => a.same_value(b),
+        _ => false,
+    }
+}
+
+/// Plans the merge of `theirs` into `ours`, three-way when `base` is given
+/// (see the module's documentation). Pure: the same inputs give the same
+/// plan, and with a symmetric policy (`restrictive` and `pending`, the
+/// defaults; `newer`), `plan(a, b, base)` and `plan(b, a, base)` give
+/// results with the same states and keys.
+pub fn plan(
+    ours: &Snapshot,
+    theirs: &Snapshot,
+    base: Option<&Snapshot>,
+    opts: &MergeOptions,
+) -> MergePlan {
+    type Key<'a> = (Bank, &'a str);
+    fn index(s: &Snapshot) -> BTreeMap<Key<'_>, &Entry> {
+        s.entries
+            .iter()
+            .map(|e| ((e.bank, e.id.as_str()), e))
+            .collect()
+    }
+    fn keys_of<'a>(s: &'a Snapshot) -> impl Iterator<Item = (Bank, &'a str)> + 'a {
+        s.entries.iter().map(|e| (e.bank, e.id.as_str()))
+    }
+    let (o, t) = (index(ours), index(theirs));
+    let b = base.map(index).unwrap_or_default();
+    let mut all: Vec<Key<'_>> = keys_of(ours).chain(keys_of(theirs)).collect();
+    all.sort_unstable();
+    all.dedup();
+    let mut result: BTreeMap<Key<'_>, Entry> = ours
+        .entries
+        .iter()
+        .map(|e| ((e.bank, e.id.as_str()), e.clone()))
+        .collect();
+    let mut entries = Vec::new();
+    for k in all {
+        let (oe, te) = (o.get(&k).copied(), t.get(&k).copied());
+        let be = b.get(&k).copied();
+        if same(oe, te) {
+            continue;
+        }
+        let one_sided = |action_of: &dyn Fn() -> Action, reason: &str| {
+            let action = action_of();
+            (action, te.cloned(), false, reason.to_owned())
+        };
+        let (action, res, mismatch, reason) = if base.is_some() {
+            if same(oe, be) {
+                one_sided(
+                    &|| match (oe, te) {
+                        (None, _) => Action::Added,
+                        (_, None) => Action::Deleted,
+                        _ => Action::Changed,
+                    },
+                    "changed on their side only",
+                )
+            } else if same(te, be) {
+                continue; // changed on our side only: ours stays
+            } else {
+                let (mut res, mismatch, mut reason) = settle(oe, te, opts);
+                if same(res.as_ref(), be) {
+                    res = raise(res);
+                    reason.push_str(&format!(
+                        "; raised to {}: the base's value would read to the other peer as no \
+                         change on this side",
+                        res.as_ref().map_or("deleted", Entry::state_name)
+                    ));
+                }
+                (Action::Conflict, res, mismatch, reason)
+            }
+        } else {
+            match (oe, te) {
+                (_, None) => continue, // a union never deletes
+                (None, Some(_)) => one_sided(&|| Action::Added, "only their side holds it"),
+                (Some(_), Some(_)) => {
+                    let (res, mismatch, reason) = settle(oe, te, opts);
+                    (Action::Conflict, res, mismatch, reason)
+                }
+            }
+        };
+        match &res {
+            Some(e) => {
+                result.insert(k, e.clone());
+            }
+            None => {
+                result.remove(&k);
+            }
+        }
+        entries.push(PlanEntry {
+            bank: k.0,
+            id: k.1.to_owned(),
+            action,
+            ours: oe.cloned(),
+            theirs: te.cloned(),
+            base: be.cloned(),
+            result: res,
+            key_mismatch: mismatch,
+            reason,
+        });
+    }
+    MergePlan {
+        entries,
+        three_way: base.is_some(),
+        options: *opts,
+        result: Snapshot {
+            taken: ours.taken.max(theirs.taken),
+            entries: result.into_values().collect(),
+        },
+    }
+}
+
+/// One step up the `restrictive` order (accepted, pending, rejected,
+/// deleted): for a settled conflict whose result equals the base's value.
+/// Only a key mismatch held out of accepted can come back as the base's
+/// value (every other settlement is one side's value, and a conflict's
+/// sides both differ from the base); the other peer would keep its own
+/// value, seeing no change here, and the peers would never converge.
+fn raise(e: Option<Entry>) -> Option<Entry> {
+    let e = e?;
+    let state = match e.state? {
+        KeyState::Accepted => KeyState::Pending,
+        KeyState::Pending => KeyState::Rejected,
+        KeyState::Rejected => return None,
+    };
+    Some(Entry {
+        state: Some(state),
+        ..e
+    })
+}
+
+/// The rank of a state for `restrictive`: higher is more restrictive.
+fn rank(s: Option<KeyState>) -> u8 {
+    match s {
+        Some(KeyState::Accepted) => 0,
+        Some(KeyState::Pending) => 1,
+        Some(KeyState::Rejected) => 2,
+        None => 3,
+    }
+}
+
+/// The `restrictive` join of two different present entries of one bank
+/// and id with the same key: the more restrictive state (the greater key
+/// between two denied keys), keeping the winning side's mtime.
+fn restrictive(o: &Entry, t: &Entry) -> Entry {
+    let ko = (rank(o.state), &o.pub_key);
+    let kt = (rank(t.state), &t.pub_key);
+    if ko >= kt {
+        o.clone()
+    } else {
+        t.clone()
+    }
+}
+
+/// Settles a conflict between `o` and `t` (different, at least one
+/// present): the result, whether it was a key mismatch, and why.
+fn settle(
+    o: Option<&Entry>,
+    t: Option<&Entry>,
+    opts: &MergeOptions,
+) -> (Option<Entry>, bool, String) {
+    let (o, t) = match (o, t) {
+        (Some(o), Some(t)) => (o, t),
+        _ => {
+            let (res, why) = match opts.on_conflict {
+                Policy::Ours => (o.cloned(), "ours"),
+                Policy::Theirs => (t.cloned(), "theirs"),
+                Policy::Restrictive | Policy::Newer => (None, "the deletion wins over a change"),
+            };
+            let what = if o.is_none() {
+                "deleted on our side, changed on theirs"
+            } else {
+                "changed on our side, deleted on theirs"
+            };
+            return (
+                res,
+                false,
+                format!("{what}: {}: {why}", opts.on_conflict.name()),
+            );
+        }
+    };
+    let newer = |tie: &dyn Fn() -> Entry| match o.mtime.cmp(&t.mtime) {
+        std::cmp::Ordering::Greater => o.clone(),
+        std::cmp::Ordering::Less => t.clone(),
+        std::cmp::Ordering::Equal => tie(),
+    };
+    if o.bank == Bank::Keys && o.pub_key != t.pub_key {
+        let held = |floor: KeyState| {
+            let winner = if o.pub_key >= t.pub_key { o } else { t };
+            let state = [o.state, t.state, Some(floor)]
+                .into_iter()
+                .max_by_key(|s| rank(*s))
+                .flatten();
+            Entry {
+                state,
+                mtime: o.mtime.max(t.mtime),
+                ..winner.clone()
+            }
+        };
+        let res = match opts.on_key_mismatch {
+            KeyMismatch::Pending => held(KeyState::Pending),
+            KeyMismatch::Reject => held(KeyState::Rejected),
+            KeyMismatch::Newer => newer(&|| held(KeyState::Pending)),
+            KeyMismatch::Ours => o.clone(),
+            KeyMismatch::Theirs => t.clone(),
+        };
+        let why = format!(
+            "key mismatch: ours {} with key {:016x}, theirs {} with key {:016x}; \
+             --on-key-mismatch {}: {} with key {:016x}",
+            o.state_name(),
+            crate::format::hash(&o.pub_key),
+            t.state_name(),
+            crate::format::hash(&t.pub_key),
+            opts.on_key_mismatch.name(),
+            res.state_name(),
+            crate::format::hash(&res.pub_key),
+        );
+        return (Some(res), true, why);
+    }
+    let res = match opts.on_conflict {
+        Policy::Restrictive => restrictive(o, t),
+        Policy::Newer => newer(&|| restrictive(o, t)),
+        Policy::Ours => o.clone(),
+        Policy::Theirs => t.clone(),
+    };
+    let why = if o.bank == Bank::Keys {
+        format!(
+            "ours {}, theirs {}: {}: {}",
+            o.state_name(),
+            t.state_name(),
+            opts.on_conflict.name(),
+            res.state_name()
+        )
+    } else {
+        format!(
+            "two denied keys (ours {:016x}, theirs {:016x}): {}: {:016x}",
+            crate::format::hash(&o.pub_key),
+            crate::format::hash(&t.pub_key),
+            opts.on_conflict.name(),
+            crate::format::hash(&res.pub_key)
+        )
+    };
+    (Some(res), false, why)
+}
+
+/// Merges `theirs` into `store`: takes our snapshot, plans
+/// ([`plan`]) and applies ([`apply`]) the plan; when another writer changed
+/// an id the plan changes in between ([`crate::Error::StalePlan`]), takes a
+/// new snapshot and plans again (up to five times). Returns the plan
+/// applied and what was written.
+pub fn merge(
+    store: &Store,
+    theirs: &Snapshot,
+    base: Option<&Snapshot>,
+    opts: &MergeOptions,
+    snap: &SnapshotOptions,
+) -> Result<(MergePlan, MergeReport)> {
+    let mut tries = 0;
+    loop {
+        let ours = snapshot::take(store, snap)?;
+        let p = plan(&ours, theirs, base, opts);
+        match apply(store, &p) {
+            Ok(r) => return Ok((p, r)),
+            Err(crate::Error::StalePlan { .. }) if tries < 4 => tries += 1,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
