@@ -208,6 +208,9 @@ pub struct PlanEntry {
     pub theirs: Option<Entry>,
     /// The base's entry (always `None` without a base).
     pub base: Option<Entry>,
+    /// The entry of their seen section (our value they merged last;
+    /// `None` without one).
+    pub seen: Option<Entry>,
     /// What the store holds afterwards.
     pub result: Option<Entry>,
     /// Both sides hold the id in `keys` with different public keys.
@@ -312,7 +315,12 @@ pub fn plan(
         s.entries.iter().map(|e| (e.bank, e.id.as_str()))
     }
     let (o, t) = (index(ours), index(theirs));
-    let b = base.map(index).unwrap_or_default();
+    let b = base.map(index);
+    let seen: Option<BTreeMap<Key<'_>, &Entry>> = theirs
+        .seen
+        .as_ref()
+        .map(|v| v.iter().map(|e| ((e.bank, e.id.as_str()), e)).collect());
+    let three_way = base.is_some() || seen.is_some();
     let mut all: Vec<Key<'_>> = keys_of(ours).chain(keys_of(theirs)).collect();
     all.sort_unstable();
     all.dedup();
@@ -324,42 +332,60 @@ pub fn plan(
     let mut entries = Vec::new();
     for k in all {
         let (oe, te) = (o.get(&k).copied(), t.get(&k).copied());
-        let be = b.get(&k).copied();
         if same(oe, te) {
             continue;
         }
-        let one_sided = |action_of: &dyn Fn() -> Action, reason: &str| {
-            let action = action_of();
-            (action, te.cloned(), false, reason.to_owned())
-        };
-        let (action, res, mismatch, reason) = if base.is_some() {
-            if same(oe, be) {
-                one_sided(
-                    &|| match (oe, te) {
+        // What the base (their snapshot we merged last) and their seen
+        // section (our snapshot they merged last) hold: None when not given.
+        let be = b.as_ref().map(|m| m.get(&k).copied());
+        let se = seen.as_ref().map(|m| m.get(&k).copied());
+        let known = |x: Option<&Entry>| [be, se].iter().flatten().any(|v| same(x, *v));
+        let (action, res, mismatch, reason) = if three_way {
+            match (known(oe), known(te)) {
+                (true, false) => (
+                    match (oe, te) {
                         (None, _) => Action::Added,
                         (_, None) => Action::Deleted,
                         _ => Action::Changed,
                     },
-                    "changed on their side only",
-                )
-            } else if same(te, be) {
-                continue; // changed on our side only: ours stays
-            } else {
-                let (mut res, mismatch, mut reason) = settle(oe, te, opts);
-                if same(res.as_ref(), be) {
-                    res = raise(res);
-                    reason.push_str(&format!(
-                        "; raised to {}: the base's value would read to the other peer as no \
-                         change on this side",
-                        res.as_ref().map_or("deleted", Entry::state_name)
-                    ));
+                    te.cloned(),
+                    false,
+                    "changed on their side only".to_owned(),
+                ),
+                (false, true) => continue, // changed on our side only: ours stays
+                (true, true) => {
+                    // Each side holds a value the other had: merges crossed.
+                    let (res, mismatch, reason) = settle(oe, te, opts);
+                    let reason =
+                        format!("merges crossed, each side holds the other's old value: {reason}");
+                    (Action::Conflict, res, mismatch, reason)
                 }
-                (Action::Conflict, res, mismatch, reason)
+                (false, false) => {
+                    let (mut res, mismatch, mut reason) = settle(oe, te, opts);
+                    let mut raised = false;
+                    while res.is_some() && known(res.as_ref()) {
+                        res = raise(res);
+                        raised = true;
+                    }
+                    if raised {
+                        reason.push_str(&format!(
+                            "; raised to {}: a value the other peer already had would read to \
+                             it as no change on this side",
+                            res.as_ref().map_or("deleted", Entry::state_name)
+                        ));
+                    }
+                    (Action::Conflict, res, mismatch, reason)
+                }
             }
         } else {
             match (oe, te) {
                 (_, None) => continue, // a union never deletes
-                (None, Some(_)) => one_sided(&|| Action::Added, "only their side holds it"),
+                (None, Some(_)) => (
+                    Action::Added,
+                    te.cloned(),
+                    false,
+                    "only their side holds it".to_owned(),
+                ),
                 (Some(_), Some(_)) => {
                     let (res, mismatch, reason) = settle(oe, te, opts);
                     (Action::Conflict, res, mismatch, reason)
@@ -380,7 +406,8 @@ pub fn plan(
             action,
             ours: oe.cloned(),
             theirs: te.cloned(),
-            base: be.cloned(),
+            base: be.flatten().cloned(),
+            seen: se.flatten().cloned(),
             result: res,
             key_mismatch: mismatch,
             reason,
@@ -388,11 +415,12 @@ pub fn plan(
     }
     MergePlan {
         entries,
-        three_way: base.is_some(),
+        three_way,
         options: *opts,
         result: Snapshot {
             taken: ours.taken.max(theirs.taken),
             entries: result.into_values().collect(),
+            seen: None,
         },
     }
 }

@@ -49,6 +49,9 @@ pub const VERSION: u32 = 1;
 pub const HEADER_LEN: usize = 32;
 /// Bytes of an entry before its id and key.
 pub const ENTRY_HEAD_LEN: usize = 16;
+/// Bit of the header's flags: a section of seen entries follows the
+/// entries (see [`Snapshot::seen`]).
+pub const FLAG_SEEN: u32 = 1;
 /// Bytes of the trailer (the checksum).
 pub const TRAILER_LEN: usize = 8;
 
@@ -132,6 +135,13 @@ pub struct Snapshot {
     pub taken: u64,
     /// The entries, sorted by (bank, id), each (bank, id) once.
     pub entries: Vec<Entry>,
+    /// What the sending peer last merged from the peer that reads this
+    /// snapshot (the entries of its base for that peer), when it was given
+    /// one (`keycache snapshot --seen FILE`): the reader's own state that
+    /// the sender has already seen, which tells [`crate::merge::plan`] that
+    /// the sender deleted or changed an entry it had received, rather than
+    /// never had it. Sorted and unique as `entries`.
+    pub seen: Option<Vec<Entry>>,
 }
 
 /// How [`take`] takes a snapshot.
@@ -169,6 +179,7 @@ pub fn take(store: &Store, opts: &SnapshotOptions) -> Result<Snapshot> {
     Ok(Snapshot {
         taken: crate::files::now_ns(),
         entries,
+        seen: None,
     })
 }
 
@@ -230,6 +241,7 @@ impl Snapshot {
         let s = Snapshot {
             taken: crate::files::now_ns(),
             entries,
+            seen: None,
         };
         s.check("entries")?;
         Ok(s)
@@ -248,22 +260,20 @@ impl Snapshot {
         let body: usize = self
             .entries
             .iter()
+            .chain(self.seen.iter().flatten())
             .map(|e| ENTRY_HEAD_LEN + e.id.len() + e.pub_key.len())
             .sum();
-        let mut b = Vec::with_capacity(HEADER_LEN + body + TRAILER_LEN);
+        let mut b = Vec::with_capacity(HEADER_LEN + body + 8 + TRAILER_LEN);
         b.extend_from_slice(&MAGIC);
         b.extend_from_slice(&VERSION.to_le_bytes());
-        b.extend_from_slice(&0u32.to_le_bytes());
+        let flags = if self.seen.is_some() { FLAG_SEEN } else { 0 };
+        b.extend_from_slice(&flags.to_le_bytes());
         b.extend_from_slice(&self.taken.to_le_bytes());
         b.extend_from_slice(&(self.entries.len() as u64).to_le_bytes());
-        for e in &self.entries {
-            b.push(e.bank.byte());
-            b.push(e.state.map_or(0, KeyState::byte));
-            b.extend_from_slice(&(e.id.len().min(u16::MAX as usize) as u16).to_le_bytes());
-            b.extend_from_slice(&(e.pub_key.len().min(u32::MAX as usize) as u32).to_le_bytes());
-            b.extend_from_slice(&e.mtime.to_le_bytes());
-            b.extend_from_slice(e.id.as_bytes());
-            b.extend_from_slice(&e.pub_key);
+        encode_entries(&self.entries, &mut b);
+        if let Some(seen) = &self.seen {
+            b.extend_from_slice(&(seen.len() as u64).to_le_bytes());
+            encode_entries(seen, &mut b);
         }
         let sum = format::hash(&b);
         b.extend_from_slice(&sum.to_le_bytes());
@@ -382,62 +392,28 @@ impl Snapshot {
             )));
         }
         let flags = u32_at(12);
+        if flags & !FLAG_SEEN != 0 {
+            return Err(bad(format!("unknown flags {flags:#x}")));
+        }
         let taken = u64_at(16);
         let count = u64_at(24);
         // Entries are parsed before the checksum is checked, so that a
         // truncated file says so rather than "checksum mismatch".
-        let mut entries = Vec::with_capacity((count as usize).min(b.len() / ENTRY_HEAD_LEN));
         let mut o = HEADER_LEN;
-        for n in 0..count {
-            if o + ENTRY_HEAD_LEN > b.len() {
+        let entries = parse_entries(b, &mut o, count, "entry", &bad)?;
+        let seen = if flags & FLAG_SEEN != 0 {
+            if o + 8 > b.len() {
                 return Err(bad(format!(
-                    "truncated: entry {n} of {count} would start at byte {o}, past the end \
-                     ({} bytes)",
+                    "truncated: the count of seen entries at byte {o} is missing ({} bytes)",
                     b.len()
                 )));
             }
-            let (bank_b, state_b) = (b[o], b[o + 1]);
-            let id_len = u16::from_le_bytes([b[o + 2], b[o + 3]]) as usize;
-            let key_len = u32_at(o + 4) as usize;
-            let mtime = u64_at(o + 8);
-            let start = o + ENTRY_HEAD_LEN;
-            let end = start.saturating_add(id_len).saturating_add(key_len);
-            if end > b.len() {
-                return Err(bad(format!(
-                    "truncated: entry {n} of {count} at byte {o} needs {} bytes, the file ends \
-                     at {}",
-                    end - o,
-                    b.len()
-                )));
-            }
-            let id = std::str::from_utf8(&b[start..start + id_len])
-                .map_err(|_| bad(format!("entry {n} at byte {o}: the id is not UTF-8")))?
-                .to_owned();
-            let pub_key = b[start + id_len..end].to_vec();
-            let bank = Bank::from_byte(bank_b)
-                .ok_or_else(|| bad(format!("entry {n} at byte {o}: unknown bank {bank_b}")))?;
-            let state = match (bank, state_b) {
-                (Bank::Keys, s) => Some(KeyState::from_byte(s).ok_or_else(|| {
-                    bad(format!(
-                        "entry {n} at byte {o} ({id:?}): unknown key state {s}"
-                    ))
-                })?),
-                (Bank::Denied, 0) => None,
-                (Bank::Denied, s) => {
-                    return Err(bad(format!(
-                        "entry {n} at byte {o} ({id:?}): a denied key with state {s} (must be 0)"
-                    )))
-                }
-            };
-            entries.push(Entry {
-                bank,
-                id,
-                state,
-                pub_key,
-                mtime,
-            });
-            o = end;
-        }
+            let n = u64_at(o);
+            o += 8;
+            Some(parse_entries(b, &mut o, n, "seen entry", &bad)?)
+        } else {
+            None
+        };
         if o + TRAILER_LEN > b.len() {
             return Err(bad(format!(
                 "truncated: the checksum at byte {o} is missing ({} bytes)",
@@ -457,10 +433,11 @@ impl Snapshot {
                 "checksum mismatch (stored {want:016x}, computed {got:016x}): the file is damaged"
             )));
         }
-        if flags != 0 {
-            return Err(bad(format!("unknown flags {flags:#x}")));
-        }
-        let s = Snapshot { taken, entries };
+        let s = Snapshot {
+            taken,
+            entries,
+            seen,
+        };
         s.check(name)?;
         Ok(s)
     }
@@ -469,30 +446,124 @@ impl Snapshot {
     /// (bank, id), states only in `keys`, no private key material, lengths
     /// that fit the format.
     fn check(&self, name: &str) -> Result<()> {
+        check_entries(&self.entries, name, "entry")?;
+        match &self.seen {
+            Some(seen) => check_entries(seen, name, "seen entry"),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Appends `entries` in the file's entry format.
+fn encode_entries(entries: &[Entry], b: &mut Vec<u8>) {
+    for e in entries {
+        b.push(e.bank.byte());
+        b.push(e.state.map_or(0, KeyState::byte));
+        b.extend_from_slice(&(e.id.len().min(u16::MAX as usize) as u16).to_le_bytes());
+        b.extend_from_slice(&(e.pub_key.len().min(u32::MAX as usize) as u32).to_le_bytes());
+        b.extend_from_slice(&e.mtime.to_le_bytes());
+        b.extend_from_slice(e.id.as_bytes());
+        b.extend_from_slice(&e.pub_key);
+    }
+}
+
+/// Parses `count` entries at `*o`, advancing it; `what` names them in
+/// errors (`entry`, `seen entry`).
+fn parse_entries(
+    b: &[u8],
+    o: &mut usize,
+    count: u64,
+    what: &str,
+    bad: &dyn Fn(String) -> Error,
+) -> Result<Vec<Entry>> {
+    let u32_at = |o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
+    let u64_at = |o: usize| {
+        let mut a = [0u8; 8];
+        a.copy_from_slice(&b[o..o + 8]);
+        u64::from_le_bytes(a)
+    };
+    let mut entries = Vec::with_capacity((count as usize).min(b.len() / ENTRY_HEAD_LEN));
+    for n in 0..count {
+        let at = *o;
+        if at + ENTRY_HEAD_LEN > b.len() {
+            return Err(bad(format!(
+                "truncated: {what} {n} of {count} would start at byte {at}, past the end \
+                 ({} bytes)",
+                b.len()
+            )));
+        }
+        let (bank_b, state_b) = (b[at], b[at + 1]);
+        let id_len = u16::from_le_bytes([b[at + 2], b[at + 3]]) as usize;
+        let key_len = u32_at(at + 4) as usize;
+        let mtime = u64_at(at + 8);
+        let start = at + ENTRY_HEAD_LEN;
+        let end = start.saturating_add(id_len).saturating_add(key_len);
+        if end > b.len() {
+            return Err(bad(format!(
+                "truncated: {what} {n} of {count} at byte {at} needs {} bytes, the file ends \
+                 at {}",
+                end - at,
+                b.len()
+            )));
+        }
+        let id = std::str::from_utf8(&b[start..start + id_len])
+            .map_err(|_| bad(format!("{what} {n} at byte {at}: the id is not UTF-8")))?
+            .to_owned();
+        let pub_key = b[start + id_len..end].to_vec();
+        let bank = Bank::from_byte(bank_b)
+            .ok_or_else(|| bad(format!("{what} {n} at byte {at}: unknown bank {bank_b}")))?;
+        let state = match (bank, state_b) {
+            (Bank::Keys, s) => Some(KeyState::from_byte(s).ok_or_else(|| {
+                bad(format!(
+                    "{what} {n} at byte {at} ({id:?}): unknown key state {s}"
+                ))
+            })?),
+            (Bank::Denied, 0) => None,
+            (Bank::Denied, s) => {
+                return Err(bad(format!(
+                    "{what} {n} at byte {at} ({id:?}): a denied key with state {s} (must be 0)"
+                )))
+            }
+        };
+        entries.push(Entry {
+            bank,
+            id,
+            state,
+            pub_key,
+            mtime,
+        });
+        *o = end;
+    }
+    Ok(entries)
+}
+
+/// Checks what a snapshot promises of its entries (see [`Snapshot::check`]).
+fn check_entries(entries: &[Entry], name: &str, what: &str) -> Result<()> {
+    {
         let bad = |why: String| Error::BadSnapshot {
             source_name: name.to_owned(),
             why,
         };
         let mut prev: Option<(Bank, &str)> = None;
-        for (n, e) in self.entries.iter().enumerate() {
+        for (n, e) in entries.iter().enumerate() {
             crate::id::validate(&e.id)
-                .map_err(|err| bad(format!("entry {n} ({:?}): {err}", e.id)))?;
+                .map_err(|err| bad(format!("{what} {n} ({:?}): {err}", e.id)))?;
             if e.id.len() > u16::MAX as usize || e.pub_key.len() > u32::MAX as usize {
                 return Err(bad(format!(
-                    "entry {n} ({:?}): too long for the format",
+                    "{what} {n} ({:?}): too long for the format",
                     e.id
                 )));
             }
             match (e.bank, e.state) {
                 (Bank::Keys, None) => {
                     return Err(bad(format!(
-                        "entry {n} ({:?}): a keys entry without a state",
+                        "{what} {n} ({:?}): a keys entry without a state",
                         e.id
                     )))
                 }
                 (Bank::Denied, Some(_)) => {
                     return Err(bad(format!(
-                        "entry {n} ({:?}): a denied key with a state",
+                        "{what} {n} ({:?}): a denied key with a state",
                         e.id
                     )))
                 }
@@ -500,7 +571,7 @@ impl Snapshot {
             }
             if crate::pem::holds_private_key(&e.pub_key) {
                 return Err(bad(format!(
-                    "entry {n} ({:?}, {}): the value holds a PRIVATE KEY block",
+                    "{what} {n} ({:?}, {}): the value holds a PRIVATE KEY block",
                     e.id, e.bank
                 )));
             }
@@ -508,7 +579,7 @@ impl Snapshot {
             if let Some(p) = prev {
                 if p >= here {
                     return Err(bad(format!(
-                        "entry {n} ({:?}, {}): out of order or repeated (entries are sorted by \
+                        "{what} {n} ({:?}, {}): out of order or repeated (entries are sorted by \
                          bank, then id, each once)",
                         e.id, e.bank
                     )));

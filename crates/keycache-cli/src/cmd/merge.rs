@@ -43,9 +43,10 @@ pub(crate) struct Args {
     /// Print the plan; write nothing.
     #[arg(long)]
     dry_run: bool,
-    /// After the merge, write their snapshot (the state both stores now
-    /// descend from) to FILE atomically: the --base of the next merge from
-    /// the same peer.
+    /// After the merge, write their snapshot (without its seen section: the
+    /// state both stores now descend from) to FILE atomically: the --base of
+    /// the next merge from the same peer, and the --seen of the snapshots
+    /// this store sends to that peer.
     #[arg(long, value_name = "FILE")]
     write_base: Option<PathBuf>,
     /// Keep the key tree of the store's directory (minions/, ...) in step,
@@ -136,6 +137,7 @@ struct JsonEntry {
     ours: Option<JsonValue>,
     theirs: Option<JsonValue>,
     base: Option<JsonValue>,
+    seen: Option<JsonValue>,
     result: Option<JsonValue>,
     reason: String,
     key_mismatch: bool,
@@ -245,7 +247,11 @@ pub(crate) fn run(a: Args) -> CmdResult {
     };
     let mut base_written = None;
     if let (Some(path), false) = (&a.write_base, a.dry_run) {
-        theirs.write_file(path)?;
+        let next = Snapshot {
+            seen: None,
+            ..theirs.clone()
+        };
+        next.write_file(path)?;
         base_written = Some(path.to_string_lossy().into_owned());
     }
     let counts = plan.counts();
@@ -260,6 +266,7 @@ pub(crate) fn run(a: Args) -> CmdResult {
                 ours: json_value(&e.ours),
                 theirs: json_value(&e.theirs),
                 base: json_value(&e.base),
+                seen: json_value(&e.seen),
                 result: json_value(&e.result),
                 reason: e.reason.clone(),
                 key_mismatch: e.key_mismatch,

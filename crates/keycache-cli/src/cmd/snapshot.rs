@@ -20,6 +20,14 @@ pub(crate) struct Args {
     /// not be a terminal, or a file, replaced atomically.
     #[arg(short = 'o', long = "output", value_name = "FILE", default_value = "-")]
     output: PathBuf,
+    /// The base this store keeps for the peer that will read the snapshot
+    /// (the file its `keycache merge --write-base` writes: what this store
+    /// last merged from that peer). Its entries travel in the snapshot as
+    /// "seen", so that the reader tells an entry this store received and
+    /// then deleted or changed from one it never had. A missing file is
+    /// none (no merge from that peer yet).
+    #[arg(long, value_name = "FILE")]
+    seen: Option<PathBuf>,
     /// How long to wait for each bank's lock (held by a Salt master or
     /// another keycache that is writing), in seconds.
     #[arg(long, value_name = "SECONDS", default_value_t = 10.0)]
@@ -63,8 +71,13 @@ pub(crate) fn run(a: Args) -> CmdResult {
         ));
     }
     let opts = lock_wait(a.lock_wait)?;
+    let seen = match &a.seen {
+        Some(p) if p.exists() => Some(Snapshot::read_file(p)?.entries),
+        _ => None,
+    };
     let store = a.layout.open(&a.store.dir())?;
-    let snap = snapshot::take(&store, &opts)?;
+    let mut snap = snapshot::take(&store, &opts)?;
+    snap.seen = seen;
     write(&snap, &a.output)?;
     if !to_stdout {
         errln!(

@@ -416,3 +416,66 @@ fn apply_keeps_the_tree_in_step() {
     assert!(!dir.path().join("minions_pre/up").exists());
     assert_eq!(crate::tree::check(&store).expect("check"), vec![]);
 }
+
+#[test]
+fn their_seen_section_tells_a_deletion_from_never_having_had_it() {
+    // We accepted x; they merged our snapshot (so they saw x), then
+    // deleted it. Our base for them predates x.
+    let base = snap(vec![]);
+    let ours = snap(vec![k("x", A, "x")]);
+    let mut theirs = snap(vec![]);
+    let p = plan(&ours, &theirs, Some(&base), &MergeOptions::default());
+    assert!(
+        p.is_noop(),
+        "without their seen section x looks new on our side"
+    );
+    theirs.seen = Some(ours.entries.clone());
+    let p = plan(&ours, &theirs, Some(&base), &MergeOptions::default());
+    // Both sides hold a value the other had (theirs is also our base's):
+    // settled as a conflict, where the deletion wins.
+    assert_eq!(p.entries.len(), 1);
+    assert_eq!(p.entries[0].seen.as_ref().map(|e| e.state), Some(A));
+    assert_eq!(state_of(&p.result, "x"), None);
+    // Their seen section alone makes the merge three-way.
+    let p = plan(&ours, &theirs, None, &MergeOptions::default());
+    assert!(p.three_way && state_of(&p.result, "x").is_none());
+}
+
+#[test]
+fn crossed_merges_settle_symmetrically() {
+    // Each side took the other's old value: both see the other's value as
+    // one they already had, and both settle it the same way.
+    let a_old = snap(vec![k("x", P, "x")]);
+    let b_old = snap(vec![k("x", R, "x")]);
+    let mut a = b_old.clone();
+    a.seen = Some(b_old.entries.clone());
+    let mut b = a_old.clone();
+    b.seen = Some(a_old.entries.clone());
+    let pa = plan(
+        &snap(b_old.entries.clone()),
+        &b,
+        Some(&b_old),
+        &MergeOptions::default(),
+    );
+    let pb = plan(
+        &snap(a_old.entries.clone()),
+        &a,
+        Some(&a_old),
+        &MergeOptions::default(),
+    );
+    assert_eq!(values(&pa.result), values(&pb.result));
+    assert_eq!(state_of(&pa.result, "x"), Some((R, pem("x"))));
+}
+
+#[test]
+fn their_seen_section_alone_takes_their_deletion() {
+    // A new peer's first merge from us (no base here): they merged our x
+    // and deleted it; our seen-less view would keep x.
+    let ours = snap(vec![k("x", A, "x"), k("y", P, "y")]);
+    let mut theirs = snap(vec![k("y", P, "y")]);
+    theirs.seen = Some(ours.entries.clone());
+    let p = plan(&ours, &theirs, None, &MergeOptions::default());
+    assert_eq!(p.entries.len(), 1);
+    assert_eq!(p.entries[0].action, Action::Deleted);
+    assert_eq!(state_of(&p.result, "x"), None);
+}

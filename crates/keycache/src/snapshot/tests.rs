@@ -86,9 +86,34 @@ fn why(b: &[u8]) -> String {
     }
 }
 
+/// The sample with a seen section (the entries of another snapshot).
+fn with_seen() -> Snapshot {
+    let mut s = sample();
+    s.seen = Some(s.entries[1..].to_vec());
+    s
+}
+
+#[test]
+fn a_seen_section_round_trips_and_is_checked() {
+    let s = with_seen();
+    let b = s.to_bytes();
+    assert_eq!(u32::from_le_bytes([b[12], b[13], b[14], b[15]]), FLAG_SEEN);
+    assert_eq!(Snapshot::from_bytes(&b, "x").expect("read"), s);
+    assert_ne!(b, sample().to_bytes());
+    let mut dup = with_seen();
+    if let Some(seen) = dup.seen.as_mut() {
+        seen.push(seen[0].clone());
+    }
+    let w = why(&dup.to_bytes());
+    assert!(
+        w.contains("seen entry") && w.contains("out of order"),
+        "{w}"
+    );
+}
+
 #[test]
 fn every_truncation_and_every_flipped_byte_is_refused() {
-    let b = sample().to_bytes();
+    let b = with_seen().to_bytes();
     for len in 0..b.len() {
         let w = why(&b[..len]);
         assert!(
@@ -129,7 +154,12 @@ fn wrong_magic_and_version_are_named() {
 
 /// `entries` written with a valid checksum, bypassing the writer's checks.
 fn forged(entries: Vec<Entry>) -> Vec<u8> {
-    Snapshot { taken: 1, entries }.to_bytes()
+    Snapshot {
+        taken: 1,
+        entries,
+        seen: None,
+    }
+    .to_bytes()
 }
 
 fn entry(bank: Bank, id: &str, state: Option<KeyState>, key: &[u8]) -> Entry {
