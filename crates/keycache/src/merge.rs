@@ -1,25 +1,41 @@
 //! Merging a peer's snapshot into a store: how the masters of a cluster
 //! with isolated filesystems converge on one key state.
 //!
-//! [`plan`] compares our snapshot with theirs (and, for a three-way merge,
-//! with the base: the snapshot both peers last agreed on) and decides, per
-//! (bank, id), what the store should hold; it is pure. [`apply`] writes a
-//! plan into the store in one atomic rebuild under both banks' locks.
-//! [`merge`] does both, taking our snapshot under the locks' protection
-//! and planning again when a writer changed the store in between.
+//! [`plan`] compares our snapshot with theirs and decides, per (bank, id),
+//! what the store should hold; it is pure. [`apply`] writes a plan into the
+//! store in one atomic rebuild under both banks' locks. [`merge`] does
+//! both, planning again from a new snapshot when a writer changed the
+//! store in between.
+//!
+//! # What the other side is known to have had
+//!
+//! Two snapshots tell a three-way merge which side's value is the newer:
+//!
+//! - the **base**: their snapshot that we merged last (`keycache merge
+//!   --base`, written by the previous merge's `--write-base`): values they
+//!   had;
+//! - their **seen** section ([`Snapshot::seen`]): our snapshot that they
+//!   merged last, which they send along (`keycache snapshot --seen`, their
+//!   own base for us): values of ours they have seen.
+//!
+//! Either makes the merge three-way; neither, a union. A base alone cannot
+//! tell "they received our entry and deleted it" from "they never had it";
+//! their seen section can.
 //!
 //! # The rules, per (bank, id)
 //!
-//! Values are compared by state and key (not mtime). With a base:
+//! Values are compared by state and key (not mtime). In a three-way merge:
 //!
 //! - ours and theirs agree: nothing to do;
-//! - only theirs changed (ours equals the base): theirs is taken, an added
-//!   entry, a changed one or a deletion;
-//! - only ours changed: ours stays;
-//! - both changed, differently: a **conflict**, settled by the policy.
+//! - ours is a value they are known to have had (in the base or in their
+//!   seen section) and theirs is not one we had: theirs is newer and taken,
+//!   an added entry, a changed one or a deletion;
+//! - theirs is a value we had, ours is not one they had: ours stays;
+//! - otherwise a **conflict**, settled by the policy (also when each side
+//!   holds a value the other had: merges that crossed).
 //!
-//! Without a base, a union: entries only theirs holds are added, nothing is
-//! deleted, and entries both hold with different values are conflicts.
+//! A union adds the entries only theirs holds, deletes nothing, and settles
+//! entries both hold with different values as conflicts.
 //!
 //! # The default policy: `restrictive`, and why
 //!
@@ -53,21 +69,20 @@
 //!
 //! # Bases
 //!
-//! The base of the next merge of a peer's snapshot is **the snapshot of
-//! that peer merged last** (`theirs`), not the merged result: both stores
-//! descend from it (ours merged it, theirs went on from it), so it is their
-//! common ancestor. The merged result holds our own changes that the peer has
-//! not merged yet; taken as the base, the next merge would see the peer
-//! "delete" them and delete them here (when this side merges twice before the
-//! other merges once, as independent timers do). A peer keeps one base per
-//! peer it merges from; without one (a new or restored peer), the merge is a
-//! union, which adds and never deletes, and the base written after it makes
-//! the next merge three-way.
+//! The base of the next merge from a peer is **their snapshot just merged**
+//! (without its seen section), not the merged result: both stores descend
+//! from it (ours merged it, theirs went on from it). The merged result holds
+//! our own changes that the peer has not merged yet; taken as the base, the
+//! next merge would read them as deleted by the peer and delete them here
+//! (when this side merges twice before the other merges once, as
+//! independent timers do). A peer keeps one base per peer it merges from,
+//! and sends it as the seen section of the snapshots that peer reads.
 //!
-//! A settled conflict whose result equals the base's value (only a key
-//! mismatch held out of accepted can) is raised one step, pending to
-//! rejected, rejected to deleted: the other peer would otherwise read it
-//! as no change on this side and keep its own value for ever.
+//! A settled conflict whose result is a value the other side is known to
+//! have had (only a key mismatch held out of accepted can be) is raised
+//! until it is not, pending to rejected to deleted: the other peer would
+//! otherwise read it as no change on this side and keep its own value for
+//! ever.
 //!
 //! # The security invariant
 //!
@@ -79,13 +94,14 @@
 use std::collections::BTreeMap;
 
 use crate::error::Result;
-use crate::key::KeyState;
 use crate::snapshot::{self, Bank, Entry, Snapshot, SnapshotOptions};
 use crate::store::Store;
 
 mod apply;
+mod settle;
 
 pub use apply::{apply, MergeReport};
+use settle::{raise, settle};
 
 /// How a conflict (both sides changed an entry, differently) is settled.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -251,7 +267,8 @@ pub struct PlanCounts {
 pub struct MergePlan {
     /// The entries, sorted by (bank, id).
     pub entries: Vec<PlanEntry>,
-    /// Whether a base was given (a three-way merge) or not (a union).
+    /// Whether a base or their seen section was given (a three-way merge)
+    /// or neither (a union).
     pub three_way: bool,
     /// The options the conflicts were settled with.
     pub options: MergeOptions,
@@ -293,8 +310,9 @@ fn same(a: Option<&Entry>, b: Option<&Entry>) -> bool {
     }
 }
 
-/// Plans the merge of `theirs` into `ours`, three-way when `base` is given
-/// (see the module's documentation). Pure: the same inputs give the same
+/// Plans the merge of `theirs` into `ours`, three-way when `base` (their
+/// snapshot we merged last) or `theirs.seen` is given (see the module's
+/// documentation). Pure: the same inputs give the same
 /// plan, and with a symmetric policy (`restrictive` and `pending`, the
 /// defaults; `newer`), `plan(a, b, base)` and `plan(b, a, base)` give
 /// results with the same states and keys.
@@ -423,139 +441,6 @@ pub fn plan(
             seen: None,
         },
     }
-}
-
-/// One step up the `restrictive` order (accepted, pending, rejected,
-/// deleted): for a settled conflict whose result equals the base's value.
-/// Only a key mismatch held out of accepted can come back as the base's
-/// value (every other settlement is one side's value, and a conflict's
-/// sides both differ from the base); the other peer would keep its own
-/// value, seeing no change here, and the peers would never converge.
-fn raise(e: Option<Entry>) -> Option<Entry> {
-    let e = e?;
-    let state = match e.state? {
-        KeyState::Accepted => KeyState::Pending,
-        KeyState::Pending => KeyState::Rejected,
-        KeyState::Rejected => return None,
-    };
-    Some(Entry {
-        state: Some(state),
-        ..e
-    })
-}
-
-/// The rank of a state for `restrictive`: higher is more restrictive.
-fn rank(s: Option<KeyState>) -> u8 {
-    match s {
-        Some(KeyState::Accepted) => 0,
-        Some(KeyState::Pending) => 1,
-        Some(KeyState::Rejected) => 2,
-        None => 3,
-    }
-}
-
-/// The `restrictive` join of two different present entries of one bank
-/// and id with the same key: the more restrictive state (the greater key
-/// between two denied keys), keeping the winning side's mtime.
-fn restrictive(o: &Entry, t: &Entry) -> Entry {
-    let ko = (rank(o.state), &o.pub_key);
-    let kt = (rank(t.state), &t.pub_key);
-    if ko >= kt {
-        o.clone()
-    } else {
-        t.clone()
-    }
-}
-
-/// Settles a conflict between `o` and `t` (different, at least one
-/// present): the result, whether it was a key mismatch, and why.
-fn settle(
-    o: Option<&Entry>,
-    t: Option<&Entry>,
-    opts: &MergeOptions,
-) -> (Option<Entry>, bool, String) {
-    let (o, t) = match (o, t) {
-        (Some(o), Some(t)) => (o, t),
-        _ => {
-            let (res, why) = match opts.on_conflict {
-                Policy::Ours => (o.cloned(), "ours"),
-                Policy::Theirs => (t.cloned(), "theirs"),
-                Policy::Restrictive | Policy::Newer => (None, "the deletion wins over a change"),
-            };
-            let what = if o.is_none() {
-                "deleted on our side, changed on theirs"
-            } else {
-                "changed on our side, deleted on theirs"
-            };
-            return (
-                res,
-                false,
-                format!("{what}: {}: {why}", opts.on_conflict.name()),
-            );
-        }
-    };
-    let newer = |tie: &dyn Fn() -> Entry| match o.mtime.cmp(&t.mtime) {
-        std::cmp::Ordering::Greater => o.clone(),
-        std::cmp::Ordering::Less => t.clone(),
-        std::cmp::Ordering::Equal => tie(),
-    };
-    if o.bank == Bank::Keys && o.pub_key != t.pub_key {
-        let held = |floor: KeyState| {
-            let winner = if o.pub_key >= t.pub_key { o } else { t };
-            let state = [o.state, t.state, Some(floor)]
-                .into_iter()
-                .max_by_key(|s| rank(*s))
-                .flatten();
-            Entry {
-                state,
-                mtime: o.mtime.max(t.mtime),
-                ..winner.clone()
-            }
-        };
-        let res = match opts.on_key_mismatch {
-            KeyMismatch::Pending => held(KeyState::Pending),
-            KeyMismatch::Reject => held(KeyState::Rejected),
-            KeyMismatch::Newer => newer(&|| held(KeyState::Pending)),
-            KeyMismatch::Ours => o.clone(),
-            KeyMismatch::Theirs => t.clone(),
-        };
-        let why = format!(
-            "key mismatch: ours {} with key {:016x}, theirs {} with key {:016x}; \
-             --on-key-mismatch {}: {} with key {:016x}",
-            o.state_name(),
-            crate::format::hash(&o.pub_key),
-            t.state_name(),
-            crate::format::hash(&t.pub_key),
-            opts.on_key_mismatch.name(),
-            res.state_name(),
-            crate::format::hash(&res.pub_key),
-        );
-        return (Some(res), true, why);
-    }
-    let res = match opts.on_conflict {
-        Policy::Restrictive => restrictive(o, t),
-        Policy::Newer => newer(&|| restrictive(o, t)),
-        Policy::Ours => o.clone(),
-        Policy::Theirs => t.clone(),
-    };
-    let why = if o.bank == Bank::Keys {
-        format!(
-            "ours {}, theirs {}: {}: {}",
-            o.state_name(),
-            t.state_name(),
-            opts.on_conflict.name(),
-            res.state_name()
-        )
-    } else {
-        format!(
-            "two denied keys (ours {:016x}, theirs {:016x}): {}: {:016x}",
-            crate::format::hash(&o.pub_key),
-            crate::format::hash(&t.pub_key),
-            opts.on_conflict.name(),
-            crate::format::hash(&res.pub_key)
-        )
-    };
-    (Some(res), false, why)
 }
 
 /// Merges `theirs` into `store`: takes our snapshot, plans

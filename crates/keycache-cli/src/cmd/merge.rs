@@ -22,10 +22,11 @@ pub(crate) struct Args {
     /// for stdin.
     #[arg(value_name = "[STORE] THEIRS", num_args = 1..=2, required = true)]
     paths: Vec<PathBuf>,
-    /// The snapshot both peers last agreed on (the one --write-base wrote
-    /// at the last merge from this peer): a three-way merge, which also
-    /// takes their deletions. Without it, a union that adds and never
-    /// deletes. `-` for stdin.
+    /// Their snapshot merged last (the file --write-base wrote at the last
+    /// merge from this peer): a three-way merge, which also takes their
+    /// deletions. Without it (or while FILE does not exist yet), a union
+    /// that adds and never deletes, unless their snapshot carries a seen
+    /// section. `-` for stdin.
     #[arg(long, value_name = "FILE")]
     base: Option<PathBuf>,
     /// How a conflict (both sides changed an entry, differently) is settled:
@@ -232,7 +233,17 @@ pub(crate) fn run(a: Args) -> CmdResult {
     let snap_opts = lock_wait(a.lock_wait)?;
     let opts = a.options();
     let theirs = read(&theirs_path)?;
-    let base = a.base.as_deref().map(read).transpose()?;
+    let base = match a.base.as_deref() {
+        // The first run of a timer: no base yet.
+        Some(p) if p != stdin && !p.exists() => {
+            errln!(
+                "keycache: no base {} yet: merging as a union (adds, never deletes)",
+                esc_path(p)
+            );
+            None
+        }
+        p => p.map(read).transpose()?,
+    };
     let mut store = a.layout.open(&store_dir)?;
     store.set_tree(a.tree.sync(store.dir()));
     let (plan, report) = if a.dry_run {

@@ -3,6 +3,7 @@
 //! `apply` against a store.
 
 use super::*;
+use crate::key::KeyState;
 use crate::store::TreeSync;
 use crate::test_util::{pem, small_store};
 use crate::{Error, MinionId};
