@@ -443,11 +443,27 @@ pub fn plan(
     }
 }
 
+/// With the store's tree on, mends the tree when it is not in step with
+/// the banks: a merge killed after its commit and before its tree writes
+/// left it behind, and running the merge again finds nothing to change in
+/// the banks. One pass over the tree ([`crate::tree::check`]); the mend
+/// ([`crate::tree::mend`]) only when it found something.
+fn catch_up_tree(store: &Store, r: &mut MergeReport) -> Result<()> {
+    if !store.tree().is_on() || crate::tree::check(store)?.is_empty() {
+        return Ok(());
+    }
+    let m = crate::tree::mend(store)?;
+    r.tree.written.extend(m.written);
+    r.tree.removed.extend(m.removed);
+    Ok(())
+}
+
 /// Merges `theirs` into `store`: takes our snapshot, plans
 /// ([`plan`]) and applies ([`apply`]) the plan; when another writer changed
 /// an id the plan changes in between ([`crate::Error::StalePlan`]), takes a
-/// new snapshot and plans again (up to five times). Returns the plan
-/// applied and what was written.
+/// new snapshot and plans again (up to five times). With the store's tree
+/// on, a tree left behind the banks (by a merge killed after its commit)
+/// is then mended. Returns the plan applied and what was written.
 pub fn merge(
     store: &Store,
     theirs: &Snapshot,
@@ -460,7 +476,10 @@ pub fn merge(
         let ours = snapshot::take(store, snap)?;
         let p = plan(&ours, theirs, base, opts);
         match apply(store, &p) {
-            Ok(r) => return Ok((p, r)),
+            Ok(mut r) => {
+                catch_up_tree(store, &mut r)?;
+                return Ok((p, r));
+            }
             Err(crate::Error::StalePlan { .. }) if tries < 4 => tries += 1,
             Err(e) => return Err(e),
         }
