@@ -366,6 +366,12 @@ impl Snapshot {
                 "empty (no snapshot was written: did the sending side fail?)".into(),
             ));
         }
+        if b.len() < MAGIC.len() && MAGIC.starts_with(b) {
+            return Err(bad(format!(
+                "truncated: {} bytes, a part of the magic only",
+                b.len()
+            )));
+        }
         if b.len() < MAGIC.len() || b[..MAGIC.len()] != MAGIC {
             return Err(bad(format!(
                 "wrong magic (the first 8 bytes are not {:?}): not a keycache snapshot",
