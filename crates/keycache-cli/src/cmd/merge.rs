@@ -298,11 +298,12 @@ pub(crate) fn run(a: Args) -> CmdResult {
         });
     } else {
         print_text(store.dir(), &plan, a.dry_run, report.written);
+        let rel = |p: &PathBuf| esc_path(p.strip_prefix(store.dir()).unwrap_or(p));
         for p in &report.tree.written {
-            outln!("Key tree: wrote {}", esc_path(p));
+            outln!("Key tree: wrote {}.", rel(p));
         }
         for p in &report.tree.removed {
-            outln!("Key tree: removed {}", esc_path(p));
+            outln!("Key tree: removed {}.", rel(p));
         }
     }
     if counts.key_mismatches > 0 {
