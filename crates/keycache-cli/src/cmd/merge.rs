@@ -17,9 +17,9 @@ use crate::output::{errln, esc, esc_path, exit, outln, print_json, CmdError, Cmd
 /// The arguments of `keycache merge`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
-    /// `[STORE] THEIRS`: the store directory (default: the one the Salt
-    /// master config names, see -c), then their snapshot: a file, or `-`
-    /// for stdin.
+    /// The store directory, optional (default: the one the Salt master
+    /// config names, see -c), then their snapshot: a file, or `-` for
+    /// stdin.
     #[arg(value_name = "[STORE] THEIRS", num_args = 1..=2, required = true)]
     paths: Vec<PathBuf>,
     /// Their snapshot merged last (the file --write-base wrote at the last
