@@ -7,6 +7,39 @@
 //! both, planning again from a new snapshot when a writer changed the
 //! store in between.
 //!
+//! A cluster daemon runs the same exchange as `keycache snapshot | keycache
+//! merge` over its own transport:
+//!
+//! ```
+//! use keycache::merge::{self, MergeOptions};
+//! use keycache::snapshot::{self, Snapshot, SnapshotOptions};
+//! use keycache::{KeyState, MinionId, OpenOptions, Params, Store};
+//!
+//! # fn main() -> keycache::Result<()> {
+//! # let da = tempfile::tempdir().expect("dir");
+//! # let db = tempfile::tempdir().expect("dir");
+//! let params = Params { size: 1009, ..Params::default() };
+//! let opts = OpenOptions { params, ..OpenOptions::default() };
+//! let a = Store::open_with(da.path(), &opts)?;
+//! let b = Store::open_with(db.path(), &opts)?;
+//! let pem = b"-----BEGIN PUBLIC KEY-----\nMIIB\n-----END PUBLIC KEY-----\n";
+//! b.put(&MinionId::new("web-1")?, KeyState::Accepted, pem)?; // salt-key -a on b
+//!
+//! // On b: its snapshot, with what b last merged from a (none yet) as seen.
+//! let mut wire = Vec::new();
+//! snapshot::take(&b, &SnapshotOptions::default())?.write_to(&mut wire)?;
+//! // On a: merged with the base a keeps for b (none yet: a union).
+//! let theirs = Snapshot::read_from(&mut &wire[..])?;
+//! let (mo, so) = (MergeOptions::default(), SnapshotOptions::default());
+//! let (plan, _report) = merge::merge(&a, &theirs, None, &mo, &so)?;
+//! assert_eq!(plan.counts().added, 1);
+//! let next_base = Snapshot { seen: None, ..theirs }; // keep it for the next merge from b
+//! # let _ = next_base;
+//! assert_eq!(a.get(&MinionId::new("web-1")?)?.map(|e| e.state), Some(KeyState::Accepted));
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! # What the other side is known to have had
 //!
 //! Two snapshots tell a three-way merge which side's value is the newer:
