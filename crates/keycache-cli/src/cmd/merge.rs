@@ -2,6 +2,7 @@
 //! with `--base`, else a union), in one atomic commit; see
 //! `keycache::merge` for the rules and the policies.
 
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
@@ -106,6 +107,12 @@ impl Args {
 /// Reads a snapshot from a file, or from stdin for `-`.
 fn read(path: &Path) -> Result<Snapshot, CmdError> {
     if path == Path::new("-") {
+        if std::io::stdin().is_terminal() {
+            return Err(CmdError::usage(
+                "refusing to read a snapshot from a terminal: pipe it (ssh peer keycache \
+                 snapshot | keycache merge -) or give a file",
+            ));
+        }
         Ok(Snapshot::read_named(&mut std::io::stdin().lock(), "stdin")?)
     } else {
         Ok(Snapshot::read_file(path)?)
