@@ -480,3 +480,89 @@ fn their_seen_section_alone_takes_their_deletion() {
     assert_eq!(p.entries[0].action, Action::Deleted);
     assert_eq!(state_of(&p.result, "x"), None);
 }
+
+/// One random local operation on a peer's snapshot: a new key (pending),
+/// accept, reject, delete, deny; accepted (id, key) pairs are recorded.
+fn local_op(
+    rng: &mut Rng,
+    s: &Snapshot,
+    n: u64,
+    accepted: &mut Vec<(String, Vec<u8>)>,
+) -> Snapshot {
+    let mut v = s.entries.clone();
+    let id = *rng.pick(&["a", "b", "c", "d", "e"]);
+    let pos = |v: &[Entry], bank: Bank| v.iter().position(|e| e.bank == bank && e.id == id);
+    match (rng.below(5), pos(&v, Bank::Keys)) {
+        (0, None) => v.push(e(Bank::Keys, id, P, &format!("{id}{n}"), n)),
+        (1, Some(i)) if v[i].state == P => {
+            v[i].state = A;
+            accepted.push((id.to_owned(), v[i].pub_key.clone()));
+        }
+        (2, Some(i)) => v[i].state = R,
+        (3, _) => v.retain(|x| x.id != id),
+        (4, _) => {
+            v.retain(|x| !(x.id == id && x.bank == Bank::Denied));
+            v.push(e(Bank::Denied, id, None, &format!("{id}d{n}"), n));
+        }
+        _ => {}
+    }
+    snap(v)
+}
+
+#[test]
+fn property_peers_converge_with_bases_and_seen_sections() {
+    let mut rng = Rng::new(0x5eed_0003);
+    let o = MergeOptions::default();
+    let sims: u64 = std::env::var("KEYCACHE_MERGE_SIMS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2000);
+    for _ in 0..sims {
+        let n = 2 + rng.below(3) as usize;
+        let mut peers = vec![snap(vec![]); n];
+        // bases[i][j]: j's snapshot that i merged last.
+        let mut bases: Vec<Vec<Option<Snapshot>>> = vec![vec![None; n]; n];
+        let mut accepted = Vec::new();
+        let mut tick = 0;
+        let mut merge_into = |peers: &mut Vec<Snapshot>,
+                              bases: &mut Vec<Vec<Option<Snapshot>>>,
+                              i: usize,
+                              j: usize| {
+            let mut theirs = peers[j].clone();
+            theirs.seen = bases[j][i].as_ref().map(|b| b.entries.clone());
+            let p = plan(&peers[i], &theirs, bases[i][j].as_ref(), &o);
+            bases[i][j] = Some(peers[j].clone());
+            peers[i] = p.result;
+        };
+        for _ in 0..12 {
+            for _ in 0..rng.below(4) {
+                let p = rng.below(n as u64) as usize;
+                tick += 1;
+                peers[p] = local_op(&mut rng, &peers[p], tick, &mut accepted);
+            }
+            for _ in 0..rng.below(3) {
+                let i = rng.below(n as u64) as usize;
+                let j = (i + 1 + rng.below(n as u64 - 1) as usize) % n;
+                merge_into(&mut peers, &mut bases, i, j);
+            }
+        }
+        let mut rounds = 0;
+        while peers.windows(2).any(|w| values(&w[0]) != values(&w[1])) {
+            rounds += 1;
+            assert!(rounds <= 4, "no convergence: {peers:#?}");
+            for i in 0..n {
+                for j in 0..n {
+                    if i != j {
+                        merge_into(&mut peers, &mut bases, i, j);
+                    }
+                }
+            }
+        }
+        for x in peers[0].entries.iter().filter(|x| x.state == A) {
+            assert!(
+                accepted.contains(&(x.id.clone(), x.pub_key.clone())),
+                "{x:?}"
+            );
+        }
+    }
+}
