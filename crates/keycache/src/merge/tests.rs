@@ -524,10 +524,10 @@ fn property_peers_converge_with_bases_and_seen_sections() {
         let mut bases: Vec<Vec<Option<Snapshot>>> = vec![vec![None; n]; n];
         let mut accepted = Vec::new();
         let mut tick = 0;
-        let mut merge_into = |peers: &mut Vec<Snapshot>,
-                              bases: &mut Vec<Vec<Option<Snapshot>>>,
-                              i: usize,
-                              j: usize| {
+        let merge_into = |peers: &mut Vec<Snapshot>,
+                          bases: &mut Vec<Vec<Option<Snapshot>>>,
+                          i: usize,
+                          j: usize| {
             let mut theirs = peers[j].clone();
             theirs.seen = bases[j][i].as_ref().map(|b| b.entries.clone());
             let p = plan(&peers[i], &theirs, bases[i][j].as_ref(), &o);
