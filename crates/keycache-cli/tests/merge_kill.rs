@@ -209,7 +209,7 @@ fn merge_killed_at_random_points_leaves_old_or_new_state_whole() {
     let template = t.path().join("template");
     std::fs::create_dir(&template).unwrap();
     let store0 = make_store(&kc, &template);
-    let mut rng = Rng::new(0x6d65_7267_65);
+    let mut rng = Rng::new(0x006d_6572_6765);
 
     // The base: our store as both peers last agreed on it.
     let base_file = t.path().join("base.snap");
@@ -363,7 +363,9 @@ fn merge_killed_at_random_points_leaves_old_or_new_state_whole() {
             });
             let tree_only = j["clean"] == true
                 && j["findings"].as_array().is_some_and(Vec::is_empty)
-                && j["tree"]["disagreements"].as_array().is_some_and(|d| !d.is_empty());
+                && j["tree"]["disagreements"]
+                    .as_array()
+                    .is_some_and(|d| !d.is_empty());
             assert!(
                 tree_only,
                 "{ctx}: keycache verify after the merge again: {j:#}"
@@ -373,13 +375,33 @@ fn merge_killed_at_random_points_leaves_old_or_new_state_whole() {
             let d = j["tree"]["disagreements"].as_array().unwrap();
             let mut what: Vec<String> = d
                 .iter()
-                .map(|x| format!("{} {}", x["dir"].as_str().unwrap_or("?"), x["problem"].as_str().unwrap_or("?")))
+                .map(|x| {
+                    format!(
+                        "{} {}",
+                        x["dir"].as_str().unwrap_or("?"),
+                        x["problem"].as_str().unwrap_or("?")
+                    )
+                })
                 .collect();
             what.sort();
             what.dedup();
-            stale_tree.push(format!("{ctx}: {} tree entries ({})", d.len(), what.join(", ")));
-            run_ok(&kc, &dir, &["verify", "--repair"], &format!("{ctx}: verify --repair"));
-            run_ok(&kc, &dir, &["verify"], &format!("{ctx}: verify after --repair"));
+            stale_tree.push(format!(
+                "{ctx}: {} tree entries ({})",
+                d.len(),
+                what.join(", ")
+            ));
+            run_ok(
+                &kc,
+                &dir,
+                &["verify", "--repair"],
+                &format!("{ctx}: verify --repair"),
+            );
+            run_ok(
+                &kc,
+                &dir,
+                &["verify"],
+                &format!("{ctx}: verify after --repair"),
+            );
         }
         if k % 8 == 0 {
             let done = t.path().join(format!("salt-done-{k}"));

@@ -102,6 +102,13 @@ sys.stdout.flush()
 /// One entry: (bank, id) -> (state, pem); state "" in `denied_keys`.
 type State = BTreeMap<(String, String), (String, Vec<u8>)>;
 
+/// One of Salt's ops: bank, id, and the (state, pem) stored or `None`
+/// (removed).
+type Op = (String, String, Option<Stored>);
+
+/// A stored value: (state, pem).
+type Stored = (String, Vec<u8>);
+
 fn entry_hash(k: &(String, String), v: &(String, Vec<u8>)) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     k.hash(&mut h);
@@ -193,12 +200,12 @@ fn snapshots_taken_while_salt_writes_are_moments_of_the_store() {
             start.elapsed()
         );
         i += 1;
-        let to_stdout = i % 3 == 0;
+        let to_stdout = i.is_multiple_of(3);
         let file = t.path().join(format!("snap-{i}"));
         let mut cmd = kc.cmd();
         cmd.arg("snapshot").arg(&dir).args(l.args());
         if to_stdout {
-            if i % 6 == 0 {
+            if i.is_multiple_of(6) {
                 cmd.args(["-o", "-"]);
             }
         } else {
@@ -237,7 +244,7 @@ fn snapshots_taken_while_salt_writes_are_moments_of_the_store() {
     );
 
     // Salt's ops, in order.
-    let mut ops: Vec<(String, String, Option<(String, Vec<u8>)>)> = Vec::new();
+    let mut ops: Vec<Op> = Vec::new();
     let mut done = None;
     for line in log_text.lines() {
         if let Some(n) = line.strip_prefix("done ") {
@@ -267,7 +274,7 @@ fn snapshots_taken_while_salt_writes_are_moments_of_the_store() {
     let mut prints: HashMap<u64, Vec<usize>> = HashMap::new();
     prints.entry(fp).or_default().push(0);
     // Every value Salt wrote, per (bank, id).
-    let mut written: HashMap<(String, String), Vec<(String, Vec<u8>)>> = HashMap::new();
+    let mut written: HashMap<(String, String), Vec<Stored>> = HashMap::new();
     for (m, (bank, id, val)) in ops.iter().enumerate() {
         let k = (bank.clone(), id.clone());
         if let Some(old) = state.remove(&k) {
@@ -324,7 +331,10 @@ fn snapshots_taken_while_salt_writes_are_moments_of_the_store() {
             mixed_refuted += 1;
         }
     }
-    assert!(mixed_refuted >= 3, "the moment check refuted only {mixed_refuted} mixed states");
+    assert!(
+        mixed_refuted >= 3,
+        "the moment check refuted only {mixed_refuted} mixed states"
+    );
 
     let mut moments = std::collections::BTreeSet::new();
     for (ctx, bytes) in &snaps {

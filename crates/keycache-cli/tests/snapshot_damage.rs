@@ -4,10 +4,12 @@
 //! an entry, without its checksum, one byte short), has one byte flipped (in
 //! the magic, the version, the header, an entry's fields, an id, a key, the
 //! checksum), has bytes past its end, another format version (checksum made
-//! right) or another magic, or is not a snapshot at all. Each refusal exits 2
-//! with a message naming the file and what is wrong, and every file of the
-//! store directory (banks, lock files, the localfs_key tree) is byte for byte
-//! and inode for inode what it was, with no file added or removed.
+//! right) or another magic, or is not a snapshot at all; and a snapshot with
+//! a seen section (`keycache snapshot --seen`) truncated or flipped in that
+//! section. Each refusal exits 2 with a message naming the file and what is
+//! wrong, and every file of the store directory (banks, lock files, the
+//! localfs_key tree) is byte for byte and inode for inode what it was, with
+//! no file added or removed.
 //!
 //! Control: the intact snapshot merges (exit 0) and does change the store, so
 //! the comparison can fail.
@@ -30,6 +32,10 @@ fn layout() -> Layout {
 /// Every file under `dir`, recursively: path -> (kind, inode, bytes or
 /// link target).
 type Files = BTreeMap<PathBuf, (char, u64, Vec<u8>)>;
+
+/// How a damaged file is handed to `keycache merge`: (how, arguments,
+/// stdin, the name the message must give).
+type Case<'a> = (&'a str, Vec<std::ffi::OsString>, Option<&'a [u8]>, String);
 
 fn files(dir: &Path) -> Files {
     let mut out = Files::new();
@@ -260,6 +266,92 @@ fn variants(good: &[u8]) -> Vec<(String, Vec<u8>, Vec<&'static str>)> {
     v
 }
 
+/// A snapshot with a seen section (`keycache snapshot --seen FILE`, FILE
+/// the intact snapshot itself), and its variants damaged in that section.
+fn seen_variants(root: &Path) -> Vec<(String, Vec<u8>, Vec<&'static str>)> {
+    let out = root.join("theirs-seen.snap");
+    let o = common::cli()
+        .cmd()
+        .arg("snapshot")
+        .arg(root.join("theirs"))
+        .arg("--seen")
+        .arg(root.join("theirs.snap"))
+        .arg("-o")
+        .arg(&out)
+        .args(layout().args())
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "keycache snapshot --seen: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let good = std::fs::read(&out).unwrap();
+    let snap = Snapshot::from_bytes(&good, "theirs-seen.snap").expect("it reads");
+    assert_eq!(
+        u32::from_le_bytes(good[12..16].try_into().unwrap()),
+        keycache::snapshot::FLAG_SEEN
+    );
+    let seen = snap.seen.as_ref().expect("a seen section");
+    assert_eq!(seen.len(), snap.entries.len());
+    // Where the seen section starts: after the entries.
+    let o = HEADER_LEN
+        + snap
+            .entries
+            .iter()
+            .map(|e| 16 + e.id.len() + e.pub_key.len())
+            .sum::<usize>();
+    assert_eq!(
+        u64::from_le_bytes(good[o..o + 8].try_into().unwrap()),
+        seen.len() as u64
+    );
+    let n = good.len();
+    let trunc = vec!["truncated"];
+    let any = vec![
+        "checksum",
+        "truncated",
+        "unknown",
+        "past",
+        "order",
+        "flags",
+        "invalid",
+        "utf-8",
+    ];
+    let mut v = Vec::new();
+    for len in [o, o + 4, o + 8, o + 8 + 10, n - TRAILER_LEN - 5] {
+        v.push((
+            format!("seen snapshot truncated to {len} of {n} bytes"),
+            good[..len].to_vec(),
+            trunc.clone(),
+        ));
+    }
+    for (pos, words, what) in [
+        (12, any.clone(), "flags: the seen bit"),
+        (o, any.clone(), "seen count"),
+        (o + 8, any.clone(), "first seen entry's bank"),
+        (o + 8 + 16 + 3, any.clone(), "first seen entry's id"),
+        (
+            o + 8 + 16 + 19 + 30,
+            vec!["checksum"],
+            "first seen entry's key",
+        ),
+        (
+            n - TRAILER_LEN - 5,
+            vec!["checksum"],
+            "last seen entry's key",
+        ),
+    ] {
+        let mut b = good.clone();
+        b[pos] ^= 0x01;
+        v.push((
+            format!("seen snapshot byte {pos} ({what}) ^ 0x01"),
+            b,
+            words,
+        ));
+    }
+    v
+}
+
 #[test]
 fn damaged_snapshots_are_refused_and_change_nothing() {
     let kc = common::cli();
@@ -270,12 +362,14 @@ fn damaged_snapshots_are_refused_and_change_nothing() {
     let l = layout();
     let mut checked = 0;
     let mut failures = Vec::new();
-    for (k, (what, bytes, words)) in variants(&good).into_iter().enumerate() {
+    let mut all = variants(&good);
+    all.extend(seen_variants(t.path()));
+    for (k, (what, bytes, words)) in all.into_iter().enumerate() {
         let file = t.path().join(format!("damaged-{k}.snap"));
         std::fs::write(&file, &bytes).unwrap();
         let good_file = t.path().join("theirs.snap");
         // THEIRS damaged; --base damaged (THEIRS intact); THEIRS on stdin.
-        let cases: Vec<(&str, Vec<std::ffi::OsString>, Option<&[u8]>, String)> = vec![
+        let cases: Vec<Case> = vec![
             (
                 "THEIRS",
                 vec![file.clone().into()],
