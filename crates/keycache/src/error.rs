@@ -159,6 +159,42 @@ pub enum Error {
         suggested: u64,
     },
 
+    /// A bank's lock stayed taken (by Salt's writer or another keycache)
+    /// for longer than the caller would wait.
+    #[error("{path}: still locked by another writer (a Salt master or another keycache) after {waited:?}; try again")]
+    Busy {
+        /// The bank's lock file.
+        path: PathBuf,
+        /// How long keycache waited.
+        waited: std::time::Duration,
+    },
+
+    /// A snapshot file ([`crate::snapshot`]) that cannot be read: not a
+    /// snapshot, another format version, truncated, damaged (checksum) or
+    /// holding an entry that is not valid.
+    #[error("{source_name}: not a usable keycache snapshot: {why}")]
+    BadSnapshot {
+        /// Where the snapshot came from (a file name, `stdin`).
+        source_name: String,
+        /// What is wrong, with the byte offset where it helps.
+        why: String,
+    },
+
+    /// A merge plan ([`crate::merge`]) made from a snapshot of the store
+    /// that the store no longer matches: another writer changed an id the
+    /// plan changes. Nothing was written; take a new snapshot and plan again.
+    #[error("{dir}: {bank} entry {id:?} changed since the merge was planned ({why}); nothing was written: plan again")]
+    StalePlan {
+        /// The store directory.
+        dir: PathBuf,
+        /// The bank: `keys` or `denied_keys`.
+        bank: &'static str,
+        /// The id.
+        id: String,
+        /// What the plan expected and what the store holds.
+        why: String,
+    },
+
     /// A key-bank value with a state byte Salt does not know.
     #[error("unknown key state {0:?} (expected accepted, pending or rejected)")]
     UnknownState(String),

@@ -16,6 +16,10 @@
 //! - [`table::Table`]: one bank of any name, ids and values as bytes.
 //! - [`master_keys`]: the master's own key files into the `master_keys`
 //!   bank, as Salt's `MasterKeys` reads them.
+//! - [`snapshot`] and [`merge`]: both banks as of one moment in one
+//!   checksummed file, and the three-way merge of a peer's snapshot, so
+//!   that the masters of a cluster with isolated filesystems converge on
+//!   one key state over any transport.
 //!
 //! The crate prints nothing and reads no environment variable: settings
 //! come in through [`OpenOptions`] and [`migrate::MigrateOptions`].
@@ -63,11 +67,13 @@ mod key;
 #[allow(unsafe_code)]
 mod map;
 pub mod master_keys;
+pub mod merge;
 pub mod migrate;
 pub mod pem;
 pub mod rebuild;
 pub mod report;
 mod roster;
+pub mod snapshot;
 pub mod store;
 pub mod table;
 #[cfg(test)]

@@ -257,6 +257,17 @@ pub fn compact(table: &Table, size: Option<u64>) -> Result<()> {
 /// then the images are staged under temporary names and renamed into place
 /// through one journal. A failure of `build` (or a crash) changes nothing.
 pub(crate) fn replace(tables: &[&Table], build: impl FnOnce() -> Result<Vec<Image>>) -> Result<()> {
+    replace_then(tables, build, || Ok(()))
+}
+
+/// [`replace`], then `after` once the new images are in place, still under
+/// the banks' locks (a merge writes the key tree there). `after` does not
+/// run when the rebuild fails.
+pub(crate) fn replace_then(
+    tables: &[&Table],
+    build: impl FnOnce() -> Result<Vec<Image>>,
+    after: impl FnOnce() -> Result<()>,
+) -> Result<()> {
     let Some(first) = tables.first() else {
         return Ok(());
     };
@@ -305,7 +316,8 @@ pub(crate) fn replace(tables: &[&Table], build: impl FnOnce() -> Result<Vec<Imag
             .collect();
         let mut c = Commit::default();
         c.stage_all(banks, &first.ownership())?;
-        c.apply(first.rebuild_settle())
+        c.apply(first.rebuild_settle())?;
+        after()
     };
     match tables {
         [t] => t.exclusive(run),

@@ -6,7 +6,9 @@ mod diff;
 mod export;
 mod get;
 mod list;
+mod merge;
 mod migrate;
+mod snapshot;
 mod state;
 mod stats;
 mod verify;
@@ -73,6 +75,19 @@ pub(crate) enum Command {
     /// Compare two stores (peers of an isolated-filesystem cluster); exits 1
     /// when they differ.
     Diff(diff::Args),
+    /// Write the keys and denied_keys banks as of one moment (taken under
+    /// the banks' locks) as one checksummed snapshot file, to stdout (-o -,
+    /// the default; never a terminal) or a file: what `keycache merge` on
+    /// another peer reads (`ssh peer keycache snapshot | keycache merge -`).
+    /// Never the master_keys bank.
+    Snapshot(snapshot::Args),
+    /// Merge a peer's snapshot into the store, in one atomic commit: with
+    /// --base, three-way (one-sided changes taken, deletions included;
+    /// conflicts settled by --on-conflict, default restrictive); without,
+    /// a union that never deletes. An id with two different public keys is
+    /// never accepted silently (--on-key-mismatch). Exits 1 when such a key
+    /// mismatch was reported.
+    Merge(merge::Args),
     /// Measure lookup throughput of an existing store on this machine.
     Bench(bench::Args),
 }
@@ -91,6 +106,8 @@ pub(crate) fn run(cmd: Command) -> CmdResult {
         Command::Compact(a) => compact::run(a),
         Command::Export(a) => export::run(a),
         Command::Diff(a) => diff::run(a),
+        Command::Snapshot(a) => snapshot::run(a),
+        Command::Merge(a) => merge::run(a),
         Command::Bench(a) => bench::run(a),
     }
 }

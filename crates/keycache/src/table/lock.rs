@@ -28,6 +28,30 @@ impl Table {
     /// bank's `.lock` file. A rebuild that a crash interrupted is finished
     /// first.
     fn locked<T>(&self, f: impl FnOnce(&mut WriterState) -> Result<T>) -> Result<T> {
+        self.locked_within(None, f)
+    }
+
+    /// Runs `f` holding the bank's locks, as a writer does, without using
+    /// the writer's mapping: for reads that must see no write half-made
+    /// (a snapshot of both banks). The `flock` is waited for at most
+    /// `wait`, then [`Error::Busy`].
+    pub(crate) fn read_locked<T>(
+        &self,
+        wait: Duration,
+        f: impl FnOnce() -> Result<T>,
+    ) -> Result<T> {
+        self.locked_within(Some(wait), |_| {
+            self.refresh(true)?;
+            f()
+        })
+    }
+
+    /// [`Table::locked`], waiting for the `flock` at most `wait` when given.
+    fn locked_within<T>(
+        &self,
+        wait: Option<Duration>,
+        f: impl FnOnce(&mut WriterState) -> Result<T>,
+    ) -> Result<T> {
         // A writer that panicked left nothing half-done in this state that
         // the next one does not re-establish (it reopens and re-checks the
         // files), so a poisoned mutex is taken over.
@@ -44,8 +68,20 @@ impl Table {
                 std::io::ErrorKind::NotFound.into(),
             ));
         };
-        lock.lock()
-            .map_err(|e| Error::io(lock_path(), "flock", e))?;
+        let taken = match wait {
+            None => lock.lock().map_err(|e| Error::io(lock_path(), "flock", e)),
+            Some(wait) => lock_within(&lock, wait).map_err(|e| match e {
+                None => Error::Busy {
+                    path: lock_path(),
+                    waited: wait,
+                },
+                Some(e) => Error::io(lock_path(), "flock", e),
+            }),
+        };
+        if let Err(e) = taken {
+            ws.lock = Some(lock);
+            return Err(e);
+        }
         let result =
             crate::journal::roll_forward(&self.dir, Some(&lock_path()), self.rebuild_settle)
                 .and_then(|()| f(ws));
@@ -225,5 +261,25 @@ impl Table {
         ix.map
             .flush_range(0, p.slot_size)
             .map_err(|e| Error::io(&self.path, "msync", e))
+    }
+}
+
+/// Takes `flock(LOCK_EX)` on `f`, trying for at most `wait` (sleeps from
+/// 1 ms doubling to 50 ms); `Err(None)` when it stayed taken.
+fn lock_within(f: &File, wait: Duration) -> std::result::Result<(), Option<std::io::Error>> {
+    let start = std::time::Instant::now();
+    let mut nap = Duration::from_millis(1);
+    loop {
+        match f.try_lock() {
+            Ok(()) => return Ok(()),
+            Err(std::fs::TryLockError::Error(e)) => return Err(Some(e)),
+            Err(std::fs::TryLockError::WouldBlock) => {}
+        }
+        let spent = start.elapsed();
+        if spent >= wait {
+            return Err(None);
+        }
+        std::thread::sleep(nap.min(wait - spent));
+        nap = (nap * 2).min(Duration::from_millis(50));
     }
 }

@@ -1,0 +1,91 @@
+//! `keycache snapshot`: the `keys` and `denied_keys` banks as of one moment,
+//! in one checksummed file (see `keycache::snapshot`), to stdout or a file:
+//! what `keycache merge` on another peer reads.
+
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use keycache::snapshot::{self, Snapshot, SnapshotOptions};
+
+use crate::args::{ConfiguredStore, Layout};
+use crate::output::{errln, esc_path, CmdError, CmdResult};
+
+/// The arguments of `keycache snapshot`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct Args {
+    #[command(flatten)]
+    store: ConfiguredStore,
+    /// Where to write the snapshot: `-` (the default) for stdout, which must
+    /// not be a terminal, or a file, replaced atomically.
+    #[arg(short = 'o', long = "output", value_name = "FILE", default_value = "-")]
+    output: PathBuf,
+    /// The base this store keeps for the peer that will read the snapshot
+    /// (the file its `keycache merge --write-base` writes: what this store
+    /// last merged from that peer). Its entries travel in the snapshot as
+    /// "seen", so that the reader tells an entry this store received and
+    /// then deleted or changed from one it never had. A missing file is
+    /// none (no merge from that peer yet).
+    #[arg(long, value_name = "FILE")]
+    seen: Option<PathBuf>,
+    /// How long to wait for each bank's lock (held by a Salt master or
+    /// another keycache that is writing), in seconds.
+    #[arg(long, value_name = "SECONDS", default_value_t = 10.0)]
+    lock_wait: f64,
+    #[command(flatten)]
+    layout: Layout,
+}
+
+/// `--lock-wait SECONDS` as a duration, or a usage error.
+pub(crate) fn lock_wait(secs: f64) -> Result<SnapshotOptions, CmdError> {
+    Duration::try_from_secs_f64(secs)
+        .map(|lock_wait| SnapshotOptions { lock_wait })
+        .map_err(|_| {
+            CmdError::usage(format!(
+                "--lock-wait {secs}: give a number of seconds, 0 or more"
+            ))
+        })
+}
+
+/// Writes `snap` to stdout (refusing a terminal) when `out` is `-`, else
+/// to the file `out`, atomically.
+pub(crate) fn write(snap: &Snapshot, out: &Path) -> Result<(), CmdError> {
+    if out != Path::new("-") {
+        return Ok(snap.write_file(out)?);
+    }
+    let mut stdout = std::io::stdout().lock();
+    snap.write_to(&mut stdout)?;
+    stdout
+        .flush()
+        .map_err(|e| CmdError::usage(format!("writing the snapshot to stdout: {e}")))
+}
+
+/// Runs `keycache snapshot`: exit code 0, or 2 when the store cannot be
+/// read (nothing is written then).
+pub(crate) fn run(a: Args) -> CmdResult {
+    let to_stdout = a.output == Path::new("-");
+    if to_stdout && std::io::stdout().is_terminal() {
+        return Err(CmdError::usage(
+            "refusing to write a binary snapshot to a terminal: pipe it (keycache snapshot | \
+             ssh peer keycache merge -) or give -o FILE",
+        ));
+    }
+    let opts = lock_wait(a.lock_wait)?;
+    let seen = match &a.seen {
+        Some(p) if p.exists() => Some(Snapshot::read_file(p)?.entries),
+        _ => None,
+    };
+    let store = a.layout.open(&a.store.dir())?;
+    let mut snap = snapshot::take(&store, &opts)?;
+    snap.seen = seen;
+    write(&snap, &a.output)?;
+    if !to_stdout {
+        errln!(
+            "keycache: snapshot of {}: {} entries written to {}",
+            esc_path(store.dir()),
+            snap.entries.len(),
+            esc_path(&a.output)
+        );
+    }
+    Ok(std::process::ExitCode::SUCCESS)
+}

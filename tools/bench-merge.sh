@@ -1,0 +1,218 @@
+#!/usr/bin/env bash
+# Measures `keycache snapshot` and `keycache merge` side by side with Salt
+# 3008.5's own path for the same keys, and prints one Markdown report of
+# medians (run by hand, not in CI).
+#
+#   tools/bench-merge.sh                 # everything (~10 min on 2 cores, most of it Salt)
+#   tools/bench-merge.sh --rounds 7      # keycache rounds per figure (default 5)
+#   tools/bench-merge.sh --salt-rounds 1 # Salt rounds per figure (default 3; each ~1 min at 100k)
+#   tools/bench-merge.sh --no-1m         # leave out the 1M-key snapshot/list comparison
+#
+# What it measures (release build; every round on a fresh copy of its store,
+# copied outside the timed part; page cache warm):
+#   1. `keycache merge` of a 100k-key snapshot into an empty store (union).
+#   2. `keycache merge --base` of a snapshot that differs from the store in
+#      1% of its keys (500 deleted, 400 rejected, 100 accepted on their side).
+#   3. Salt's own path for the same keys: salt.cluster.state_sync's
+#      install_keys_chunk (one mmap_key `store` per key, in chunks of 200, as
+#      a joining master installs a peer's keys): all of the snapshot's entries
+#      into an empty store, and into a copy of the 1%-different store (Salt
+#      has no diff: state sync sends every key); and, as Salt's best case,
+#      only the 1,000 changed entries (Salt can store, not delete: the
+#      deleted ones stay).
+#   4. `keycache snapshot` of a 1M-key store against `keycache list
+#      --include-pub` of the same store (both to /dev/null; the snapshot to a
+#      file too).
+#
+# Data (trees from tools/gen-pki-tree.py, stores from `keycache migrate`) is
+# generated under target/bench-data on the first run and reused (the trees
+# are shared with tools/bench-compare.sh); the 1M store takes ~2.5 GB.
+# Needs: cargo, python3; the Salt venv of tools/setup-venv.sh (or
+# KEYCACHE_PYTHON).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+rounds=5
+salt_rounds=3
+with_1m=1
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --rounds) rounds=$2; shift 2 ;;
+    --salt-rounds) salt_rounds=$2; shift 2 ;;
+    --no-1m) with_1m=0; shift ;;
+    *) echo "usage: $0 [--rounds N] [--salt-rounds N] [--no-1m]" >&2; exit 2 ;;
+  esac
+done
+
+echo "==> cargo build --release -p keycache-cli --bin keycache" >&2
+cargo build --release -p keycache-cli --bin keycache >&2
+kc=$PWD/target/release/keycache
+if [[ -n "${KEYCACHE_PYTHON:-}" ]]; then
+  py=$KEYCACHE_PYTHON
+else
+  echo "==> Salt 3008.5 venv (tools/setup-venv.sh)" >&2
+  py=$(tools/setup-venv.sh | tail -n 1)
+fi
+export KEYCACHE_REBUILD_SETTLE_MS=0   # no Salt master shares these stores
+data=target/bench-data
+work=$data/merge
+mkdir -p "$work"
+
+log() { echo "==> $*" >&2; }
+
+# A tree of N minions (shared with bench-compare.sh), made once.
+tree() {
+  local n=$1 t=$data/tree-$1
+  if [[ ! -e $t.json ]]; then
+    log "generating a tree of $n minions (tools/gen-pki-tree.py)"
+    rm -rf "$t"
+    python3 tools/gen-pki-tree.py "$t" --minions "$n" > "$t.json.tmp"
+    mv "$t.json.tmp" "$t.json"
+  fi
+  echo "$t"
+}
+
+# A store migrated from the tree of N minions, table size SIZE, made once.
+store() {
+  local n=$1 size=$2 s=$work/store-$1
+  if [[ ! -e $s/.bench-complete ]]; then
+    local t
+    t=$(tree "$n")
+    log "keycache migrate $t --out $s --size $size"
+    rm -rf "$s"; mkdir -p "$s"
+    "$kc" migrate "$t" --out "$s" --size "$size" --no-master-keys > /dev/null
+    touch "$s/.bench-complete"
+  fi
+  echo "$s"
+}
+
+now() { echo "$EPOCHREALTIME"; }
+# Seconds between two `now`s.
+since() { python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.6f}')" "$1" "$(now)"; }
+median() { python3 -c "import statistics, sys; print(f'{statistics.median(float(x) for x in sys.argv[1:]):.6f}')" "$@"; }
+fmt() { python3 -c "import sys; s = float(sys.argv[1]); print(f'{s * 1000:.0f} ms' if s < 10 else f'{s:.1f} s')" "$1"; }
+ratio() { python3 -c "import sys; print(f'{float(sys.argv[1]) / float(sys.argv[2]):.1f}x')" "$1" "$2"; }
+
+# timed NAME ROUNDS PREP CMD...: runs PREP (not timed) then CMD, ROUNDS
+# times; prints the median seconds and keeps every sample in $work/NAME.times.
+timed() {
+  local name=$1 r=$2 prep=$3; shift 3
+  local samples=()
+  for ((i = 0; i < r; i++)); do
+    eval "$prep"
+    local s
+    s=$(now)
+    "$@"
+    samples+=("$(since "$s")")
+  done
+  echo "${samples[*]}" > "$work/$name.times"
+  log "$name: ${samples[*]} s"
+  median "${samples[@]}"
+}
+
+log "load: $(cat /proc/loadavg)"
+
+# --- the 100k store, its snapshot and the 1%-different peer -----------------
+s100=$(store 100000 1000000)
+snap100=$work/snap-100k
+"$kc" snapshot "$s100" -o "$snap100"
+peer=$work/peer-100k
+if [[ ! -e $peer/.bench-complete ]]; then
+  log "the peer: the 100k store with 1% of its keys changed"
+  rm -rf "$peer"; cp -a "$s100" "$peer"; rm -f "$peer/.bench-complete"
+  "$kc" list "$peer" --json > "$work/list-100k.json"
+  python3 - "$work/list-100k.json" "$work" <<'EOF'
+import json, sys
+l = json.load(open(sys.argv[1]))
+acc, pre = l["minions"], l["minions_pre"]
+open(sys.argv[2] + "/ids-delete", "w").write("\n".join(acc[0:500]) + "\n")
+open(sys.argv[2] + "/ids-reject", "w").write("\n".join(acc[500:900]) + "\n")
+open(sys.argv[2] + "/ids-accept", "w").write("\n".join(pre[0:100]) + "\n")
+EOF
+  xargs -a "$work/ids-delete" "$kc" delete "$peer" -y --tree never > /dev/null
+  xargs -a "$work/ids-reject" "$kc" reject "$peer" --include-all --tree never > /dev/null
+  xargs -a "$work/ids-accept" "$kc" accept "$peer" --tree never > /dev/null
+  touch "$peer/.bench-complete"
+fi
+snap_peer=$work/snap-peer-100k
+"$kc" snapshot "$peer" -o "$snap_peer"
+dry=$("$kc" merge "$s100" "$snap_peer" --base "$snap100" --dry-run --json)
+log "the 1% merge's plan: $(python3 -c "import json,sys; d=json.loads(sys.argv[1]); print(d.get('counts', d))" "$dry")"
+
+# --- keycache merge ------------------------------------------------------------
+dst=$work/dst
+empty_prep='rm -rf "$dst"; mkdir -p "$dst"'
+m_empty=$(timed merge-empty "$rounds" "$empty_prep" \
+  "$kc" merge "$dst" "$snap100" --tree never --size 1000000)
+n_empty=$("$kc" list "$dst" --json | python3 -c "import json,sys; l=json.load(sys.stdin); print(sum(len(v) for v in l.values()))")
+one_prep='rm -rf "$dst"; cp -a "$s100" "$dst"'
+m_one=$(timed merge-1pct "$rounds" "$one_prep" \
+  "$kc" merge "$dst" "$snap_peer" --base "$snap100" --tree never)
+if ! "$kc" diff "$dst" "$peer" > /dev/null; then
+  echo "the merged store differs from the peer" >&2; exit 1
+fi
+
+# --- Salt's own path: install_keys_chunk, one store per key --------------------
+python3 tools/bench-merge/snap2items.py "$snap100" "$work/items-100k.json" >&2
+python3 tools/bench-merge/snap2items.py "$snap_peer" "$work/items-peer.json" >&2
+python3 tools/bench-merge/snap2items.py "$snap_peer" "$work/items-changed.json" --only-changed-from "$snap100" >&2
+salt_run() { # NAME ITEMS PREP
+  local name=$1 items=$2 prep=$3 samples=()
+  for ((i = 0; i < salt_rounds; i++)); do
+    eval "$prep"
+    local out
+    out=$("$py" tools/bench-merge/salt_install.py --pki-dir "$dst" --items "$items")
+    samples+=("$(python3 -c "import json,sys; print(json.loads(sys.argv[1])['seconds'])" "$out")")
+  done
+  echo "${samples[*]}" > "$work/$name.times"
+  log "$name: ${samples[*]} s"
+  median "${samples[@]}"
+}
+s_empty=$(salt_run salt-empty "$work/items-100k.json" "$empty_prep")
+s_one=$(salt_run salt-1pct-all "$work/items-peer.json" "$one_prep")
+s_changed=$(salt_run salt-1pct-changed "$work/items-changed.json" "$one_prep")
+rm -rf "$dst"
+
+# --- 1M: snapshot against list --include-pub ------------------------------------
+if [[ $with_1m == 1 ]]; then
+  s1m=$(store 1000000 2100000)
+  "$kc" list "$s1m" --include-pub > /dev/null   # warm the page cache
+  snap_null=$(timed snapshot-1m "$rounds" ':' \
+    bash -c '"$0" snapshot "$1" > /dev/null' "$kc" "$s1m")
+  snap_file=$(timed snapshot-1m-file "$rounds" 'rm -f "$work/snap-1m"' \
+    "$kc" snapshot "$s1m" -o "$work/snap-1m")
+  list_pub=$(timed list-pub-1m "$rounds" ':' \
+    bash -c '"$0" list "$1" --include-pub > /dev/null' "$kc" "$s1m")
+  list_json=$(timed list-pub-json-1m "$rounds" ':' \
+    bash -c '"$0" list "$1" --include-pub --json > /dev/null' "$kc" "$s1m")
+  snap_bytes=$(stat -c %s "$work/snap-1m")
+  rm -f "$work/snap-1m"
+fi
+
+# --- report --------------------------------------------------------------------
+cat <<EOF
+## Snapshot and merge: $(date -u +%Y-%m-%d) on $(git rev-parse --short HEAD)
+
+$(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), load before: $(cut -d' ' -f1-3 /proc/loadavg).
+Medians of $rounds keycache rounds and $salt_rounds Salt rounds; every round on a fresh copy of its store.
+
+| what (100k keys: $(python3 -c "import json; d=json.load(open('$work/items-100k.json')); print(len(d['keys']), 'keys,', len(d['denied_keys']), 'denied')")) | keycache merge | Salt install_keys_chunk | Salt / keycache |
+|---|---|---|---|
+| into an empty store | $(fmt "$m_empty") | $(fmt "$s_empty") (every entry) | $(ratio "$s_empty" "$m_empty") |
+| into a store that differs in 1% (--base) | $(fmt "$m_one") | $(fmt "$s_one") (every entry) / $(fmt "$s_changed") (only the $(python3 -c "import json; d=json.load(open('$work/items-changed.json')); print(len(d['keys']) + len(d['denied_keys']))") changed, deletions not possible) | $(ratio "$s_one" "$m_one") / $(ratio "$s_changed" "$m_one") |
+
+Entries after the merge into the empty store: $n_empty.
+EOF
+if [[ $with_1m == 1 ]]; then
+  cat <<EOF
+
+| 1M keys | median | vs list --include-pub |
+|---|---|---|
+| keycache snapshot > /dev/null | $(fmt "$snap_null") | $(ratio "$snap_null" "$list_pub") |
+| keycache snapshot -o FILE ($((snap_bytes / 1048576)) MiB, fsynced) | $(fmt "$snap_file") | $(ratio "$snap_file" "$list_pub") |
+| keycache list --include-pub > /dev/null | $(fmt "$list_pub") | 1.0x |
+| keycache list --include-pub --json > /dev/null | $(fmt "$list_json") | $(ratio "$list_json" "$list_pub") |
+EOF
+fi
+echo
+echo "Samples (seconds): $work/*.times"
