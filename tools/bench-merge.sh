@@ -3,9 +3,9 @@
 # 3008.5's own path for the same keys, and prints one Markdown report of
 # medians (run by hand, not in CI).
 #
-#   tools/bench-merge.sh                 # everything (~10 min on 2 cores, most of it Salt)
+#   tools/bench-merge.sh                 # everything (~20 min on 2 cores, nearly all of it Salt)
 #   tools/bench-merge.sh --rounds 7      # keycache rounds per figure (default 5)
-#   tools/bench-merge.sh --salt-rounds 1 # Salt rounds per figure (default 3; each ~1 min at 100k)
+#   tools/bench-merge.sh --salt-rounds 1 # Salt rounds per figure (default 3; each 2-3 min at 100k; 0: no Salt)
 #   tools/bench-merge.sh --no-1m         # leave out the 1M-key snapshot/list comparison
 #
 # What it measures (release build; every round on a fresh copy of its store,
@@ -90,8 +90,8 @@ now() { echo "$EPOCHREALTIME"; }
 # Seconds between two `now`s.
 since() { python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.6f}')" "$1" "$(now)"; }
 median() { python3 -c "import statistics, sys; print(f'{statistics.median(float(x) for x in sys.argv[1:]):.6f}')" "$@"; }
-fmt() { python3 -c "import sys; s = float(sys.argv[1]); print(f'{s * 1000:.0f} ms' if s < 10 else f'{s:.1f} s')" "$1"; }
-ratio() { python3 -c "import sys; print(f'{float(sys.argv[1]) / float(sys.argv[2]):.1f}x')" "$1" "$2"; }
+fmt() { python3 -c "import math, sys; s = float(sys.argv[1]); print('not run' if math.isnan(s) else f'{s * 1000:.0f} ms' if s < 10 else f'{s:.1f} s')" "$1"; }
+ratio() { python3 -c "import math, sys; r = float(sys.argv[1]) / float(sys.argv[2]); print('-' if math.isnan(r) else f'{r:.0f}x' if r >= 10 else f'{r:.2f}x')" "$1" "$2"; }
 
 # timed NAME ROUNDS PREP CMD...: runs PREP (not timed) then CMD, ROUNDS
 # times; prints the median seconds and keeps every sample in $work/NAME.times.
@@ -102,7 +102,7 @@ timed() {
     eval "$prep"
     local s
     s=$(now)
-    "$@"
+    "$@" > /dev/null
     samples+=("$(since "$s")")
   done
   echo "${samples[*]}" > "$work/$name.times"
@@ -110,7 +110,8 @@ timed() {
   median "${samples[@]}"
 }
 
-log "load: $(cat /proc/loadavg)"
+load0=$(cut -d' ' -f1-3 /proc/loadavg)
+log "load: $load0"
 
 # --- the 100k store, its snapshot and the 1%-different peer -----------------
 s100=$(store 100000 1000000)
@@ -136,8 +137,9 @@ EOF
 fi
 snap_peer=$work/snap-peer-100k
 "$kc" snapshot "$peer" -o "$snap_peer"
-dry=$("$kc" merge "$s100" "$snap_peer" --base "$snap100" --dry-run --json)
-log "the 1% merge's plan: $(python3 -c "import json,sys; d=json.loads(sys.argv[1]); print(d.get('counts', d))" "$dry")"
+plan=$("$kc" merge "$s100" "$snap_peer" --base "$snap100" --dry-run --json \
+  | python3 -c "import json,sys; print(json.load(sys.stdin)['counts'])")
+log "the 1% merge's plan: $plan"
 
 # --- keycache merge ------------------------------------------------------------
 dst=$work/dst
@@ -158,6 +160,7 @@ python3 tools/bench-merge/snap2items.py "$snap_peer" "$work/items-peer.json" >&2
 python3 tools/bench-merge/snap2items.py "$snap_peer" "$work/items-changed.json" --only-changed-from "$snap100" >&2
 salt_run() { # NAME ITEMS PREP
   local name=$1 items=$2 prep=$3 samples=()
+  if [[ $salt_rounds == 0 ]]; then echo nan; return; fi
   for ((i = 0; i < salt_rounds; i++)); do
     eval "$prep"
     local out
@@ -193,8 +196,9 @@ fi
 cat <<EOF
 ## Snapshot and merge: $(date -u +%Y-%m-%d) on $(git rev-parse --short HEAD)
 
-$(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), load before: $(cut -d' ' -f1-3 /proc/loadavg).
+$(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), load average at the start: $load0, at the end: $(cut -d' ' -f1-3 /proc/loadavg).
 Medians of $rounds keycache rounds and $salt_rounds Salt rounds; every round on a fresh copy of its store.
+1% merge plan: $plan.
 
 | what (100k keys: $(python3 -c "import json; d=json.load(open('$work/items-100k.json')); print(len(d['keys']), 'keys,', len(d['denied_keys']), 'denied')")) | keycache merge | Salt install_keys_chunk | Salt / keycache |
 |---|---|---|---|
