@@ -23,7 +23,6 @@ mod common;
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{Hash, Hasher};
 use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::Layout;
@@ -157,20 +156,7 @@ fn snapshots_taken_while_salt_writes_are_moments_of_the_store() {
     std::fs::create_dir(&dir).unwrap();
     let l = layout();
     let stop = t.path().join("stop");
-    let mut writer = Command::new(common::python())
-        .arg("-c")
-        .arg(WRITER)
-        .arg(common::py_dir())
-        .arg(&dir)
-        .arg(&stop)
-        .arg(l.size.to_string())
-        .arg(l.slot_size.to_string())
-        .arg(l.id_size.to_string())
-        .arg(l.max_segment_bytes.to_string())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start Salt's writer");
+    let mut writer = common::spawn_salt_writer(WRITER, &dir, &stop, &l);
     let mut out = BufReader::new(writer.stdout.take().unwrap());
     let mut log_text = String::new();
     loop {

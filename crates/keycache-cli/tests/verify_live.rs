@@ -12,7 +12,6 @@ mod common;
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{kc_dump, keycache_json, salt_dump_many, Layout};
@@ -99,20 +98,7 @@ fn verify_and_repair_report_nothing_and_rebuild_nothing_while_salt_adds_keys() {
     common::salt(&dir, &l, &["apply"], Some(&serde_json::Value::Array(seed)));
 
     let stop = t.path().join("stop");
-    let mut writer = Command::new(common::python())
-        .arg("-c")
-        .arg(WRITER)
-        .arg(common::py_dir())
-        .arg(&dir)
-        .arg(&stop)
-        .arg(l.size.to_string())
-        .arg(l.slot_size.to_string())
-        .arg(l.id_size.to_string())
-        .arg(l.max_segment_bytes.to_string())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start Salt's writer");
+    let mut writer = common::spawn_salt_writer(WRITER, &dir, &stop, &l);
     let mut out = BufReader::new(writer.stdout.take().unwrap());
     let mut line = String::new();
     out.read_line(&mut line).unwrap();

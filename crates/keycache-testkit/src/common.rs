@@ -290,3 +290,30 @@ pub fn run_py(script: &str, args: &[&str], stdin: Option<&Value>) -> Value {
     serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|e| panic!("{script} {args:?}: stdout is not JSON ({e})"))
 }
+
+/// Starts `script` (Python source run with `-c`) as a writer through Salt's
+/// own mmap_key, with the venv's Python and the arguments the concurrent
+/// tests' writers take: the test kit's `py/` directory, the store, the stop
+/// file (the writer ends when it appears) and `layout`'s four parameters.
+/// Its stdout is piped (the writer reports there), its stderr inherited.
+pub fn spawn_salt_writer(
+    script: &str,
+    dir: &Path,
+    stop: &Path,
+    layout: &Layout,
+) -> std::process::Child {
+    Command::new(python())
+        .arg("-c")
+        .arg(script)
+        .arg(py_dir())
+        .arg(dir)
+        .arg(stop)
+        .arg(layout.size.to_string())
+        .arg(layout.slot_size.to_string())
+        .arg(layout.id_size.to_string())
+        .arg(layout.max_segment_bytes.to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start Salt's writer")
+}

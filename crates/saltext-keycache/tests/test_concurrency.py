@@ -32,14 +32,10 @@ import traceback
 
 import salt.cache
 
+from tree_files import TREE_DIR, id_problems
+
 CTX = multiprocessing.get_context("fork")
 STATES = ("accepted", "pending", "rejected")
-TREE_DIR = {
-    "accepted": "minions",
-    "pending": "minions_pre",
-    "rejected": "minions_rejected",
-    "denied": "minions_denied",
-}
 PAD = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789+/=é✓中🔑"
 RUN_SECONDS = 8.0
 MAX_OPS = 1200
@@ -420,19 +416,7 @@ def tree_problems(opts, ids, cache):
         denied = cache.fetch("denied_keys", mid)
         if denied:
             want["minions_denied"] = denied[0]
-        for dirname in TREE_DIR.values():
-            path = os.path.join(pki, dirname, mid)
-            if dirname in want:
-                try:
-                    with open(path, "rb") as fh:
-                        data = fh.read()
-                except OSError as exc:
-                    problems.append(f"{path}: {exc}")
-                    continue
-                if data != want[dirname].encode():
-                    problems.append(f"{path}: content differs from the bank")
-            elif os.path.lexists(path):
-                problems.append(f"{path}: exists, the bank does not hold {mid!r} there")
+        problems.extend(id_problems(pki, mid, want))
     return problems
 
 

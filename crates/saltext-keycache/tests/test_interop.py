@@ -31,14 +31,10 @@ import pytest
 import salt.cache
 from salt.exceptions import SaltCacheError
 
+from tree_files import TREE_DIR, id_problems
+
 DRIVERS = ("keycache", "mmap_key")
 STATES = ("accepted", "pending", "rejected")
-TREE_DIR = {
-    "accepted": "minions",
-    "pending": "minions_pre",
-    "rejected": "minions_rejected",
-    "denied": "minions_denied",
-}
 CLI_TIMEOUT = 60
 
 
@@ -304,19 +300,7 @@ def tree_problems(opts, model, ids=None):
             want[TREE_DIR[model.keys[mid][0]]] = model.keys[mid][1]
         if mid in model.denied:
             want["minions_denied"] = model.denied[mid]
-        for dirname in TREE_DIR.values():
-            path = os.path.join(pki, dirname, mid)
-            if dirname in want:
-                try:
-                    with open(path, "rb") as fh:
-                        data = fh.read()
-                except OSError as exc:
-                    problems.append(f"{path}: {exc}")
-                    continue
-                if data != want[dirname].encode():
-                    problems.append(f"{path}: content differs from the bank")
-            elif os.path.lexists(path):
-                problems.append(f"{path}: exists but the bank does not hold {mid!r} there")
+        problems.extend(id_problems(pki, mid, want))
     return problems
 
 
