@@ -11,7 +11,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-use common::keycache;
+use common::{keycache, ok};
 use keycache::tree;
 use keycache::{OpenOptions, Params, Store};
 use serde_json::Value;
@@ -24,17 +24,6 @@ fn kc(args: &[&str]) -> Output {
     let mut a = args.to_vec();
     a.extend_from_slice(&["--size", "1009"]);
     keycache(&a)
-}
-
-fn ok(o: &Output) -> String {
-    assert!(
-        o.status.success(),
-        "keycache failed ({:?}): {}{}",
-        o.status,
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
 fn vt(args: &[&str]) -> Value {

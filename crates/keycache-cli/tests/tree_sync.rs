@@ -19,7 +19,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-use common::keycache;
+use common::{keycache, ok};
 use keycache::store::TreeSync;
 use keycache::tree::{self, TreeProblem};
 use keycache::{KeyState, MinionId, OpenOptions, Params, Store};
@@ -97,17 +97,6 @@ fn kc(args: &[&str]) -> Output {
     let mut a = args.to_vec();
     a.extend_from_slice(&["--size", "1009"]);
     keycache(&a)
-}
-
-fn ok(o: &Output) -> String {
-    assert!(
-        o.status.success(),
-        "keycache failed ({:?}): {}{}",
-        o.status,
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
 /// A migrated master: `pki/minions_pre/<id>` for each id, migrated into

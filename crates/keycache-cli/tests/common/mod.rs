@@ -51,3 +51,16 @@ pub fn skipped_reasons(report: &Value) -> Vec<(String, String)> {
         })
         .collect()
 }
+
+/// The stdout of a keycache run that must have succeeded (panics with its
+/// status and output otherwise).
+pub fn ok(o: &Output) -> String {
+    assert!(
+        o.status.success(),
+        "keycache failed ({:?}): {}{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
