@@ -195,6 +195,16 @@ pub enum Error {
         why: String,
     },
 
+    /// A merge ([`crate::merge`]) that is not made: the snapshot is the
+    /// store's own, from another cluster, a replay, too old, from a clock
+    /// too far ahead, or would revoke too many keys at once. Nothing was
+    /// written.
+    #[error("merge refused: {why}; nothing was written")]
+    MergeRefused {
+        /// Why, and what to do.
+        why: String,
+    },
+
     /// A key-bank value with a state byte Salt does not know.
     #[error("unknown key state {0:?} (expected accepted, pending or rejected)")]
     UnknownState(String),

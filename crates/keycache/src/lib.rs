@@ -60,6 +60,8 @@ pub mod files;
 pub mod fit;
 pub mod format;
 mod heap;
+pub mod history;
+pub mod hlc;
 pub mod id;
 mod image;
 mod journal;

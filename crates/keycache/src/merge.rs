@@ -1,14 +1,15 @@
 //! Merging a peer's snapshot into a store: how the masters of a cluster
-//! with isolated filesystems converge on one key state.
+//! with isolated filesystems converge on one key state, without ever
+//! undoing a revocation.
 //!
-//! [`plan`] compares our snapshot with theirs and decides, per (bank, id),
-//! what the store should hold; it is pure. [`apply`] writes a plan into the
-//! store in one atomic rebuild under both banks' locks. [`merge`] does
-//! both, planning again from a new snapshot when a writer changed the
-//! store in between.
-//!
-//! A cluster daemon runs the same exchange as `keycache snapshot | keycache
-//! merge` over its own transport:
+//! Every entry has a version ([`crate::history`]): a hybrid-logical-clock
+//! stamp, the kind of value (a tombstone for a deletion) and a hash. A
+//! merge takes, per (bank, id), the version that wins ([`Version::beats`]:
+//! the later stamp, then the more restrictive kind, then the greater hash).
+//! That order is total, so merges in any order, any number of times, reach
+//! the same state on every peer (the state of last-writer-wins registers),
+//! and no base or third snapshot is needed: a new peer, a restored one or
+//! one that lost its base files merges like any other.
 //!
 //! ```
 //! use keycache::merge::{self, MergeOptions};
@@ -25,495 +26,430 @@
 //! let pem = b"-----BEGIN PUBLIC KEY-----\nMIIB\n-----END PUBLIC KEY-----\n";
 //! b.put(&MinionId::new("web-1")?, KeyState::Accepted, pem)?; // salt-key -a on b
 //!
-//! // On b: its snapshot, with what b last merged from a (none yet) as seen.
+//! // b's snapshot, sent over the daemon's transport, merged into a.
 //! let mut wire = Vec::new();
 //! snapshot::take(&b, &SnapshotOptions::default())?.write_to(&mut wire)?;
-//! // On a: merged with the base a keeps for b (none yet: a union).
-//! let theirs = Snapshot::read_from(&mut &wire[..])?;
-//! let (mo, so) = (MergeOptions::default(), SnapshotOptions::default());
-//! let (plan, _report) = merge::merge(&a, &theirs, None, &mo, &so)?;
+//! let theirs = merge::read_snapshot(&a, &mut &wire[..], "b", &MergeOptions::default())?;
+//! let (plan, _report) = merge::merge(&a, &theirs, &MergeOptions::default())?;
 //! assert_eq!(plan.counts().added, 1);
-//! let next_base = Snapshot { seen: None, ..theirs }; // keep it for the next merge from b
-//! # let _ = next_base;
 //! assert_eq!(a.get(&MinionId::new("web-1")?)?.map(|e| e.state), Some(KeyState::Accepted));
 //! # Ok(())
 //! # }
 //! ```
 //!
-//! # What the other side is known to have had
+//! # What a merge refuses
 //!
-//! Two snapshots tell a three-way merge which side's value is the newer:
+//! Nothing is written ([`Error::MergeRefused`]) when:
 //!
-//! - the **base**: their snapshot that we merged last (`keycache merge
-//!   --base`, written by the previous merge's `--write-base`): values they
-//!   had;
-//! - their **seen** section ([`Snapshot::seen`]): our snapshot that they
-//!   merged last, which they send along (`keycache snapshot --seen`, their
-//!   own base for us): values of ours they have seen.
-//!
-//! Either makes the merge three-way; neither, a union. A base alone cannot
-//! tell "they received our entry and deleted it" from "they never had it";
-//! their seen section can.
-//!
-//! # The rules, per (bank, id)
-//!
-//! Values are compared by state and key (not mtime). In a three-way merge:
-//!
-//! - ours and theirs agree: nothing to do;
-//! - ours is a value they are known to have had (in the base or in their
-//!   seen section) and theirs is not one we had: theirs is newer and taken,
-//!   an added entry, a changed one or a deletion;
-//! - theirs is a value we had, ours is not one they had: ours stays;
-//! - otherwise a **conflict**, settled by the policy (also when each side
-//!   holds a value the other had: merges that crossed).
-//!
-//! A union adds the entries only theirs holds, deletes nothing, and settles
-//! entries both hold with different values as conflicts.
-//!
-//! # The default policy: `restrictive`, and why
-//!
-//! The default must be symmetric and deterministic, so that peer A merging
-//! B's snapshot and peer B merging A's reach identical stores, and it must
-//! compose (settling a conflict again with its own result changes nothing),
-//! so that pairwise merges among three or more peers converge. `restrictive`
-//! is such a join:
-//!
-//! - the same key in two states: the more restrictive state wins, rejected
-//!   over pending over accepted: a key one peer rejected is not let in
-//!   because another accepted it concurrently;
-//! - a deletion against a change: the deletion wins. A deleted minion can
-//!   present its key again and land in pending; a kept key that one peer
-//!   deleted (a decommissioned or compromised minion) would stay trusted;
-//! - two different denied keys: the greater key (bytewise) wins.
-//!
-//! Keys are never compared by time in the default: peers' clocks differ.
-//! `newer` (slot mtime, ties settled as `restrictive`), `ours` and `theirs`
-//! are offered ([`Policy`]).
-//!
-//! # The same id with two different public keys
-//!
-//! A `keys` conflict between two different keys is a key mismatch, settled
-//! by [`KeyMismatch`] whatever the conflict policy. The default, `pending`,
-//! never settles it into accepted: the id is held as pending (or kept
-//! rejected) with the greater key bytewise, so the operator compares the
-//! fingerprints and accepts the right one (`salt-key -a`). `reject` holds it
-//! rejected; `newer`, `ours` and `theirs` take one side's entry as it is
-//! (accepted only if that side accepted that key): explicit choices.
-//!
-//! # Bases
-//!
-//! The base of the next merge from a peer is **their snapshot just merged**
-//! (without its seen section), not the merged result: both stores descend
-//! from it (ours merged it, theirs went on from it). The merged result holds
-//! our own changes that the peer has not merged yet; taken as the base, the
-//! next merge would read them as deleted by the peer and delete them here
-//! (when this side merges twice before the other merges once, as
-//! independent timers do). A peer keeps one base per peer it merges from,
-//! and sends it as the seen section of the snapshots that peer reads.
-//!
-//! A settled conflict whose result is a value the other side is known to
-//! have had (only a key mismatch held out of accepted can be) is raised
-//! until it is not, pending to rejected to deleted: the other peer would
-//! otherwise read it as no change on this side and keep its own value for
-//! ever.
+//! - the snapshot is this store's own;
+//! - it comes from another cluster. A store begins unjoined, with a
+//!   cluster of its own. It joins a cluster when it merges a snapshot of
+//!   that cluster from a joined peer, or of a cluster with a smaller id
+//!   from an unjoined one (two new stores settle on the smaller id,
+//!   whichever merges first), or of its own cluster. A joined store
+//!   refuses an unjoined peer's snapshot of another cluster until that
+//!   peer has merged from the cluster once: a wiped or new peer never
+//!   pushes its state into the cluster before it has taken the cluster's;
+//! - it is older than the last snapshot merged from the same store (a
+//!   replay), taken more than the tombstone horizon ago, or stamped by a
+//!   clock more than [`MergeOptions::max_skew`] ahead of ours;
+//! - it would take more than [`MergeOptions::max_revoke_percent`] of the
+//!   store's keys out of accepted or delete them (and more than
+//!   [`REVOKE_FLOOR`]), unless [`MergeOptions::allow_mass_revoke`];
+//! - an entry it would write is not a PEM public key within
+//!   [`crate::snapshot::MAX_KEY_BYTES`] (the checks of `migrate`), or an
+//!   id does not fit the layout ([`Error::BadSnapshot`], naming the id).
 //!
 //! # The security invariant
 //!
-//! A merge never gives an id the state accepted with a key that neither
-//! side holds accepted with that key: one-sided changes take that side's
-//! entry as it is, the `restrictive` join never raises a state, and a key
-//! mismatch under the default is never accepted.
+//! A merge writes only versions some peer made: never an accepted state
+//! for a key that no observation found accepted. A revocation (deletion,
+//! rejection) is stamped no earlier than it happened and an accept no
+//! later ([`crate::history`]), so an accept wins over a revocation only
+//! when it was made after it, within the clock skew between the masters.
+//! An accepted entry older than the horizon that this store has no version
+//! of, while it was in the cluster at that time (its tombstone may have
+//! been forgotten), is taken pending ([`Action::Held`]).
 
-use std::collections::BTreeMap;
+use std::io::Read;
+use std::time::Duration;
 
-use crate::error::Result;
-use crate::snapshot::{self, Bank, Entry, Snapshot, SnapshotOptions};
+use crate::error::{Error, Result};
+use crate::history::{show_ident, History, HistoryOptions, Ident, Kind, Version};
+use crate::snapshot::{Bank, Entry, Snapshot};
 use crate::store::Store;
 
 mod apply;
-mod settle;
+mod base;
 
-pub use apply::{apply, MergeReport};
-use settle::{raise, settle};
+pub use apply::MergeReport;
+pub use base::{Base, BaseFile};
 
-/// How a conflict (both sides changed an entry, differently) is settled.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize))]
-#[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
-pub enum Policy {
-    /// Symmetric and deterministic (the default): the more restrictive
-    /// state (rejected > pending > accepted), a deletion over a change,
-    /// the greater key bytewise between two denied keys.
-    #[default]
-    Restrictive,
-    /// The entry with the later Salt slot mtime; a deletion over a change;
-    /// equal mtimes as `restrictive`. Symmetric, but trusts the peers'
-    /// clocks.
-    Newer,
-    /// Our entry (or our deletion). Not symmetric: peers that both merge
-    /// with `ours` keep their own values.
-    Ours,
-    /// Their entry (or their deletion). Not symmetric.
-    Theirs,
-}
+/// Revocations a merge may always make, whatever the share.
+pub const REVOKE_FLOOR: usize = 10;
 
-impl Policy {
-    /// The policy's name as the CLI spells it.
-    pub fn name(self) -> &'static str {
-        match self {
-            Policy::Restrictive => "restrictive",
-            Policy::Newer => "newer",
-            Policy::Ours => "ours",
-            Policy::Theirs => "theirs",
-        }
-    }
-}
-
-/// How a key mismatch (both sides hold the id in `keys`, with different
-/// public keys, and both changed it) is settled.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize))]
-#[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
-pub enum KeyMismatch {
-    /// The default: held out of accepted, in the more restrictive of both
-    /// states and pending (so rejected stays rejected), with the greater
-    /// key bytewise. Symmetric and deterministic.
-    #[default]
-    Pending,
-    /// Held rejected, with the greater key bytewise.
-    Reject,
-    /// The entry with the later Salt slot mtime, as it is (accepted if that
-    /// side accepted it); equal mtimes as `pending`.
-    Newer,
-    /// Our entry, as it is.
-    Ours,
-    /// Their entry, as it is.
-    Theirs,
-}
-
-impl KeyMismatch {
-    /// The policy's name as the CLI spells it.
-    pub fn name(self) -> &'static str {
-        match self {
-            KeyMismatch::Pending => "pending",
-            KeyMismatch::Reject => "reject",
-            KeyMismatch::Newer => "newer",
-            KeyMismatch::Ours => "ours",
-            KeyMismatch::Theirs => "theirs",
-        }
-    }
-}
-
-/// How [`plan`] settles conflicts.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// How merges check and order what they take.
+#[derive(Debug, Clone)]
 pub struct MergeOptions {
-    /// Conflicts between states, and between a change and a deletion.
-    pub on_conflict: Policy,
-    /// Conflicts between two different public keys of one id.
-    pub on_key_mismatch: KeyMismatch,
+    /// The tombstone horizon and the wall clock.
+    pub history: HistoryOptions,
+    /// How long to wait for each bank's lock. Default 10 s.
+    pub lock_wait: Duration,
+    /// How far ahead of ours a peer's clock may be. Default 10 minutes.
+    pub max_skew: Duration,
+    /// The share of the store's live `keys` entries, in percent, that one
+    /// merge may delete or take out of accepted. Default 50.
+    pub max_revoke_percent: u32,
+    /// Take a merge past that share all the same.
+    pub allow_mass_revoke: bool,
 }
 
-/// What a plan does to one (bank, id) of our store.
+impl Default for MergeOptions {
+    fn default() -> MergeOptions {
+        MergeOptions {
+            history: HistoryOptions::default(),
+            lock_wait: Duration::from_secs(10),
+            max_skew: Duration::from_secs(600),
+            max_revoke_percent: 50,
+            allow_mass_revoke: false,
+        }
+    }
+}
+
+/// What a plan does to one (bank, id) of the store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
 pub enum Action {
-    /// Theirs added it (or, without a base, only they hold it).
+    /// Added: the store does not hold it.
     Added,
-    /// Theirs changed its state or key.
+    /// Changed to their state or key.
     Changed,
-    /// Theirs deleted it.
+    /// Deleted: their version is a tombstone.
     Deleted,
-    /// Both sides changed it, differently: settled by the policy (see
-    /// [`PlanEntry::reason`]); the store changes when the result differs
-    /// from ours.
-    Conflict,
+    /// Their accepted entry, older than the horizon and unknown here, taken
+    /// pending (see the module's documentation).
+    Held,
 }
 
 impl Action {
-    /// The action's name: `added`, `changed`, `deleted`, `conflict`.
+    /// The action's name: `added`, `changed`, `deleted`, `held`.
     pub fn name(self) -> &'static str {
         match self {
             Action::Added => "added",
             Action::Changed => "changed",
             Action::Deleted => "deleted",
-            Action::Conflict => "conflict",
+            Action::Held => "held",
         }
     }
 }
 
-/// One (bank, id) of a plan.
+/// One change of the store a plan makes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PlanEntry {
-    /// The bank.
-    pub bank: Bank,
-    /// The minion id.
-    pub id: String,
     /// What happens.
     pub action: Action,
-    /// Our entry.
-    pub ours: Option<Entry>,
+    /// Our version (`None`: the store never had the entry).
+    pub ours: Option<Version>,
     /// Their entry.
-    pub theirs: Option<Entry>,
-    /// The base's entry (always `None` without a base).
-    pub base: Option<Entry>,
-    /// The entry of their seen section (our value they merged last;
-    /// `None` without one).
-    pub seen: Option<Entry>,
-    /// What the store holds afterwards.
-    pub result: Option<Entry>,
-    /// Both sides hold the id in `keys` with different public keys.
-    pub key_mismatch: bool,
-    /// Why, in words (for a conflict: how it was settled).
-    pub reason: String,
+    pub theirs: Entry,
+    /// What the store holds afterwards, with its version.
+    pub result: Entry,
 }
 
 impl PlanEntry {
-    /// Whether applying the plan changes this entry of our store.
-    pub fn changes_store(&self) -> bool {
-        !same(self.ours.as_ref(), self.result.as_ref())
+    /// The bank.
+    pub fn bank(&self) -> Bank {
+        self.theirs.bank
+    }
+
+    /// The minion id.
+    pub fn id(&self) -> &str {
+        &self.theirs.id
     }
 }
 
-/// Counts of a plan's entries.
+/// Counts of a plan.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct PlanCounts {
-    /// Entries added from theirs.
+    /// Entries added.
     pub added: usize,
-    /// Entries changed to theirs.
+    /// Entries changed.
     pub changed: usize,
-    /// Entries deleted as theirs were.
+    /// Entries deleted.
     pub deleted: usize,
-    /// Conflicts (key mismatches included).
-    pub conflicts: usize,
-    /// Conflicts between two different keys of one id.
-    pub key_mismatches: usize,
-    /// Entries of our store the plan changes.
+    /// Entries taken pending (past the horizon).
+    pub held: usize,
+    /// Accepted keys the plan deletes or takes out of accepted.
+    pub revoked: usize,
+    /// Versions recorded without a change of the store (their tombstones
+    /// of entries we do not hold, later stamps of the values we hold).
+    pub recorded: usize,
+    /// Entries of the store the plan changes.
     pub store_changes: usize,
 }
 
-/// What a merge does ([`plan`]): per (bank, id), sorted, only the entries
-/// where something happens or a conflict was settled; and the merged
-/// result, which is also the next base.
+/// What a merge does ([`plan`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MergePlan {
-    /// The entries, sorted by (bank, id).
+    /// The changes of the store, sorted by (bank, id).
     pub entries: Vec<PlanEntry>,
-    /// Whether a base or their seen section was given (a three-way merge)
-    /// or neither (a union).
-    pub three_way: bool,
-    /// The options the conflicts were settled with.
-    pub options: MergeOptions,
-    /// Our snapshot with the plan applied: what the store holds afterwards
-    /// (for the ids the plan names, and every other one as ours had it).
-    /// Not the next base: see "Bases" in the module's documentation.
-    pub result: Snapshot,
+    /// Versions taken without a change of the store.
+    pub recorded: Vec<Entry>,
+    /// Their store.
+    pub their_store: Ident,
+    /// Their cluster.
+    pub their_cluster: Ident,
+    /// Their generation.
+    pub their_generation: u64,
+    /// The cluster this store joins with the merge, when it changes.
+    pub adopt_cluster: Option<Ident>,
 }
 
 impl MergePlan {
-    /// The counts of the plan's entries.
+    /// The counts of the plan.
     pub fn counts(&self) -> PlanCounts {
-        let mut c = PlanCounts::default();
+        let mut c = PlanCounts {
+            recorded: self.recorded.len(),
+            store_changes: self.entries.len(),
+            ..PlanCounts::default()
+        };
         for e in &self.entries {
             match e.action {
                 Action::Added => c.added += 1,
                 Action::Changed => c.changed += 1,
                 Action::Deleted => c.deleted += 1,
-                Action::Conflict => c.conflicts += 1,
+                Action::Held => c.held += 1,
             }
-            c.key_mismatches += usize::from(e.key_mismatch);
-            c.store_changes += usize::from(e.changes_store());
+            c.revoked += usize::from(revokes(e));
         }
         c
     }
 
-    /// Whether applying the plan changes nothing in our store.
+    /// Whether applying the plan changes nothing in the store.
     pub fn is_noop(&self) -> bool {
-        !self.entries.iter().any(PlanEntry::changes_store)
+        self.entries.is_empty()
     }
 }
 
-/// Two optional entries with the same state and key (mtimes aside).
-fn same(a: Option<&Entry>, b: Option<&Entry>) -> bool {
-    match (a, b) {
-        (None, None) => true,
-        (Some(a), Some(b)) => a.same_value(b),
-        _ => false,
-    }
+/// Whether a change deletes an entry of `keys` or takes it out of accepted.
+fn revokes(e: &PlanEntry) -> bool {
+    e.theirs.bank == Bank::Keys
+        && e.ours.is_some_and(|o| o.kind == Kind::Accepted)
+        && e.result.kind != Kind::Accepted
 }
 
-/// Plans the merge of `theirs` into `ours`, three-way when `base` (their
-/// snapshot we merged last) or `theirs.seen` is given (see the module's
-/// documentation). Pure: the same inputs give the same
-/// plan, and with a symmetric policy (`restrictive` and `pending`, the
-/// defaults; `newer`), `plan(a, b, base)` and `plan(b, a, base)` give
-/// results with the same states and keys.
-pub fn plan(
-    ours: &Snapshot,
+fn refused(why: String) -> Error {
+    Error::MergeRefused { why }
+}
+
+/// Checks that `theirs` may be merged into a store with history `h`: not
+/// its own, of its cluster (or one it may join), not a replay, not too old,
+/// not from a clock too far ahead. Returns the cluster the store joins, if
+/// it changes.
+pub fn check_identity(
+    h: &History,
     theirs: &Snapshot,
-    base: Option<&Snapshot>,
     opts: &MergeOptions,
-) -> MergePlan {
-    type Key<'a> = (Bank, &'a str);
-    fn index(s: &Snapshot) -> BTreeMap<Key<'_>, &Entry> {
-        s.entries
-            .iter()
-            .map(|e| ((e.bank, e.id.as_str()), e))
-            .collect()
+) -> Result<Option<Ident>> {
+    let me = &h.identity;
+    let (ts, tc) = (show_ident(&theirs.store), show_ident(&theirs.cluster));
+    if theirs.store == me.store {
+        return Err(refused(format!(
+            "the snapshot is this store's own (store {ts}): merge a peer's snapshot"
+        )));
     }
-    fn keys_of<'a>(s: &'a Snapshot) -> impl Iterator<Item = (Bank, &'a str)> + 'a {
-        s.entries.iter().map(|e| (e.bank, e.id.as_str()))
-    }
-    let (o, t) = (index(ours), index(theirs));
-    let b = base.map(index);
-    let seen: Option<BTreeMap<Key<'_>, &Entry>> = theirs
-        .seen
-        .as_ref()
-        .map(|v| v.iter().map(|e| ((e.bank, e.id.as_str()), e)).collect());
-    let three_way = base.is_some() || seen.is_some();
-    let mut all: Vec<Key<'_>> = keys_of(ours).chain(keys_of(theirs)).collect();
-    all.sort_unstable();
-    all.dedup();
-    let mut result: BTreeMap<Key<'_>, Entry> = ours
-        .entries
-        .iter()
-        .map(|e| ((e.bank, e.id.as_str()), e.clone()))
-        .collect();
-    let mut entries = Vec::new();
-    for k in all {
-        let (oe, te) = (o.get(&k).copied(), t.get(&k).copied());
-        if same(oe, te) {
-            continue;
+    let adopt = if theirs.cluster == me.cluster {
+        None
+    } else if me.joined && theirs.joined {
+        return Err(refused(format!(
+            "the snapshot comes from another cluster ({tc}, store {ts}); this store belongs to \
+             cluster {}",
+            show_ident(&me.cluster)
+        )));
+    } else if me.joined {
+        return Err(refused(format!(
+            "store {ts} has not joined this cluster ({}) yet: it is new, wiped or restored from \
+             before it joined. Merge into it from a peer of this cluster first (its next \
+             snapshot then merges here)",
+            show_ident(&me.cluster)
+        )));
+    } else if theirs.joined || theirs.cluster < me.cluster {
+        Some(theirs.cluster)
+    } else {
+        None
+    };
+    if let Some(p) = me.peers.get(&theirs.store) {
+        if theirs.generation < p.generation {
+            return Err(refused(format!(
+                "the snapshot of store {ts} is older (generation {}) than the one merged from it \
+                 last ({}): a replayed or stale snapshot",
+                crate::hlc::show(theirs.generation),
+                crate::hlc::show(p.generation)
+            )));
         }
-        // What the base (their snapshot we merged last) and their seen
-        // section (our snapshot they merged last) hold: None when not given.
-        let be = b.as_ref().map(|m| m.get(&k).copied());
-        let se = seen.as_ref().map(|m| m.get(&k).copied());
-        let known = |x: Option<&Entry>| [be, se].iter().flatten().any(|v| same(x, *v));
-        let (action, res, mismatch, reason) = if three_way {
-            match (known(oe), known(te)) {
-                (true, false) => (
-                    match (oe, te) {
-                        (None, _) => Action::Added,
-                        (_, None) => Action::Deleted,
-                        _ => Action::Changed,
-                    },
-                    te.cloned(),
-                    false,
-                    "changed on their side only".to_owned(),
-                ),
-                (false, true) => continue, // changed on our side only: ours stays
-                (true, true) => {
-                    // Each side holds a value the other had: merges crossed.
-                    let (res, mismatch, reason) = settle(oe, te, opts);
-                    let reason =
-                        format!("merges crossed, each side holds the other's old value: {reason}");
-                    (Action::Conflict, res, mismatch, reason)
-                }
-                (false, false) => {
-                    let (mut res, mismatch, mut reason) = settle(oe, te, opts);
-                    let mut raised = false;
-                    while res.is_some() && known(res.as_ref()) {
-                        res = raise(res);
-                        raised = true;
-                    }
-                    if raised {
-                        reason.push_str(&format!(
-                            "; raised to {}: a value the other peer already had would read to \
-                             it as no change on this side",
-                            res.as_ref().map_or("deleted", Entry::state_name)
-                        ));
-                    }
-                    (Action::Conflict, res, mismatch, reason)
-                }
-            }
-        } else {
-            match (oe, te) {
-                (_, None) => continue, // a union never deletes
-                (None, Some(_)) => (
-                    Action::Added,
-                    te.cloned(),
-                    false,
-                    "only their side holds it".to_owned(),
-                ),
-                (Some(_), Some(_)) => {
-                    let (res, mismatch, reason) = settle(oe, te, opts);
-                    (Action::Conflict, res, mismatch, reason)
-                }
-            }
-        };
-        match &res {
-            Some(e) => {
-                result.insert(k, e.clone());
-            }
-            None => {
-                result.remove(&k);
-            }
-        }
-        entries.push(PlanEntry {
-            bank: k.0,
-            id: k.1.to_owned(),
-            action,
-            ours: oe.cloned(),
-            theirs: te.cloned(),
-            base: be.flatten().cloned(),
-            seen: se.flatten().cloned(),
-            result: res,
-            key_mismatch: mismatch,
-            reason,
-        });
     }
-    MergePlan {
-        entries,
-        three_way,
-        options: *opts,
-        result: Snapshot {
-            taken: ours.taken.max(theirs.taken),
-            entries: result.into_values().collect(),
-            seen: None,
-        },
+    let now = opts.history.wall.now();
+    let nanos = |d: Duration| d.as_nanos().min(u64::MAX as u128) as u64;
+    if theirs.generation > now.saturating_add(nanos(opts.max_skew)) {
+        return Err(refused(format!(
+            "the snapshot of store {ts} was taken at {}, more than {:?} ahead of this clock ({}): \
+             fix the clocks (NTP) first",
+            crate::hlc::show(theirs.generation),
+            opts.max_skew,
+            crate::hlc::show(now)
+        )));
     }
+    if theirs.generation < now.saturating_sub(nanos(opts.history.horizon)) {
+        return Err(refused(format!(
+            "the snapshot of store {ts} was taken at {}, longer ago than the tombstone horizon \
+             ({:?}): take a new one",
+            crate::hlc::show(theirs.generation),
+            opts.history.horizon
+        )));
+    }
+    Ok(adopt)
 }
 
-/// With the store's tree on, mends the tree when it is not in step with
-/// the banks: a merge killed after its commit and before its tree writes
-/// left it behind, and running the merge again finds nothing to change in
-/// the banks. One pass over the tree ([`crate::tree::check`]); the mend
-/// ([`crate::tree::mend`]) only when it found something.
-fn catch_up_tree(store: &Store, r: &mut MergeReport) -> Result<()> {
-    if !store.tree().is_on() || crate::tree::check(store)?.is_empty() {
+/// Checks a value the store would get: a PEM public key (as `migrate`
+/// reads key files), naming the id.
+fn check_value(e: &Entry) -> Result<()> {
+    if e.kind == Kind::Absent {
         return Ok(());
     }
-    let m = crate::tree::mend(store)?;
-    r.tree.written.extend(m.written);
-    r.tree.removed.extend(m.removed);
-    Ok(())
+    let bad = |why: String| Error::BadSnapshot {
+        source_name: "merge".into(),
+        why: format!("{} entry {:?}: {why}; nothing was written", e.bank, e.id),
+    };
+    crate::id::validate(&e.id).map_err(|err| bad(err.to_string()))?;
+    if e.pub_key.len() > crate::snapshot::MAX_KEY_BYTES {
+        return Err(bad(format!("a public key of {} bytes", e.pub_key.len())));
+    }
+    crate::pem::check_public_key(&e.pub_key).map_err(|p| bad(format!("not a public key: {p}")))
 }
 
-/// Merges `theirs` into `store`: takes our snapshot, plans
-/// ([`plan`]) and applies ([`apply`]) the plan; when another writer changed
-/// an id the plan changes in between ([`crate::Error::StalePlan`]), takes a
-/// new snapshot and plans again (up to five times). With the store's tree
-/// on, a tree left behind the banks (by a merge killed after its commit)
-/// is then mended. Returns the plan applied and what was written.
+/// Plans the merge of `theirs` into a store whose history (observed) is
+/// `h`: per (bank, id), their version when it beats ours. Pure but for the
+/// wall clock of `opts`. Refuses what the module's documentation lists.
+pub fn plan(h: &History, theirs: &Snapshot, opts: &MergeOptions) -> Result<MergePlan> {
+    let adopt_cluster = check_identity(h, theirs, opts)?;
+    let now = opts.history.wall.now();
+    let horizon = crate::history::horizon_cutoff(&opts.history);
+    let me = &h.identity;
+    let mut entries = Vec::new();
+    let mut recorded = Vec::new();
+    let mut clock = me.clock;
+    for t in &theirs.entries {
+        let tv = t.version();
+        let ours = h.get(t.bank, &t.id);
+        if ours.is_some_and(|o| !tv.beats(&o)) {
+            continue;
+        }
+        let our_hash = ours.map_or(0, |o| o.hash);
+        if our_hash == tv.hash {
+            // The same value (or both absent) with a later stamp.
+            recorded.push(t.clone());
+            continue;
+        }
+        let mut result = t.clone();
+        let mut action = match (our_hash, t.kind) {
+            (0, _) => Action::Added,
+            (_, Kind::Absent) => Action::Deleted,
+            _ => Action::Changed,
+        };
+        // Accepted, older than the horizon, unknown here although this
+        // store was in the cluster then: its tombstone may be forgotten.
+        if t.kind == Kind::Accepted
+            && ours.is_none()
+            && me.joined
+            && me.joined_at <= t.stamp
+            && t.stamp < horizon
+        {
+            clock.receive(now);
+            result.kind = Kind::Pending;
+            result.stamp = clock.tick(&opts.history.wall);
+            action = Action::Held;
+        }
+        check_value(&result)?;
+        entries.push(PlanEntry {
+            action,
+            ours,
+            theirs: t.clone(),
+            result,
+        });
+    }
+    let plan = MergePlan {
+        entries,
+        recorded,
+        their_store: theirs.store,
+        their_cluster: theirs.cluster,
+        their_generation: theirs.generation,
+        adopt_cluster,
+    };
+    let revoked = plan.counts().revoked;
+    let live = h
+        .iter()
+        .filter(|(b, _, v)| *b == Bank::Keys && v.kind != Kind::Absent)
+        .count();
+    if !opts.allow_mass_revoke
+        && revoked > REVOKE_FLOOR
+        && revoked as u128 * 100 > live as u128 * u128::from(opts.max_revoke_percent)
+    {
+        return Err(refused(format!(
+            "the snapshot of store {} would delete or take out of accepted {revoked} of this \
+             store's {live} keys, more than {}%: a wiped or damaged peer, or a mass deletion. \
+             Check the peer; merge with the mass revocation allowed to take it all the same",
+            show_ident(&theirs.store),
+            opts.max_revoke_percent
+        )));
+    }
+    Ok(plan)
+}
+
+/// Reads a peer's snapshot for a merge into `store`, keeping only the
+/// entries whose version the store does not hold already (every entry is
+/// still read and checked): a merge's memory follows the difference.
+pub fn read_snapshot(
+    store: &Store,
+    r: &mut impl Read,
+    name: &str,
+    opts: &MergeOptions,
+) -> Result<Snapshot> {
+    let h = History::load(store.dir(), &opts.history)?;
+    Snapshot::read_filtered(r, name, |e| match h.get(e.bank, &e.id) {
+        Some(v) => !(v.stamp == e.stamp && v.kind == e.kind && v == e.version()),
+        None => true,
+    })
+}
+
+/// Plans the merge of `theirs` into `store` and writes nothing (the store
+/// is observed, its history not saved).
+pub fn dry_run(store: &Store, theirs: &Snapshot, opts: &MergeOptions) -> Result<MergePlan> {
+    let mut h = History::load(store.dir(), &opts.history)?;
+    h.observe(store, &opts.history, false, |_, _, _, _, _| Ok(()))?;
+    plan(&h, theirs, opts)
+}
+
+/// Merges `theirs` into `store`: observes the store, plans ([`plan`]) and
+/// commits the plan ([`apply::commit`]: the history first, then the banks
+/// and the key tree, under both banks' locks); when another writer changed
+/// an entry the plan replaces, or another process saved the history, in
+/// between ([`Error::StalePlan`]), observes and plans again (up to five
+/// times). Returns the plan applied and what was written.
 pub fn merge(
     store: &Store,
     theirs: &Snapshot,
-    base: Option<&Snapshot>,
     opts: &MergeOptions,
-    snap: &SnapshotOptions,
 ) -> Result<(MergePlan, MergeReport)> {
     let mut tries = 0;
     loop {
-        let ours = snapshot::take(store, snap)?;
-        let p = plan(&ours, theirs, base, opts);
-        match apply(store, &p) {
-            Ok(mut r) => {
-                catch_up_tree(store, &mut r)?;
-                return Ok((p, r));
-            }
-            Err(crate::Error::StalePlan { .. }) if tries < 4 => tries += 1,
+        let mut h = History::load(store.dir(), &opts.history)?;
+        let seen = h.observe(store, &opts.history, true, |_, _, _, _, _| Ok(()))?;
+        let p = plan(&h, theirs, opts)?;
+        match apply::commit(store, &mut h, &p, &seen.settled, opts) {
+            Ok(r) => return Ok((p, r)),
+            Err(Error::StalePlan { .. }) if tries < 4 => tries += 1,
             Err(e) => return Err(e),
         }
     }

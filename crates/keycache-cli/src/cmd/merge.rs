@@ -1,14 +1,17 @@
-//! `keycache merge`: a peer's snapshot merged into the store (three-way
-//! with `--base`, else a union), in one atomic commit; see
-//! `keycache::merge` for the rules and the policies.
+//! `keycache merge`: a peer's snapshot merged into the store: per entry,
+//! the version that wins (see `keycache::merge`), in one batch under both
+//! banks' locks, with the key tree in step.
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use serde::Serialize;
 
-use keycache::merge::{self, KeyMismatch, MergeOptions, MergePlan, PlanCounts, Policy};
+use keycache::history::{show_ident, HistoryOptions, Kind, Version};
+use keycache::merge::{self, Base, BaseFile, MergeOptions, MergePlan, PlanCounts};
 use keycache::snapshot::{Entry, Snapshot};
+use keycache::Store;
 
 use crate::args::{announce_lock_wait, Json, Layout};
 use crate::cmd::snapshot::lock_wait;
@@ -23,89 +26,74 @@ pub(crate) struct Args {
     /// stdin.
     #[arg(value_name = "[STORE] THEIRS", num_args = 1..=2, required = true)]
     paths: Vec<PathBuf>,
-    /// Their snapshot merged last (the file --write-base wrote at the last
-    /// merge from this peer): a three-way merge, which also takes their
-    /// deletions. Without it (or while FILE does not exist yet), a union
-    /// that adds and never deletes, unless their snapshot carries a seen
-    /// section. `-` for stdin.
+    /// The base file of the last merge from this peer (written by
+    /// --write-base): a snapshot of the same store older than it is
+    /// refused. A missing FILE is no base (the first merge); one that
+    /// cannot be read is an error.
     #[arg(long, value_name = "FILE")]
     base: Option<PathBuf>,
-    /// How a conflict (both sides changed an entry, differently) is settled:
-    /// `restrictive` (the default; symmetric: rejected over pending over
-    /// accepted, a deletion over a change), `newer` (the later Salt slot
-    /// mtime), `ours`, `theirs`.
-    #[arg(long, value_enum, value_name = "POLICY", default_value_t = ConflictArg::Restrictive)]
-    on_conflict: ConflictArg,
-    /// How the same id with two different public keys (both changed) is
-    /// settled: `pending` (the default: held out of accepted, with the
-    /// greater key bytewise, for the operator to check), `reject`, `newer`,
-    /// `ours`, `theirs` (that side's entry as it is, accepted if it was).
-    #[arg(long, value_enum, value_name = "POLICY", default_value_t = MismatchArg::Pending)]
-    on_key_mismatch: MismatchArg,
+    /// After the merge, write the base for the next merge from this peer
+    /// to FILE (prepared before the merge writes anything, put in place
+    /// after it).
+    #[arg(long, value_name = "FILE")]
+    write_base: Option<PathBuf>,
     /// Print the plan; write nothing.
     #[arg(long)]
     dry_run: bool,
-    /// After the merge, write their snapshot (without its seen section: the
-    /// state both stores now descend from) to FILE atomically: the --base of
-    /// the next merge from the same peer, and the --seen of the snapshots
-    /// this store sends to that peer.
-    #[arg(long, value_name = "FILE")]
-    write_base: Option<PathBuf>,
+    /// Take the merge even when it would delete or take out of accepted
+    /// more than --max-revoke-percent of the store's keys (a peer that
+    /// really deleted most keys: salt-key -D).
+    #[arg(long)]
+    allow_mass_revoke: bool,
+    /// The share of the store's keys, in percent, one merge may delete or
+    /// take out of accepted (10 keys always may).
+    #[arg(long, value_name = "PERCENT", default_value_t = 50)]
+    max_revoke_percent: u32,
+    /// How long tombstones (deletions) are kept, in days; snapshots older
+    /// than that are refused. Give every peer the same.
+    #[arg(long, value_name = "DAYS", default_value_t = 30)]
+    horizon_days: u64,
+    /// How far ahead of this clock a peer's clock may be, in seconds.
+    #[arg(long, value_name = "SECONDS", default_value_t = 600)]
+    max_clock_skew: u64,
     /// Keep the key tree of the store's directory (minions/, ...) in step,
     /// as accept/reject/delete do: `auto` when it has a `minions` entry.
     #[arg(long, value_enum, value_name = "WHEN", default_value_t = TreeMode::Auto)]
     tree: TreeMode,
-    /// How long to wait for each bank's lock, in seconds, when our snapshot
-    /// is taken.
+    /// How long to wait for each bank's lock, in seconds.
     #[arg(long, value_name = "SECONDS", default_value_t = 10.0)]
     lock_wait: f64,
+    /// Accepted for the timers of keycache 0.1 and ignored: merges order
+    /// versions, there are no conflicts left to settle.
+    #[arg(long, value_name = "POLICY", hide = true)]
+    on_conflict: Option<String>,
+    /// Accepted for the timers of keycache 0.1 and ignored.
+    #[arg(long, value_name = "POLICY", hide = true)]
+    on_key_mismatch: Option<String>,
     #[command(flatten)]
     json: Json,
     #[command(flatten)]
     layout: Layout,
 }
 
-/// `--on-conflict`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum ConflictArg {
-    Restrictive,
-    Newer,
-    Ours,
-    Theirs,
-}
-
-/// `--on-key-mismatch`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum MismatchArg {
-    Pending,
-    Reject,
-    Newer,
-    Ours,
-    Theirs,
-}
-
 impl Args {
-    fn options(&self) -> MergeOptions {
-        MergeOptions {
-            on_conflict: match self.on_conflict {
-                ConflictArg::Restrictive => Policy::Restrictive,
-                ConflictArg::Newer => Policy::Newer,
-                ConflictArg::Ours => Policy::Ours,
-                ConflictArg::Theirs => Policy::Theirs,
+    fn options(&self) -> Result<MergeOptions, CmdError> {
+        Ok(MergeOptions {
+            history: HistoryOptions {
+                horizon: Duration::from_secs(self.horizon_days.saturating_mul(86_400)),
+                ..HistoryOptions::default()
             },
-            on_key_mismatch: match self.on_key_mismatch {
-                MismatchArg::Pending => KeyMismatch::Pending,
-                MismatchArg::Reject => KeyMismatch::Reject,
-                MismatchArg::Newer => KeyMismatch::Newer,
-                MismatchArg::Ours => KeyMismatch::Ours,
-                MismatchArg::Theirs => KeyMismatch::Theirs,
-            },
-        }
+            lock_wait: lock_wait(self.lock_wait)?,
+            max_skew: Duration::from_secs(self.max_clock_skew),
+            max_revoke_percent: self.max_revoke_percent,
+            allow_mass_revoke: self.allow_mass_revoke,
+        })
     }
 }
 
-/// Reads a snapshot from a file, or from stdin for `-`.
-fn read(path: &Path) -> Result<Snapshot, CmdError> {
+/// Reads their snapshot from a file, or from stdin for `-`, keeping only
+/// what the store does not hold already.
+fn read(store: &Store, path: &Path, opts: &MergeOptions) -> Result<Snapshot, CmdError> {
     if path == Path::new("-") {
         if std::io::stdin().is_terminal() {
             return Err(CmdError::usage(
@@ -113,27 +101,42 @@ fn read(path: &Path) -> Result<Snapshot, CmdError> {
                  snapshot | keycache merge -) or give a file",
             ));
         }
-        Ok(Snapshot::read_named(&mut std::io::stdin().lock(), "stdin")?)
+        Ok(merge::read_snapshot(
+            store,
+            &mut std::io::stdin().lock(),
+            "stdin",
+            opts,
+        )?)
     } else {
-        Ok(Snapshot::read_file(path)?)
+        let mut f = std::fs::File::open(path).map_err(|e| keycache::Error::Io {
+            path: path.to_path_buf(),
+            op: "open the snapshot",
+            source: e,
+        })?;
+        Ok(merge::read_snapshot(
+            store,
+            &mut f,
+            &path.to_string_lossy(),
+            opts,
+        )?)
     }
 }
 
-/// An entry in the JSON output.
+/// A version in the JSON output.
 #[derive(Debug, Serialize)]
-struct JsonValue {
-    state: &'static str,
-    /// xxh3-64 of the public key's bytes, in hex.
-    key_xxh3: String,
-    mtime: u64,
+struct JsonVersion {
+    kind: &'static str,
+    stamp: u64,
+    /// xxh3-64 of the kind and key (0 for absent), in hex.
+    hash: String,
 }
 
-fn json_value(e: &Option<Entry>) -> Option<JsonValue> {
-    e.as_ref().map(|e| JsonValue {
-        state: e.state_name(),
-        key_xxh3: format!("{:016x}", keycache::format::hash(&e.pub_key)),
-        mtime: e.mtime,
-    })
+fn json_version(v: Version) -> JsonVersion {
+    JsonVersion {
+        kind: v.kind.name(),
+        stamp: v.stamp,
+        hash: format!("{:016x}", v.hash),
+    }
 }
 
 /// One plan entry in the JSON output.
@@ -142,14 +145,9 @@ struct JsonEntry {
     bank: &'static str,
     id: String,
     action: &'static str,
-    ours: Option<JsonValue>,
-    theirs: Option<JsonValue>,
-    base: Option<JsonValue>,
-    seen: Option<JsonValue>,
-    result: Option<JsonValue>,
-    reason: String,
-    key_mismatch: bool,
-    changes_store: bool,
+    ours: Option<JsonVersion>,
+    theirs: JsonVersion,
+    result: JsonVersion,
 }
 
 /// The JSON output.
@@ -157,9 +155,9 @@ struct JsonEntry {
 struct Report {
     store: String,
     dry_run: bool,
-    three_way: bool,
-    on_conflict: &'static str,
-    on_key_mismatch: &'static str,
+    their_store: String,
+    their_generation: u64,
+    joined_cluster: Option<String>,
     entries: Vec<JsonEntry>,
     counts: PlanCounts,
     /// Entries of the store written (0 in a dry run).
@@ -171,11 +169,8 @@ struct Report {
 }
 
 /// A value as the text plan shows it.
-fn shown(e: &Option<Entry>) -> String {
-    match e {
-        None => "absent".into(),
-        Some(e) => e.state_name().into(),
-    }
+fn shown(kind: Option<Kind>) -> &'static str {
+    kind.map_or("absent", Kind::name)
 }
 
 fn print_text(dir: &Path, plan: &MergePlan, dry_run: bool, written: usize) {
@@ -183,25 +178,28 @@ fn print_text(dir: &Path, plan: &MergePlan, dry_run: bool, written: usize) {
         let mut line = format!(
             "{:<8} {:<11} {}: {} -> {}",
             e.action.name(),
-            e.bank.name(),
-            esc(&e.id),
-            shown(&e.ours),
-            shown(&e.result)
+            e.bank().name(),
+            esc(e.id()),
+            shown(e.ours.map(|o| o.kind)),
+            shown(Some(e.result.kind))
         );
-        if e.ours.is_some()
-            && e.result.is_some()
-            && e.ours.as_ref().map(|o| &o.pub_key) != e.result.as_ref().map(|r| &r.pub_key)
-        {
-            line.push_str(" (another key)");
+        let theirs: &Entry = &e.result;
+        if let Some(o) = e.ours {
+            if o.kind != Kind::Absent
+                && theirs.kind != Kind::Absent
+                && o.hash != theirs.version().hash
+            {
+                line.push_str(" (another key)");
+            }
         }
-        if e.action == merge::Action::Conflict {
-            line.push_str(&format!(": {}", esc(&e.reason)));
+        if e.action == merge::Action::Held {
+            line.push_str(": accepted on the peer long ago, unknown here; held pending");
         }
         outln!("{line}");
     }
     let c = plan.counts();
     outln!(
-        "{} {}: {} added, {} changed, {} deleted, {} conflicts ({} key mismatches); {} {}",
+        "{} {}: {} added, {} changed, {} deleted, {} held pending; {} {}",
         if dry_run {
             "would merge into"
         } else {
@@ -211,8 +209,7 @@ fn print_text(dir: &Path, plan: &MergePlan, dry_run: bool, written: usize) {
         c.added,
         c.changed,
         c.deleted,
-        c.conflicts,
-        c.key_mismatches,
+        c.held,
         if dry_run { c.store_changes } else { written },
         if dry_run {
             "entries to write"
@@ -223,80 +220,87 @@ fn print_text(dir: &Path, plan: &MergePlan, dry_run: bool, written: usize) {
 }
 
 /// Runs `keycache merge`: exit code 0 when merged (or planned, with
-/// --dry-run), 1 when it was, but a key mismatch (one id, two public keys)
-/// was reported, 2 on errors (nothing is written then).
+/// --dry-run), 1 when it was but entries were held pending for an
+/// operator, 2 on errors and refusals (nothing is written then).
 pub(crate) fn run(a: Args) -> CmdResult {
     let (store_dir, theirs_path) = match a.paths.as_slice() {
         [t] => (PathBuf::new(), t.clone()),
         [s, t] => (s.clone(), t.clone()),
         _ => return Err(CmdError::usage("give [STORE] THEIRS")),
     };
-    let stdin = Path::new("-");
-    if theirs_path == stdin && a.base.as_deref() == Some(stdin) {
-        return Err(CmdError::usage(
-            "THEIRS and --base cannot both be read from stdin (-)",
-        ));
+    if a.on_conflict.is_some() || a.on_key_mismatch.is_some() {
+        errln!(
+            "keycache: --on-conflict and --on-key-mismatch are ignored: merges take the later \
+             version of each entry, and never undo a revocation"
+        );
     }
-    let snap_opts = lock_wait(a.lock_wait)?;
-    let opts = a.options();
-    let theirs = read(&theirs_path)?;
+    let opts = a.options()?;
     let base = match a.base.as_deref() {
-        // The first run of a timer: no base yet.
-        Some(p) if p != stdin && !p.exists() => {
-            errln!(
-                "keycache: no base {} yet: merging as a union (adds, never deletes)",
-                esc_path(p)
-            );
-            None
-        }
-        p => p.map(read).transpose()?,
+        None => None,
+        Some(p) => match Base::read_file(p)? {
+            BaseFile::Missing => None,
+            BaseFile::Old => {
+                errln!(
+                    "keycache: {} is a base of an older keycache (a whole snapshot): ignored, \
+                     --write-base replaces it",
+                    esc_path(p)
+                );
+                None
+            }
+            BaseFile::Base(b) => Some(b),
+        },
     };
     let mut store = a.layout.open(&store_dir)?;
     store.set_tree(a.tree.sync(store.dir()));
-    let (plan, report) = if a.dry_run {
-        let ours = keycache::snapshot::take(&store, &snap_opts)?;
+    let theirs = read(&store, &theirs_path, &opts)?;
+    if let Some(b) = &base {
+        b.check(&theirs)?;
+    }
+    let (plan, report, base_written) = if a.dry_run {
         (
-            merge::plan(&ours, &theirs, base.as_ref(), &opts),
+            merge::dry_run(&store, &theirs, &opts)?,
             merge::MergeReport::default(),
+            None,
         )
     } else {
+        // The next base is written before the merge writes anything: a
+        // base that cannot be written refuses the merge.
+        let prepared = a
+            .write_base
+            .as_deref()
+            .map(|p| Base::of(&theirs).prepare(p))
+            .transpose()?;
         announce_lock_wait(store.dir());
-        merge::merge(&store, &theirs, base.as_ref(), &opts, &snap_opts)?
+        let (plan, report) = merge::merge(&store, &theirs, &opts)?;
+        if let Some(p) = prepared {
+            p.commit()?;
+        }
+        let written = a
+            .write_base
+            .as_ref()
+            .map(|p| p.to_string_lossy().into_owned());
+        (plan, report, written)
     };
-    let mut base_written = None;
-    if let (Some(path), false) = (&a.write_base, a.dry_run) {
-        let next = Snapshot {
-            seen: None,
-            ..theirs.clone()
-        };
-        next.write_file(path)?;
-        base_written = Some(path.to_string_lossy().into_owned());
-    }
     let counts = plan.counts();
     if a.json.json {
         let entries = plan
             .entries
             .iter()
             .map(|e| JsonEntry {
-                bank: e.bank.name(),
-                id: e.id.clone(),
+                bank: e.bank().name(),
+                id: e.id().to_owned(),
                 action: e.action.name(),
-                ours: json_value(&e.ours),
-                theirs: json_value(&e.theirs),
-                base: json_value(&e.base),
-                seen: json_value(&e.seen),
-                result: json_value(&e.result),
-                reason: e.reason.clone(),
-                key_mismatch: e.key_mismatch,
-                changes_store: e.changes_store(),
+                ours: e.ours.map(json_version),
+                theirs: json_version(e.theirs.version()),
+                result: json_version(e.result.version()),
             })
             .collect();
         print_json(&Report {
             store: store.dir().to_string_lossy().into_owned(),
             dry_run: a.dry_run,
-            three_way: plan.three_way,
-            on_conflict: opts.on_conflict.name(),
-            on_key_mismatch: opts.on_key_mismatch.name(),
+            their_store: show_ident(&plan.their_store),
+            their_generation: plan.their_generation,
+            joined_cluster: plan.adopt_cluster.as_ref().map(show_ident),
             entries,
             counts,
             written: report.written,
@@ -313,13 +317,12 @@ pub(crate) fn run(a: Args) -> CmdResult {
             outln!("Key tree: removed {}.", rel(p));
         }
     }
-    if counts.key_mismatches > 0 {
+    if counts.held > 0 {
         errln!(
-            "keycache: {} id(s) hold different public keys on the two peers: see the plan \
-             (key mismatch); with --on-key-mismatch {} none was accepted",
-            counts.key_mismatches,
-            opts.on_key_mismatch.name()
+            "keycache: {} id(s) accepted on the peer longer ago than the tombstone horizon, and \
+             unknown here, were taken pending: check their fingerprints before accepting them",
+            counts.held
         );
     }
-    Ok(exit(counts.key_mismatches == 0))
+    Ok(exit(counts.held == 0))
 }

@@ -76,17 +76,18 @@ pub(crate) enum Command {
     /// when they differ.
     Diff(diff::Args),
     /// Write the keys and denied_keys banks as of one moment (taken under
-    /// the banks' locks) as one checksummed snapshot file, to stdout (-o -,
-    /// the default; never a terminal) or a file: what `keycache merge` on
+    /// the banks' locks), with each entry's version and the store's
+    /// tombstones, as one checksummed snapshot file, to stdout (-o -, the
+    /// default; never a terminal) or a file: what `keycache merge` on
     /// another peer reads (`ssh peer keycache snapshot | keycache merge -`).
     /// Never the master_keys bank.
     Snapshot(snapshot::Args),
-    /// Merge a peer's snapshot into the store, in one atomic commit: with
-    /// --base, three-way (one-sided changes taken, deletions included;
-    /// conflicts settled by --on-conflict, default restrictive); without,
-    /// a union that never deletes. An id with two different public keys is
-    /// never accepted silently (--on-key-mismatch). Exits 1 when such a key
-    /// mismatch was reported.
+    /// Merge a peer's snapshot into the store: per entry, the later version
+    /// (deletions included, as tombstones), so that merges in any order
+    /// converge and never undo a revocation. Refuses (exit 2, nothing
+    /// written) the store's own snapshot, another cluster's, a replayed or
+    /// stale one, and one that would revoke most keys at once. Exits 1 when
+    /// entries were held pending for an operator.
     Merge(merge::Args),
     /// Measure lookup throughput of an existing store on this machine.
     Bench(bench::Args),

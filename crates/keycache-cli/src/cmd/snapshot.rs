@@ -1,6 +1,7 @@
 //! `keycache snapshot`: the `keys` and `denied_keys` banks as of one moment,
-//! in one checksummed file (see `keycache::snapshot`), to stdout or a file:
-//! what `keycache merge` on another peer reads.
+//! with each entry's version and the store's tombstones, in one checksummed
+//! file (see `keycache::snapshot`), to stdout or a file: what `keycache
+//! merge` on another peer reads.
 
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -20,13 +21,9 @@ pub(crate) struct Args {
     /// not be a terminal, or a file, replaced atomically.
     #[arg(short = 'o', long = "output", value_name = "FILE", default_value = "-")]
     output: PathBuf,
-    /// The base this store keeps for the peer that will read the snapshot
-    /// (the file its `keycache merge --write-base` writes: what this store
-    /// last merged from that peer). Its entries travel in the snapshot as
-    /// "seen", so that the reader tells an entry this store received and
-    /// then deleted or changed from one it never had. A missing file is
-    /// none (no merge from that peer yet).
-    #[arg(long, value_name = "FILE")]
+    /// Accepted for the timers of keycache 0.1 and ignored: entries now
+    /// carry their versions, and deletions their tombstones.
+    #[arg(long, value_name = "FILE", hide = true)]
     seen: Option<PathBuf>,
     /// How long to wait for each bank's lock (held by a Salt master or
     /// another keycache that is writing), in seconds.
@@ -37,14 +34,12 @@ pub(crate) struct Args {
 }
 
 /// `--lock-wait SECONDS` as a duration, or a usage error.
-pub(crate) fn lock_wait(secs: f64) -> Result<SnapshotOptions, CmdError> {
-    Duration::try_from_secs_f64(secs)
-        .map(|lock_wait| SnapshotOptions { lock_wait })
-        .map_err(|_| {
-            CmdError::usage(format!(
-                "--lock-wait {secs}: give a number of seconds, 0 or more"
-            ))
-        })
+pub(crate) fn lock_wait(secs: f64) -> Result<Duration, CmdError> {
+    Duration::try_from_secs_f64(secs).map_err(|_| {
+        CmdError::usage(format!(
+            "--lock-wait {secs}: give a number of seconds, 0 or more"
+        ))
+    })
 }
 
 /// Writes `snap` to stdout (refusing a terminal) when `out` is `-`, else
@@ -70,14 +65,13 @@ pub(crate) fn run(a: Args) -> CmdResult {
              ssh peer keycache merge -) or give -o FILE",
         ));
     }
-    let opts = lock_wait(a.lock_wait)?;
-    let seen = match &a.seen {
-        Some(p) if p.exists() => Some(Snapshot::read_file(p)?.entries),
-        _ => None,
+    let opts = SnapshotOptions {
+        lock_wait: lock_wait(a.lock_wait)?,
+        ..SnapshotOptions::default()
     };
+    let _ = &a.seen;
     let store = a.layout.open(&a.store.dir())?;
-    let mut snap = snapshot::take(&store, &opts)?;
-    snap.seen = seen;
+    let snap = snapshot::take(&store, &opts)?;
     write(&snap, &a.output)?;
     if !to_stdout {
         errln!(

@@ -86,11 +86,50 @@ impl Batch<'_, '_> {
         Ok(())
     }
 
+    /// Brings the key tree of `id` in step with the banks when the batch is
+    /// applied, whether or not the batch writes it (with the tree on).
+    pub fn touch_tree(&mut self, id: &MinionId) {
+        self.touch(id);
+    }
+
     /// The current entry of `id` as this batch would leave it.
     pub fn get(&self, id: &MinionId) -> Result<Option<(KeyState, Vec<u8>)>> {
         Ok(self
             .keys
             .get(id.as_str().as_bytes())?
             .and_then(|v| decode_key_value(&v).map(|(s, p)| (s, p.to_vec()))))
+    }
+}
+
+impl Store {
+    /// [`Store::batch_with_tree`] holding both banks' locks (`keys` first)
+    /// from the start, so that what `f` reads of either bank (through the
+    /// batch, or lock-free reads of the store) no other writer changes
+    /// before the batch is applied. For writes that depend on both banks:
+    /// a merge checks every entry it replaces.
+    pub fn batch_locked<T>(
+        &self,
+        f: impl FnOnce(&mut Batch<'_, '_>) -> Result<T>,
+    ) -> Result<(T, Applied, TreeChanges)> {
+        let sync = self.tree.is_on();
+        self.keys.with_writer(|kix| {
+            self.denied.with_writer(|dix| {
+                let mut keys = Txn::new(&self.keys);
+                let mut denied_ops: Vec<(Vec<u8>, Option<Vec<u8>>)> = Vec::new();
+                let mut touched: Vec<MinionId> = Vec::new();
+                let out = f(&mut Batch {
+                    keys: &mut keys,
+                    denied: &mut denied_ops,
+                    touched: sync.then_some(&mut touched),
+                })?;
+                let wants = if sync {
+                    Some(self.wants_after(&keys, &denied_ops, touched)?)
+                } else {
+                    None
+                };
+                let (applied, changes) = self.apply_both(kix, dix, keys, &denied_ops, wants)?;
+                Ok((out, applied, changes))
+            })
+        })
     }
 }

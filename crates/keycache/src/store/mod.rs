@@ -447,25 +447,41 @@ impl Store {
             // Both banks locked (keys first, always), both planned before
             // either is written: a batch that does not fit changes nothing.
             self.denied.with_writer(|dix| {
-                let mut denied = Txn::new(&self.denied);
-                for (id, v) in &denied_ops {
-                    match v {
-                        Some(v) => denied.put(id, v)?,
-                        None => denied.remove(id)?,
-                    }
-                }
-                let kplan = self.keys.plan(kix, keys)?;
-                let dplan = self.denied.plan(dix, denied)?;
-                let (applied, changes) = self.with_tree_sync(wants, || {
-                    let mut applied = self.keys.apply(kix, kplan)?;
-                    let a = self.denied.apply(dix, dplan)?;
-                    applied.inserted += a.inserted;
-                    applied.updated += a.updated;
-                    applied.removed += a.removed;
-                    Ok(applied)
-                })?;
+                let (applied, changes) = self.apply_both(kix, dix, keys, &denied_ops, wants)?;
                 Ok((out, applied, changes))
             })
+        })
+    }
+
+    /// Plans both banks' writes of a batch, then applies them between the
+    /// two halves of the tree's writes (with `wants`). Both locks are held.
+    fn apply_both(
+        &self,
+        kix: &table::Index,
+        dix: &table::Index,
+        keys: Txn<'_>,
+        denied_ops: &[(Vec<u8>, Option<Vec<u8>>)],
+        wants: Option<Vec<(MinionId, Want)>>,
+    ) -> Result<(Applied, TreeChanges)> {
+        let mut denied = Txn::new(&self.denied);
+        for (id, v) in denied_ops {
+            match v {
+                Some(v) => denied.put(id, v)?,
+                None => denied.remove(id)?,
+            }
+        }
+        let kplan = self.keys.plan(kix, keys)?;
+        let dplan = self.denied.plan(dix, denied)?;
+        let no_denied = denied_ops.is_empty();
+        self.with_tree_sync(wants, || {
+            let mut applied = self.keys.apply(kix, kplan)?;
+            if !no_denied {
+                let a = self.denied.apply(dix, dplan)?;
+                applied.inserted += a.inserted;
+                applied.updated += a.updated;
+                applied.removed += a.removed;
+            }
+            Ok(applied)
         })
     }
 

@@ -1,0 +1,554 @@
+//! What happened to each entry of a store, and when: the versions and
+//! tombstones that let merges order changes ([`crate::merge`]), and the
+//! store's identity in its cluster.
+//!
+//! Salt's files hold only the present value of an entry. To merge two
+//! peers without undoing a revocation, keycache keeps beside the banks, per
+//! (bank, id), the **version** the store holds: a stamp of a hybrid logical
+//! clock ([`crate::hlc`]), the kind of value (accepted, pending, rejected,
+//! denied, or absent: a **tombstone**) and a hash of the value. Two
+//! versions of one entry are ordered by stamp, then by how restrictive the
+//! kind is (absent over denied over rejected over pending over accepted),
+//! then by hash: a total order, so every peer that has seen the same
+//! versions keeps the same one, whatever the order of the merges
+//! (last-writer-wins registers, as Cassandra's and Riak's anti-entropy).
+//!
+//! # Changes are found, not announced
+//!
+//! Salt's own writers (`mmap_key`, the `keycache` driver, `salt-key`) do not
+//! know about versions. Every snapshot and merge first **observes** the
+//! store ([`History::observe`]): an entry whose value differs from the one
+//! its version recorded was changed here since the last observation, and
+//! gets a new version. A change is known to have happened between the last
+//! observation (`scanned`) and now, and is stamped on the safe side of
+//! that interval:
+//!
+//! - a value that lets a key in (accepted) takes the **earliest** stamp it
+//!   can have, the last observation's;
+//! - every other change (a deletion, a rejection, a pending or denied key)
+//!   takes the **latest**, now.
+//!
+//! So an accept never outranks a revocation that happened after it, even
+//! when the accept was noticed later; at worst, an accept made on one
+//! master while another revoked the key is undone, and an operator accepts
+//! again.
+//!
+//! # Files
+//!
+//! `.keycache-history` holds the versions (rewritten when a version
+//! changes); `.keycache-identity` the identity, the clock, the last
+//! observation and what was last merged from each peer (rewritten by every
+//! snapshot and merge). Both are replaced atomically (a temporary file,
+//! fsynced, renamed) under both banks' locks, mode 0600; neither holds key
+//! material. Their bytes are drawn in `docs/format.md` ("History files").
+//!
+//! A merge writes the history **before** the banks, with each changed
+//! entry's previous version kept beside the new one: an observation that
+//! finds the previous value (the merge died before its bank writes) goes
+//! back to the previous version instead of reading a local change.
+//!
+//! # Tombstones and the horizon
+//!
+//! A tombstone is kept for [`HistoryOptions::horizon`] (30 days by
+//! default), then forgotten. A merge treats an accepted entry older than
+//! the horizon that it has no version of, on a store that was in the
+//! cluster when that entry was stamped, as one whose tombstone may have
+//! been forgotten: it takes it pending, not accepted ([`crate::merge`]).
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+use crate::hlc::{Hlc, WallClock};
+use crate::id::MinionId;
+use crate::key::{decode_key_value, KeyState};
+use crate::snapshot::Bank;
+use crate::store::Store;
+
+mod file;
+
+pub use file::{HISTORY_FILE, IDENTITY_FILE};
+
+/// The kind of value a version records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Kind {
+    /// Accepted (`keys`).
+    Accepted,
+    /// Pending (`keys`).
+    Pending,
+    /// Rejected (`keys`).
+    Rejected,
+    /// A denied key (`denied_keys`).
+    Denied,
+    /// No value: a tombstone.
+    Absent,
+}
+
+impl Kind {
+    /// The kind of a `keys` state.
+    pub fn of_state(s: KeyState) -> Kind {
+        match s {
+            KeyState::Accepted => Kind::Accepted,
+            KeyState::Pending => Kind::Pending,
+            KeyState::Rejected => Kind::Rejected,
+        }
+    }
+
+    /// The `keys` state of this kind, if it is one.
+    pub fn state(self) -> Option<KeyState> {
+        match self {
+            Kind::Accepted => Some(KeyState::Accepted),
+            Kind::Pending => Some(KeyState::Pending),
+            Kind::Rejected => Some(KeyState::Rejected),
+            Kind::Denied | Kind::Absent => None,
+        }
+    }
+
+    /// How restrictive: ties between equal stamps go to the greater.
+    pub fn rank(self) -> u8 {
+        match self {
+            Kind::Accepted => 0,
+            Kind::Pending => 1,
+            Kind::Rejected => 2,
+            Kind::Denied => 3,
+            Kind::Absent => 4,
+        }
+    }
+
+    /// The kind's name: `accepted`, `pending`, `rejected`, `denied`, `absent`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Accepted => "accepted",
+            Kind::Pending => "pending",
+            Kind::Rejected => "rejected",
+            Kind::Denied => "denied",
+            Kind::Absent => "absent",
+        }
+    }
+
+    pub(crate) fn byte(self) -> u8 {
+        match self {
+            Kind::Absent => 0,
+            Kind::Accepted => 1,
+            Kind::Pending => 2,
+            Kind::Rejected => 3,
+            Kind::Denied => 4,
+        }
+    }
+
+    pub(crate) fn from_byte(b: u8) -> Option<Kind> {
+        Some(match b {
+            0 => Kind::Absent,
+            1 => Kind::Accepted,
+            2 => Kind::Pending,
+            3 => Kind::Rejected,
+            4 => Kind::Denied,
+            _ => return None,
+        })
+    }
+}
+
+/// One version of an entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Version {
+    /// When: a hybrid logical clock stamp (unix nanoseconds).
+    pub stamp: u64,
+    /// What kind of value.
+    pub kind: Kind,
+    /// [`value_hash`] of the value; 0 for a tombstone.
+    pub hash: u64,
+}
+
+impl Version {
+    /// A tombstone stamped `stamp`.
+    pub fn absent(stamp: u64) -> Version {
+        Version {
+            stamp,
+            kind: Kind::Absent,
+            hash: 0,
+        }
+    }
+
+    /// The order of versions: the later stamp, then the more restrictive
+    /// kind, then the greater hash. Total: two peers holding the same two
+    /// versions keep the same one.
+    pub fn key(&self) -> (u64, u8, u64) {
+        (self.stamp, self.kind.rank(), self.hash)
+    }
+
+    /// Whether `self` wins over `other`.
+    pub fn beats(&self, other: &Version) -> bool {
+        self.key() > other.key()
+    }
+}
+
+/// The hash a version records of a value: xxh3 of the kind byte and the
+/// public key (a denied key without Salt's trailing NULs), never 0.
+pub fn value_hash(kind: Kind, pub_key: &[u8]) -> u64 {
+    let mut b = Vec::with_capacity(pub_key.len() + 1);
+    b.push(kind.byte());
+    b.extend_from_slice(pub_key);
+    crate::format::hash(&b).max(1)
+}
+
+/// What the history holds of one entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Record {
+    /// The version of the value the store holds.
+    pub cur: Version,
+    /// A merge in flight: the version the entry had before it, kept until
+    /// an observation finds which one the store holds.
+    pub prev: Option<Version>,
+    /// The observation that last saw the entry (not stored).
+    pub mark: u32,
+}
+
+/// A 16-byte random identifier (a cluster's or a store's).
+pub type Ident = [u8; 16];
+
+/// What a store last merged from a peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Peer {
+    /// The generation (the peer's clock when it took the snapshot) of the
+    /// last snapshot merged from it.
+    pub generation: u64,
+    /// Our clock when we merged it.
+    pub merged_at: u64,
+}
+
+/// A store's identity, clock and peers (`.keycache-identity`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    /// The cluster the store belongs to.
+    pub cluster: Ident,
+    /// The store itself: made once, when its history begins.
+    pub store: Ident,
+    /// Whether the store has merged with its cluster (a new store has not;
+    /// it takes the cluster of the first joined peer it merges from).
+    pub joined: bool,
+    /// When it joined (0: not yet).
+    pub joined_at: u64,
+    /// The clock.
+    pub clock: Hlc,
+    /// The stamp of the last observation: the earliest a change found by
+    /// the next one can have happened.
+    pub scanned: u64,
+    /// What was last merged from each peer, by store.
+    pub peers: BTreeMap<Ident, Peer>,
+}
+
+/// How long tombstones are kept, and the wall clock.
+#[derive(Debug, Clone)]
+pub struct HistoryOptions {
+    /// How long a tombstone is kept. Default 30 days.
+    pub horizon: Duration,
+    /// Where time comes from.
+    pub wall: WallClock,
+}
+
+impl Default for HistoryOptions {
+    fn default() -> HistoryOptions {
+        HistoryOptions {
+            horizon: Duration::from_secs(30 * 86_400),
+            wall: WallClock::default(),
+        }
+    }
+}
+
+/// The versions of a store's entries, and its identity.
+#[derive(Debug, Clone)]
+pub struct History {
+    /// The identity, clock and peers.
+    pub identity: Identity,
+    pub(crate) entries: HashMap<(Bank, Box<str>), Record>,
+    /// The versions changed since loading (the history file is rewritten).
+    pub(crate) dirty: bool,
+    /// Whether the files existed when loaded.
+    pub(crate) existed: bool,
+    /// The file's sequence number: bumped by every save of the versions.
+    pub(crate) seq: u64,
+    mark: u32,
+}
+
+/// What an observation found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Observed {
+    /// Entries that changed since the last observation (tombstones included).
+    pub changed: usize,
+    /// Entries the store holds.
+    pub live: usize,
+    /// The entries a merge had in flight (written to the history, maybe
+    /// not to the banks or the key tree), settled by this observation.
+    pub settled: Vec<(Bank, String)>,
+}
+
+/// The oldest stamp a tombstone may have and still be kept.
+pub fn horizon_cutoff(opts: &HistoryOptions) -> u64 {
+    opts.wall
+        .now()
+        .saturating_sub(opts.horizon.as_nanos().min(u64::MAX as u128) as u64)
+}
+
+impl History {
+    /// Loads the history of the store in `dir`, or begins one (a new
+    /// identity) when it has none. A history whose banks are gone (the
+    /// store was wiped: no `keys` index while versions are recorded) is
+    /// begun anew too: a wiped store is a new store, never a deletion of
+    /// every key.
+    pub fn load(dir: &Path, opts: &HistoryOptions) -> Result<History> {
+        let wiped = !dir.join(crate::format::KEYS_INDEX).exists()
+            && !dir.join(crate::format::DENIED_INDEX).exists();
+        match file::load(dir)? {
+            Some(mut h) if !(wiped && h.entries.values().any(|r| r.cur.kind != Kind::Absent)) => {
+                h.existed = true;
+                let max = h.entries.values().map(|r| r.cur.stamp).max().unwrap_or(0);
+                h.identity.clock.receive(max);
+                Ok(h)
+            }
+            _ => Ok(History::begin(opts)),
+        }
+    }
+
+    fn begin(opts: &HistoryOptions) -> History {
+        let mut clock = Hlc::default();
+        clock.tick(&opts.wall);
+        History {
+            identity: Identity {
+                cluster: random_ident(),
+                store: random_ident(),
+                joined: false,
+                joined_at: 0,
+                clock,
+                scanned: 0,
+                peers: BTreeMap::new(),
+            },
+            entries: HashMap::new(),
+            dirty: true,
+            existed: false,
+            seq: 0,
+            mark: 0,
+        }
+    }
+
+    /// Writes the history files of `dir` atomically: the versions when they
+    /// changed (tombstones past the horizon dropped), then the identity.
+    /// Call it holding both banks' locks.
+    pub fn save(&mut self, dir: &Path, opts: &HistoryOptions) -> Result<()> {
+        let own = crate::files::Ownership::for_dir(dir)?;
+        if self.dirty {
+            let cutoff = horizon_cutoff(opts);
+            self.entries.retain(|_, r| {
+                r.cur.kind != Kind::Absent || r.cur.stamp >= cutoff || r.prev.is_some()
+            });
+            self.seq += 1;
+            file::save_versions(dir, self, &own)?;
+            self.dirty = false;
+        }
+        file::save_identity(dir, self, &own)
+    }
+
+    /// The sequence number the versions file has on disk now (0 when it
+    /// has none): a writer holding both banks' locks compares it with
+    /// [`History::seq`] to learn whether another process saved since.
+    pub fn seq_on_disk(dir: &Path) -> Result<u64> {
+        file::seq_on_disk(dir)
+    }
+
+    /// The version of (`bank`, `id`), if any (tombstones included).
+    pub fn get(&self, bank: Bank, id: &str) -> Option<Version> {
+        self.entries.get(&(bank, Box::from(id))).map(|r| r.cur)
+    }
+
+    /// Every entry's version, tombstones included, in no order.
+    pub fn iter(&self) -> impl Iterator<Item = (Bank, &str, Version)> + '_ {
+        self.entries.iter().map(|((b, id), r)| (*b, &**id, r.cur))
+    }
+
+    /// How many entries (tombstones included) the history holds.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether the history holds no entry.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Records `v` as the version of (`bank`, `id`) that a merge is about
+    /// to write, keeping the current one as the previous (see the module's
+    /// documentation).
+    pub(crate) fn set_in_flight(&mut self, bank: Bank, id: &str, v: Version) {
+        let e = self.entries.entry((bank, Box::from(id))).or_insert(Record {
+            cur: Version::absent(0),
+            prev: None,
+            mark: 0,
+        });
+        let old = e.cur;
+        e.cur = v;
+        e.prev = Some(old);
+        self.dirty = true;
+    }
+
+    /// Records `v` as the version of (`bank`, `id`) without a change of the
+    /// store (a tombstone of an entry it does not hold, a later stamp of the
+    /// value it holds).
+    pub(crate) fn record(&mut self, bank: Bank, id: &str, v: Version) {
+        let e = self.entries.entry((bank, Box::from(id))).or_insert(Record {
+            cur: v,
+            prev: None,
+            mark: 0,
+        });
+        e.cur = v;
+        self.dirty = true;
+    }
+
+    /// Observes `store`: every entry whose value is not the one its version
+    /// records gets a new version (see the module's documentation), every
+    /// recorded entry the store no longer holds a tombstone. `each` sees
+    /// every live entry: bank, id, state (`keys`), public key and version.
+    /// With `settle`, the entries of a merge in flight are settled (their
+    /// previous versions forgotten) and listed in [`Observed::settled`], for
+    /// the merge to bring their key tree in step; without it they stay in
+    /// flight. Reads take no lock; call it under both banks' locks where the
+    /// result must be one moment of the store.
+    pub fn observe(
+        &mut self,
+        store: &Store,
+        opts: &HistoryOptions,
+        settle: bool,
+        mut each: impl FnMut(Bank, &str, Option<KeyState>, &[u8], Version) -> Result<()>,
+    ) -> Result<Observed> {
+        let now = self.identity.clock.tick(&opts.wall);
+        let lower = self.identity.scanned;
+        self.mark = self.mark.wrapping_add(1).max(1);
+        let mark = self.mark;
+        let mut seen = Observed::default();
+        for (bank, table) in [
+            (Bank::Keys, store.keys_table()),
+            (Bank::Denied, store.denied_table()),
+        ] {
+            for r in table.iter()? {
+                let r = r?;
+                let corrupt = |why: String| Error::Corrupt {
+                    path: table.path().into(),
+                    id: Some(String::from_utf8_lossy(&r.id).into_owned()),
+                    why,
+                };
+                let id = MinionId::from_bytes(&r.id)
+                    .map_err(|e| corrupt(format!("not a valid minion id: {e}")))?;
+                let (state, pem): (Option<KeyState>, &[u8]) = match bank {
+                    Bank::Keys => match decode_key_value(&r.value) {
+                        Some((s, pem)) => (Some(s), pem),
+                        None => {
+                            return Err(corrupt(format!(
+                                "slot {}: value of {} bytes is not [state 1..3][public key]",
+                                r.slot,
+                                r.value.len()
+                            )))
+                        }
+                    },
+                    Bank::Denied => {
+                        let mut end = r.value.len();
+                        while end > 0 && r.value[end - 1] == 0 {
+                            end -= 1;
+                        }
+                        (None, &r.value[..end])
+                    }
+                };
+                // An empty key is absent to every reader (Salt's driver
+                // reads it so): not a value.
+                if pem.is_empty() {
+                    continue;
+                }
+                let kind = state.map_or(Kind::Denied, Kind::of_state);
+                let hash = value_hash(kind, pem);
+                let rec = self
+                    .entries
+                    .entry((bank, Box::from(id.as_str())))
+                    .or_insert(Record {
+                        cur: Version::absent(0),
+                        prev: None,
+                        mark: 0,
+                    });
+                rec.mark = mark;
+                if rec.cur.hash != hash {
+                    match rec.prev {
+                        Some(p) if p.hash == hash => rec.cur = p,
+                        _ => {
+                            let stamp = if kind == Kind::Accepted {
+                                lower.max(rec.cur.stamp.saturating_add(1))
+                            } else {
+                                now.max(rec.cur.stamp.saturating_add(1))
+                            };
+                            rec.cur = Version { stamp, kind, hash };
+                            seen.changed += 1;
+                        }
+                    }
+                    self.dirty = true;
+                }
+                if settle && rec.prev.take().is_some() {
+                    seen.settled.push((bank, id.as_str().to_owned()));
+                    self.dirty = true;
+                }
+                seen.live += 1;
+                each(bank, id.as_str(), state, pem, rec.cur)?;
+            }
+        }
+        for ((bank, id), rec) in self.entries.iter_mut() {
+            if rec.mark == mark {
+                continue;
+            }
+            if rec.cur.kind != Kind::Absent {
+                match rec.prev {
+                    Some(p) if p.kind == Kind::Absent => rec.cur = p,
+                    _ => {
+                        rec.cur = Version::absent(now.max(rec.cur.stamp.saturating_add(1)));
+                        seen.changed += 1;
+                    }
+                }
+                self.dirty = true;
+            }
+            if settle && rec.prev.take().is_some() {
+                seen.settled.push((*bank, id.to_string()));
+                self.dirty = true;
+            }
+        }
+        self.identity.scanned = now;
+        Ok(seen)
+    }
+}
+
+/// 16 random bytes from the kernel.
+fn random_ident() -> Ident {
+    use std::io::Read;
+    let mut b = [0u8; 16];
+    let ok = std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut b))
+        .is_ok();
+    if !ok {
+        // No /dev/urandom: time, process id and a counter's hash; unique
+        // enough to tell stores apart.
+        static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let t = crate::files::now_ns();
+        let seed = [
+            t.to_le_bytes(),
+            u64::from(std::process::id()).to_le_bytes(),
+            n.to_le_bytes(),
+        ]
+        .concat();
+        b[..8].copy_from_slice(&crate::format::hash(&seed).to_le_bytes());
+        let h = crate::format::hash(&b[..8]);
+        b[8..].copy_from_slice(&h.to_le_bytes());
+    }
+    b
+}
+
+/// An identifier as hex.
+pub fn show_ident(i: &Ident) -> String {
+    i.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,375 @@
+//! The bytes of the history files (drawn in `docs/format.md`, "History
+//! files"), written atomically and read with every length checked.
+//!
+//! ```text
+//! .keycache-history
+//!   header:  magic "KCHIST\r\n" (8) | version u32 = 1 | flags u32 = 0
+//!            | seq u64 | count u64
+//!   entry:   bank u8 (1 keys, 2 denied_keys) | kind u8 | prev kind u8
+//!            (0xFF: none) | zero u8 | id_len u16 | stamp u64 | hash u64
+//!            | [prev stamp u64 | prev hash u64, when prev kind != 0xFF] | id
+//!   trailer: xxh3-64 of every byte before it, u64
+//!
+//! .keycache-identity
+//!   magic "KCIDENT\n" (8) | version u32 = 1 | flags u32 (bit 0: joined)
+//!   | cluster [16] | store [16] | joined_at u64 | clock u64 | scanned u64
+//!   | peer count u32 | peers: store [16] | generation u64 | merged_at u64
+//!   | xxh3-64 of every byte before it, u64
+//! ```
+//!
+//! Kinds: 0 absent, 1 accepted, 2 pending, 3 rejected, 4 denied. All
+//! integers little-endian.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use super::{History, Identity, Kind, Peer, Record, Version};
+use crate::error::{Error, Result};
+use crate::files::Ownership;
+use crate::hlc::Hlc;
+use crate::snapshot::Bank;
+
+/// The versions file, in the store directory.
+pub const HISTORY_FILE: &str = ".keycache-history";
+/// The identity file, in the store directory.
+pub const IDENTITY_FILE: &str = ".keycache-identity";
+
+const HIST_MAGIC: [u8; 8] = *b"KCHIST\r\n";
+const IDENT_MAGIC: [u8; 8] = *b"KCIDENT\n";
+const VERSION: u32 = 1;
+const NO_PREV: u8 = 0xFF;
+
+fn bad(path: &Path, why: String) -> Error {
+    Error::Corrupt {
+        path: path.to_path_buf(),
+        id: None,
+        why: format!(
+            "{why} (the history is damaged: move it away to begin a new one, after which this \
+             store merges as a new peer)"
+        ),
+    }
+}
+
+/// A bounds-checked reader over a file's bytes.
+struct Cursor<'a> {
+    b: &'a [u8],
+    o: usize,
+    path: &'a Path,
+}
+
+impl Cursor<'_> {
+    fn take(&mut self, n: usize, what: &str) -> Result<&[u8]> {
+        let end = self.o.checked_add(n).filter(|&e| e <= self.b.len());
+        match end {
+            Some(e) => {
+                let s = &self.b[self.o..e];
+                self.o = e;
+                Ok(s)
+            }
+            None => Err(bad(
+                self.path,
+                format!(
+                    "truncated: {what} at byte {} is past the end ({} bytes)",
+                    self.o,
+                    self.b.len()
+                ),
+            )),
+        }
+    }
+    fn u8(&mut self, what: &str) -> Result<u8> {
+        Ok(self.take(1, what)?[0])
+    }
+    fn u16(&mut self, what: &str) -> Result<u16> {
+        let s = self.take(2, what)?;
+        Ok(u16::from_le_bytes([s[0], s[1]]))
+    }
+    fn u32(&mut self, what: &str) -> Result<u32> {
+        let mut a = [0u8; 4];
+        a.copy_from_slice(self.take(4, what)?);
+        Ok(u32::from_le_bytes(a))
+    }
+    fn u64(&mut self, what: &str) -> Result<u64> {
+        let mut a = [0u8; 8];
+        a.copy_from_slice(self.take(8, what)?);
+        Ok(u64::from_le_bytes(a))
+    }
+    fn ident(&mut self, what: &str) -> Result<[u8; 16]> {
+        let mut a = [0u8; 16];
+        a.copy_from_slice(self.take(16, what)?);
+        Ok(a)
+    }
+}
+
+/// Reads a whole file, or `None` when it does not exist. A symlink is
+/// refused.
+fn read(path: &Path) -> Result<Option<Vec<u8>>> {
+    match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Error::io(path, "stat", e)),
+        Ok(m) if !m.is_file() => {
+            return Err(Error::NotARegularFile {
+                path: path.to_path_buf(),
+                why: "a history file must be a regular file",
+            })
+        }
+        Ok(_) => {}
+    }
+    std::fs::read(path)
+        .map(Some)
+        .map_err(|e| Error::io(path, "read", e))
+}
+
+/// Checks a file's magic, version and trailing checksum; returns the body
+/// (without the trailer) after the magic and version.
+fn checked<'a>(b: &'a [u8], path: &Path, magic: &[u8; 8]) -> Result<&'a [u8]> {
+    if b.len() < 20 || b[..8] != *magic {
+        return Err(bad(
+            path,
+            "wrong magic or too short: not a keycache history file".into(),
+        ));
+    }
+    let body = &b[..b.len() - 8];
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[b.len() - 8..]);
+    if u64::from_le_bytes(a) != crate::format::hash(body) {
+        return Err(bad(path, "checksum mismatch".into()));
+    }
+    let version = u32::from_le_bytes([b[8], b[9], b[10], b[11]]);
+    if version != VERSION {
+        return Err(bad(
+            path,
+            format!("format version {version}; this keycache reads {VERSION}"),
+        ));
+    }
+    Ok(body)
+}
+
+/// Loads both files; `None` when the store has no history yet (no
+/// identity file).
+pub(super) fn load(dir: &Path) -> Result<Option<History>> {
+    let ipath = dir.join(IDENTITY_FILE);
+    let Some(ib) = read(&ipath)? else {
+        return Ok(None);
+    };
+    let body = checked(&ib, &ipath, &IDENT_MAGIC)?;
+    let mut c = Cursor {
+        b: body,
+        o: 12,
+        path: &ipath,
+    };
+    let flags = c.u32("flags")?;
+    let cluster = c.ident("cluster")?;
+    let store = c.ident("store")?;
+    let joined_at = c.u64("joined_at")?;
+    let clock = c.u64("clock")?;
+    let scanned = c.u64("scanned")?;
+    let n = c.u32("peer count")?;
+    let mut peers = BTreeMap::new();
+    for _ in 0..n {
+        let id = c.ident("peer")?;
+        let generation = c.u64("peer generation")?;
+        let merged_at = c.u64("peer merged_at")?;
+        peers.insert(
+            id,
+            Peer {
+                generation,
+                merged_at,
+            },
+        );
+    }
+    if c.o != body.len() {
+        return Err(bad(
+            &ipath,
+            format!("{} bytes past the last peer", body.len() - c.o),
+        ));
+    }
+    let identity = Identity {
+        cluster,
+        store,
+        joined: flags & 1 != 0,
+        joined_at,
+        clock: Hlc { last: clock },
+        scanned,
+        peers,
+    };
+    let hpath = dir.join(HISTORY_FILE);
+    let (entries, seq) = match read(&hpath)? {
+        None => (HashMap::new(), 0),
+        Some(hb) => parse_versions(&hb, &hpath)?,
+    };
+    Ok(Some(History {
+        identity,
+        entries,
+        dirty: false,
+        existed: true,
+        seq,
+        mark: 0,
+    }))
+}
+
+type Entries = HashMap<(Bank, Box<str>), Record>;
+
+fn kind(c: &mut Cursor<'_>, b: u8) -> Result<Kind> {
+    Kind::from_byte(b).ok_or_else(|| bad(c.path, format!("unknown kind {b} before byte {}", c.o)))
+}
+
+fn parse_versions(b: &[u8], path: &Path) -> Result<(Entries, u64)> {
+    let body = checked(b, path, &HIST_MAGIC)?;
+    let mut c = Cursor {
+        b: body,
+        o: 12,
+        path,
+    };
+    let _flags = c.u32("flags")?;
+    let seq = c.u64("seq")?;
+    let count = c.u64("count")?;
+    let mut m = HashMap::with_capacity((count as usize).min(body.len() / 24));
+    for _ in 0..count {
+        let bank = match c.u8("bank")? {
+            1 => Bank::Keys,
+            2 => Bank::Denied,
+            x => return Err(bad(path, format!("unknown bank {x} before byte {}", c.o))),
+        };
+        let kb = c.u8("kind")?;
+        let k = kind(&mut c, kb)?;
+        let pk = c.u8("prev kind")?;
+        let _zero = c.u8("padding")?;
+        let id_len = c.u16("id length")? as usize;
+        let stamp = c.u64("stamp")?;
+        let hash = c.u64("hash")?;
+        let prev = if pk == NO_PREV {
+            None
+        } else {
+            let k = kind(&mut c, pk)?;
+            let stamp = c.u64("prev stamp")?;
+            let hash = c.u64("prev hash")?;
+            Some(Version {
+                stamp,
+                kind: k,
+                hash,
+            })
+        };
+        let at = c.o;
+        let id = std::str::from_utf8(c.take(id_len, "id")?)
+            .map_err(|_| bad(path, format!("the id at byte {at} is not UTF-8")))?;
+        let rec = Record {
+            cur: Version {
+                stamp,
+                kind: k,
+                hash,
+            },
+            prev,
+            mark: 0,
+        };
+        if m.insert((bank, Box::from(id)), rec).is_some() {
+            return Err(bad(path, format!("{} {id:?} recorded twice", bank.name())));
+        }
+    }
+    if c.o != body.len() {
+        return Err(bad(
+            path,
+            format!("{} bytes past the last entry", body.len() - c.o),
+        ));
+    }
+    Ok((m, seq))
+}
+
+/// The sequence number of the versions file on disk, 0 when none.
+pub(super) fn seq_on_disk(dir: &Path) -> Result<u64> {
+    let path = dir.join(HISTORY_FILE);
+    let Some(b) = read(&path)? else {
+        return Ok(0);
+    };
+    let body = checked(&b, &path, &HIST_MAGIC)?;
+    let mut c = Cursor {
+        b: body,
+        o: 16,
+        path: &path,
+    };
+    c.u64("seq")
+}
+
+pub(super) fn save_versions(dir: &Path, h: &History, own: &Ownership) -> Result<()> {
+    let mut b = Vec::with_capacity(32 + h.entries.len() * 48);
+    b.extend_from_slice(&HIST_MAGIC);
+    b.extend_from_slice(&VERSION.to_le_bytes());
+    b.extend_from_slice(&0u32.to_le_bytes());
+    b.extend_from_slice(&h.seq.to_le_bytes());
+    b.extend_from_slice(&(h.entries.len() as u64).to_le_bytes());
+    for ((bank, id), r) in &h.entries {
+        b.push(match bank {
+            Bank::Keys => 1,
+            Bank::Denied => 2,
+        });
+        b.push(r.cur.kind.byte());
+        b.push(r.prev.map_or(NO_PREV, |p| p.kind.byte()));
+        b.push(0);
+        b.extend_from_slice(&(id.len() as u16).to_le_bytes());
+        b.extend_from_slice(&r.cur.stamp.to_le_bytes());
+        b.extend_from_slice(&r.cur.hash.to_le_bytes());
+        if let Some(p) = r.prev {
+            b.extend_from_slice(&p.stamp.to_le_bytes());
+            b.extend_from_slice(&p.hash.to_le_bytes());
+        }
+        b.extend_from_slice(id.as_bytes());
+    }
+    let sum = crate::format::hash(&b);
+    b.extend_from_slice(&sum.to_le_bytes());
+    replace(&dir.join(HISTORY_FILE), &b, own)
+}
+
+pub(super) fn save_identity(dir: &Path, h: &History, own: &Ownership) -> Result<()> {
+    let i = &h.identity;
+    let mut b = Vec::with_capacity(96 + i.peers.len() * 32);
+    b.extend_from_slice(&IDENT_MAGIC);
+    b.extend_from_slice(&VERSION.to_le_bytes());
+    b.extend_from_slice(&u32::from(i.joined).to_le_bytes());
+    b.extend_from_slice(&i.cluster);
+    b.extend_from_slice(&i.store);
+    b.extend_from_slice(&i.joined_at.to_le_bytes());
+    b.extend_from_slice(&i.clock.last.to_le_bytes());
+    b.extend_from_slice(&i.scanned.to_le_bytes());
+    b.extend_from_slice(&(i.peers.len() as u32).to_le_bytes());
+    for (id, p) in &i.peers {
+        b.extend_from_slice(id);
+        b.extend_from_slice(&p.generation.to_le_bytes());
+        b.extend_from_slice(&p.merged_at.to_le_bytes());
+    }
+    let sum = crate::format::hash(&b);
+    b.extend_from_slice(&sum.to_le_bytes());
+    replace(&dir.join(IDENTITY_FILE), &b, own)
+}
+
+/// Replaces `path` with `bytes` atomically: a temporary file beside it,
+/// fsynced, renamed over it, the directory fsynced.
+fn replace(path: &Path, bytes: &[u8], own: &Ownership) -> Result<()> {
+    let dir = path
+        .parent()
+        .map_or_else(|| PathBuf::from("."), Path::to_path_buf);
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(
+        "{}{name}.{}.{}",
+        crate::journal::TMP_PREFIX,
+        std::process::id(),
+        crate::files::now_ns()
+    ));
+    let done = (|| {
+        let f = crate::files::create_new_unsynced(&tmp, own)?;
+        let mut w = std::io::BufWriter::new(&f);
+        w.write_all(bytes)
+            .and_then(|()| w.flush())
+            .map_err(|e| Error::io(&tmp, "write", e))?;
+        drop(w);
+        crate::files::sync_data(&f, &tmp)?;
+        crate::files::rename(&tmp, path)?;
+        crate::files::sync_dir(&dir)
+    })();
+    if done.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    done
+}

@@ -1,0 +1,1 @@
+//! History tests.
