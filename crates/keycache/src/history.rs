@@ -220,15 +220,10 @@ pub struct Peer {
 /// A store's identity, clock and peers (`.keycache-identity`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Identity {
-    /// The cluster the store belongs to.
-    pub cluster: Ident,
     /// The store itself: made once, when its history begins.
     pub store: Ident,
-    /// Whether the store has merged with its cluster (a new store has not;
-    /// it takes the cluster of the first joined peer it merges from).
-    pub joined: bool,
-    /// When it joined (0: not yet).
-    pub joined_at: u64,
+    /// When its history began (a clock stamp).
+    pub created: u64,
     /// The clock.
     pub clock: Hlc,
     /// The stamp of the last observation: the earliest a change found by
@@ -312,13 +307,11 @@ impl History {
 
     fn begin(opts: &HistoryOptions) -> History {
         let mut clock = Hlc::default();
-        clock.tick(&opts.wall);
+        let created = clock.tick(&opts.wall);
         History {
             identity: Identity {
-                cluster: random_ident(),
                 store: random_ident(),
-                joined: false,
-                joined_at: 0,
+                created,
                 clock,
                 scanned: 0,
                 peers: BTreeMap::new(),
@@ -517,6 +510,54 @@ impl History {
         self.identity.scanned = now;
         Ok(seen)
     }
+}
+
+/// The names of the public keys that name a store's cluster, in the order
+/// they are looked for: a Salt 3008 cluster's shared key, then the master's
+/// own (the masters of a classic multi-master setup share one key pair).
+pub const CLUSTER_KEYS: [&str; 2] = ["cluster.pub", "master.pub"];
+
+/// The cluster of `store`: the xxh3-128 of the first public key of
+/// [`CLUSTER_KEYS`] found in the store's directory (a regular file, never
+/// through a symlink) or in its `master_keys` bank, whitespace trimmed; or
+/// `None` when there is none (merges then cannot tell clusters apart).
+pub fn cluster_of(store: &Store) -> Result<Option<Ident>> {
+    let dir = store.dir();
+    let bank_opts = crate::table::OpenOptions {
+        params: *store.keys_table().params(),
+        ..crate::table::OpenOptions::default()
+    };
+    let bank = if dir.join(crate::format::MASTER_INDEX).exists() {
+        Some(crate::table::Table::open(
+            dir.join(crate::format::MASTER_INDEX),
+            &bank_opts,
+        )?)
+    } else {
+        None
+    };
+    for name in CLUSTER_KEYS {
+        let path = dir.join(name);
+        let from_file = match std::fs::symlink_metadata(&path) {
+            Ok(m) if m.is_file() && m.len() <= crate::snapshot::MAX_KEY_BYTES as u64 => {
+                Some(std::fs::read(&path).map_err(|e| Error::io(&path, "read", e))?)
+            }
+            _ => None,
+        };
+        let key = match from_file {
+            Some(k) => Some(k),
+            None => match &bank {
+                Some(t) => t.get(name.as_bytes())?.map(|s| s.value),
+                None => None,
+            },
+        };
+        if let Some(k) = key {
+            let t = k.trim_ascii();
+            if !t.is_empty() && !crate::pem::holds_private_key(t) {
+                return Ok(Some(xxhash_rust::xxh3::xxh3_128(t).to_le_bytes()));
+            }
+        }
+    }
+    Ok(None)
 }
 
 /// 16 random bytes from the kernel.

@@ -42,14 +42,10 @@
 //! Nothing is written ([`Error::MergeRefused`]) when:
 //!
 //! - the snapshot is this store's own;
-//! - it comes from another cluster. A store begins unjoined, with a
-//!   cluster of its own. It joins a cluster when it merges a snapshot of
-//!   that cluster from a joined peer, or of a cluster with a smaller id
-//!   from an unjoined one (two new stores settle on the smaller id,
-//!   whichever merges first), or of its own cluster. A joined store
-//!   refuses an unjoined peer's snapshot of another cluster until that
-//!   peer has merged from the cluster once: a wiped or new peer never
-//!   pushes its state into the cluster before it has taken the cluster's;
+//! - it comes from another cluster: both name their cluster
+//!   ([`crate::history::cluster_of`], a hash of the cluster's or master's
+//!   public key) and the names differ. A store without such a key cannot
+//!   tell clusters apart, and merges any peer's snapshot;
 //! - it is older than the last snapshot merged from the same store (a
 //!   replay), taken more than the tombstone horizon ago, or stamped by a
 //!   clock more than [`MergeOptions::max_skew`] ahead of ours;
@@ -199,12 +195,8 @@ pub struct MergePlan {
     pub recorded: Vec<Entry>,
     /// Their store.
     pub their_store: Ident,
-    /// Their cluster.
-    pub their_cluster: Ident,
     /// Their generation.
     pub their_generation: u64,
-    /// The cluster this store joins with the merge, when it changes.
-    pub adopt_cluster: Option<Ident>,
 }
 
 impl MergePlan {
@@ -244,42 +236,32 @@ fn refused(why: String) -> Error {
     Error::MergeRefused { why }
 }
 
-/// Checks that `theirs` may be merged into a store with history `h`: not
-/// its own, of its cluster (or one it may join), not a replay, not too old,
-/// not from a clock too far ahead. Returns the cluster the store joins, if
-/// it changes.
+/// Checks that `theirs` may be merged into a store of cluster `cluster`
+/// with history `h`: not its own, of its cluster, not a replay, not too
+/// old, not from a clock too far ahead.
 pub fn check_identity(
     h: &History,
+    cluster: Option<Ident>,
     theirs: &Snapshot,
     opts: &MergeOptions,
-) -> Result<Option<Ident>> {
+) -> Result<()> {
     let me = &h.identity;
-    let (ts, tc) = (show_ident(&theirs.store), show_ident(&theirs.cluster));
+    let ts = show_ident(&theirs.store);
     if theirs.store == me.store {
         return Err(refused(format!(
             "the snapshot is this store's own (store {ts}): merge a peer's snapshot"
         )));
     }
-    let adopt = if theirs.cluster == me.cluster {
-        None
-    } else if me.joined && theirs.joined {
-        return Err(refused(format!(
-            "the snapshot comes from another cluster ({tc}, store {ts}); this store belongs to \
-             cluster {}",
-            show_ident(&me.cluster)
-        )));
-    } else if me.joined {
-        return Err(refused(format!(
-            "store {ts} has not joined this cluster ({}) yet: it is new, wiped or restored from \
-             before it joined. Merge into it from a peer of this cluster first (its next \
-             snapshot then merges here)",
-            show_ident(&me.cluster)
-        )));
-    } else if theirs.joined || theirs.cluster < me.cluster {
-        Some(theirs.cluster)
-    } else {
-        None
-    };
+    if let (Some(ours), Some(t)) = (cluster, theirs.cluster) {
+        if ours != t {
+            return Err(refused(format!(
+                "the snapshot comes from another cluster (store {ts}, cluster key {}); this \
+                 store's cluster key is {}",
+                show_ident(&t),
+                show_ident(&ours)
+            )));
+        }
+    }
     if let Some(p) = me.peers.get(&theirs.store) {
         if theirs.generation < p.generation {
             return Err(refused(format!(
@@ -309,7 +291,7 @@ pub fn check_identity(
             opts.history.horizon
         )));
     }
-    Ok(adopt)
+    Ok(())
 }
 
 /// Checks a value the store would get: a PEM public key (as `migrate`
@@ -329,11 +311,17 @@ fn check_value(e: &Entry) -> Result<()> {
     crate::pem::check_public_key(&e.pub_key).map_err(|p| bad(format!("not a public key: {p}")))
 }
 
-/// Plans the merge of `theirs` into a store whose history (observed) is
-/// `h`: per (bank, id), their version when it beats ours. Pure but for the
-/// wall clock of `opts`. Refuses what the module's documentation lists.
-pub fn plan(h: &History, theirs: &Snapshot, opts: &MergeOptions) -> Result<MergePlan> {
-    let adopt_cluster = check_identity(h, theirs, opts)?;
+/// Plans the merge of `theirs` into a store of cluster `cluster` whose
+/// history (observed) is `h`: per (bank, id), their version when it beats
+/// ours. Pure but for the wall clock of `opts`. Refuses what the module's
+/// documentation lists.
+pub fn plan(
+    h: &History,
+    cluster: Option<Ident>,
+    theirs: &Snapshot,
+    opts: &MergeOptions,
+) -> Result<MergePlan> {
+    check_identity(h, cluster, theirs, opts)?;
     let now = opts.history.wall.now();
     let horizon = crate::history::horizon_cutoff(&opts.history);
     let me = &h.identity;
@@ -359,12 +347,8 @@ pub fn plan(h: &History, theirs: &Snapshot, opts: &MergeOptions) -> Result<Merge
             _ => Action::Changed,
         };
         // Accepted, older than the horizon, unknown here although this
-        // store was in the cluster then: its tombstone may be forgotten.
-        if t.kind == Kind::Accepted
-            && ours.is_none()
-            && me.joined
-            && me.joined_at <= t.stamp
-            && t.stamp < horizon
+        // store's history had begun then: its tombstone may be forgotten.
+        if t.kind == Kind::Accepted && ours.is_none() && me.created <= t.stamp && t.stamp < horizon
         {
             clock.receive(now);
             result.kind = Kind::Pending;
@@ -383,9 +367,7 @@ pub fn plan(h: &History, theirs: &Snapshot, opts: &MergeOptions) -> Result<Merge
         entries,
         recorded,
         their_store: theirs.store,
-        their_cluster: theirs.cluster,
         their_generation: theirs.generation,
-        adopt_cluster,
     };
     let revoked = plan.counts().revoked;
     let live = h
@@ -428,7 +410,7 @@ pub fn read_snapshot(
 pub fn dry_run(store: &Store, theirs: &Snapshot, opts: &MergeOptions) -> Result<MergePlan> {
     let mut h = History::load(store.dir(), &opts.history)?;
     h.observe(store, &opts.history, false, |_, _, _, _, _| Ok(()))?;
-    plan(&h, theirs, opts)
+    plan(&h, crate::history::cluster_of(store)?, theirs, opts)
 }
 
 /// Merges `theirs` into `store`: observes the store, plans ([`plan`]) and
@@ -442,11 +424,12 @@ pub fn merge(
     theirs: &Snapshot,
     opts: &MergeOptions,
 ) -> Result<(MergePlan, MergeReport)> {
+    let cluster = crate::history::cluster_of(store)?;
     let mut tries = 0;
     loop {
         let mut h = History::load(store.dir(), &opts.history)?;
         let seen = h.observe(store, &opts.history, true, |_, _, _, _, _| Ok(()))?;
-        let p = plan(&h, theirs, opts)?;
+        let p = plan(&h, cluster, theirs, opts)?;
         match apply::commit(store, &mut h, &p, &seen.settled, opts) {
             Ok(r) => return Ok((p, r)),
             Err(Error::StalePlan { .. }) if tries < 4 => tries += 1,

@@ -3,8 +3,9 @@
 //! versioned, checksummed file that a peer sends to another (`keycache
 //! snapshot`, then [`crate::merge`] on the other side).
 //!
-//! A snapshot names its cluster and its store ([`crate::history`]'s
-//! identity) and carries a **generation**: the store's clock when it was
+//! A snapshot names its cluster ([`crate::history::cluster_of`]: a hash of
+//! the cluster's or master's public key) and its store (made once per
+//! store, [`crate::history`]) and carries a **generation**: the store's clock when it was
 //! taken, which grows with every snapshot. It holds, per entry, the bank,
 //! the minion id, the kind (accepted, pending, rejected, denied, or absent
 //! for a tombstone), the version's stamp and the public key. It never
@@ -22,7 +23,7 @@
 //!
 //! ```text
 //! header:  magic "KCSNAP\r\n" (8) | version u32 = 2 | flags u32 (bit 0:
-//!          the store has joined its cluster) | cluster [16] | store [16]
+//!          the cluster is known) | cluster [16] (zero when not) | store [16]
 //!          | generation u64 | count u64
 //! entry:   bank u8 (1 keys, 2 denied_keys) | kind u8 (0 absent, 1
 //!          accepted, 2 pending, 3 rejected, 4 denied) | id_len u16
@@ -57,8 +58,8 @@ pub const HEADER_LEN: usize = 64;
 pub const ENTRY_HEAD_LEN: usize = 16;
 /// Bytes of the trailer (the checksum).
 pub const TRAILER_LEN: usize = 8;
-/// Bit of the header's flags: the store has joined its cluster.
-pub const FLAG_JOINED: u32 = 1;
+/// Bit of the header's flags: the cluster is known.
+pub const FLAG_CLUSTER: u32 = 1;
 /// The largest public key a snapshot may carry (as `migrate` reads).
 pub const MAX_KEY_BYTES: usize = crate::migrate::MAX_KEY_BYTES as usize;
 
@@ -145,12 +146,10 @@ impl Entry {
 /// Both banks of a store as of one moment, with its tombstones.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Snapshot {
-    /// The cluster of the store it was taken from.
-    pub cluster: Ident,
+    /// The cluster of the store it was taken from, when known.
+    pub cluster: Option<Ident>,
     /// The store it was taken from.
     pub store: Ident,
-    /// Whether that store had joined its cluster.
-    pub joined: bool,
     /// The store's clock when it was taken: grows with every snapshot.
     pub generation: u64,
     /// The entries, sorted by (bank, id), each (bank, id) once.
@@ -187,6 +186,7 @@ pub fn take(store: &Store, opts: &SnapshotOptions) -> Result<Snapshot> {
     let (k, d) = (store.keys_table(), store.denied_table());
     let w = opts.lock_wait;
     let h = &opts.history;
+    let cluster = crate::history::cluster_of(store)?;
     let (mut entries, hist, generation) = k.read_locked(w, || {
         d.read_locked(w, || {
             let mut hist = History::load(store.dir(), h)?;
@@ -230,9 +230,8 @@ pub fn take(store: &Store, opts: &SnapshotOptions) -> Result<Snapshot> {
     })?;
     entries.sort_unstable_by(|a, b| (a.bank, &a.id).cmp(&(b.bank, &b.id)));
     Ok(Snapshot {
-        cluster: hist.identity.cluster,
+        cluster,
         store: hist.identity.store,
-        joined: hist.identity.joined,
         generation,
         entries,
     })

@@ -157,7 +157,6 @@ struct Report {
     dry_run: bool,
     their_store: String,
     their_generation: u64,
-    joined_cluster: Option<String>,
     entries: Vec<JsonEntry>,
     counts: PlanCounts,
     /// Entries of the store written (0 in a dry run).
@@ -300,7 +299,6 @@ pub(crate) fn run(a: Args) -> CmdResult {
             dry_run: a.dry_run,
             their_store: show_ident(&plan.their_store),
             their_generation: plan.their_generation,
-            joined_cluster: plan.adopt_cluster.as_ref().map(show_ident),
             entries,
             counts,
             written: report.written,

@@ -11,8 +11,8 @@
 //!   trailer: xxh3-64 of every byte before it, u64
 //!
 //! .keycache-identity
-//!   magic "KCIDENT\n" (8) | version u32 = 1 | flags u32 (bit 0: joined)
-//!   | cluster [16] | store [16] | joined_at u64 | clock u64 | scanned u64
+//!   magic "KCIDENT\n" (8) | version u32 = 1 | flags u32 = 0
+//!   | store [16] | created u64 | clock u64 | scanned u64
 //!   | peer count u32 | peers: store [16] | generation u64 | merged_at u64
 //!   | xxh3-64 of every byte before it, u64
 //! ```
@@ -158,10 +158,9 @@ pub(super) fn load(dir: &Path) -> Result<Option<History>> {
         o: 12,
         path: &ipath,
     };
-    let flags = c.u32("flags")?;
-    let cluster = c.ident("cluster")?;
+    let _flags = c.u32("flags")?;
     let store = c.ident("store")?;
-    let joined_at = c.u64("joined_at")?;
+    let created = c.u64("created")?;
     let clock = c.u64("clock")?;
     let scanned = c.u64("scanned")?;
     let n = c.u32("peer count")?;
@@ -185,10 +184,8 @@ pub(super) fn load(dir: &Path) -> Result<Option<History>> {
         ));
     }
     let identity = Identity {
-        cluster,
         store,
-        joined: flags & 1 != 0,
-        joined_at,
+        created,
         clock: Hlc { last: clock },
         scanned,
         peers,
@@ -324,10 +321,9 @@ pub(super) fn save_identity(dir: &Path, h: &History, own: &Ownership) -> Result<
     let mut b = Vec::with_capacity(96 + i.peers.len() * 32);
     b.extend_from_slice(&IDENT_MAGIC);
     b.extend_from_slice(&VERSION.to_le_bytes());
-    b.extend_from_slice(&u32::from(i.joined).to_le_bytes());
-    b.extend_from_slice(&i.cluster);
+    b.extend_from_slice(&0u32.to_le_bytes());
     b.extend_from_slice(&i.store);
-    b.extend_from_slice(&i.joined_at.to_le_bytes());
+    b.extend_from_slice(&i.created.to_le_bytes());
     b.extend_from_slice(&i.clock.last.to_le_bytes());
     b.extend_from_slice(&i.scanned.to_le_bytes());
     b.extend_from_slice(&(i.peers.len() as u32).to_le_bytes());

@@ -1,1 +1,242 @@
-//! History tests.
+//! Observations stamp changes on the safe side, the files round-trip and
+//! refuse damage, a merge in flight is undone or settled, a wiped store
+//! begins a new history, tombstones go at the horizon.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use super::*;
+use crate::test_util::{pem, small_store};
+
+fn id(s: &str) -> MinionId {
+    MinionId::new(s).expect("id")
+}
+
+/// History options on a clock the test moves.
+fn clocked(start: u64) -> (Arc<AtomicU64>, HistoryOptions) {
+    let t = Arc::new(AtomicU64::new(start));
+    let t2 = t.clone();
+    let o = HistoryOptions {
+        wall: WallClock::new(move || t2.load(Ordering::SeqCst)),
+        ..HistoryOptions::default()
+    };
+    (t, o)
+}
+
+fn observe(h: &mut History, store: &Store, o: &HistoryOptions) -> Observed {
+    h.observe(store, o, true, |_, _, _, _, _| Ok(()))
+        .expect("observe")
+}
+
+#[test]
+fn accepts_take_the_last_observation_and_revocations_now() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = small_store(dir.path());
+    let (t, o) = clocked(1_000);
+    let mut h = History::load(dir.path(), &o).expect("load");
+    store
+        .put(&id("m1"), KeyState::Pending, &pem("k1"))
+        .expect("put");
+    t.store(2_000, Ordering::SeqCst);
+    assert_eq!(observe(&mut h, &store, &o).changed, 1);
+    let pending = h.get(Bank::Keys, "m1").expect("recorded");
+    assert_eq!((pending.kind, pending.stamp), (Kind::Pending, 2_000));
+    // Accepted at 5000, seen at 9000: stamped at the last observation
+    // (the earliest it can have happened), after the pending version.
+    t.store(5_000, Ordering::SeqCst);
+    store
+        .set_state(&id("m1"), KeyState::Accepted)
+        .expect("accept");
+    t.store(9_000, Ordering::SeqCst);
+    observe(&mut h, &store, &o);
+    let acc = h.get(Bank::Keys, "m1").expect("recorded");
+    assert_eq!(acc.kind, Kind::Accepted);
+    assert!(acc.stamp > pending.stamp && acc.stamp <= 5_000, "{acc:?}");
+    // Deleted at 10000, seen at 20000: stamped at 20000 (the latest).
+    t.store(10_000, Ordering::SeqCst);
+    store.remove(&id("m1")).expect("remove");
+    t.store(20_000, Ordering::SeqCst);
+    assert_eq!(observe(&mut h, &store, &o).changed, 1);
+    assert_eq!(h.get(Bank::Keys, "m1"), Some(Version::absent(20_000)));
+    // Nothing changed: nothing stamped.
+    t.store(30_000, Ordering::SeqCst);
+    assert_eq!(observe(&mut h, &store, &o).changed, 0);
+    assert_eq!(h.get(Bank::Keys, "m1"), Some(Version::absent(20_000)));
+}
+
+#[test]
+fn the_files_round_trip_and_damage_is_named() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = small_store(dir.path());
+    let (_t, o) = clocked(1_000);
+    store
+        .put(&id("m1"), KeyState::Accepted, &pem("k1"))
+        .expect("put");
+    store.deny(&id("m2"), &pem("k2")).expect("deny");
+    let mut h = History::load(dir.path(), &o).expect("load");
+    observe(&mut h, &store, &o);
+    h.set_in_flight(
+        Bank::Keys,
+        "m3",
+        Version {
+            stamp: 5,
+            kind: Kind::Pending,
+            hash: 9,
+        },
+    );
+    h.identity.peers.insert(
+        [3; 16],
+        Peer {
+            generation: 44,
+            merged_at: 55,
+        },
+    );
+    h.save(dir.path(), &o).expect("save");
+    let back = History::load(dir.path(), &o).expect("load");
+    assert_eq!(back.identity, h.identity);
+    assert_eq!(back.entries.len(), 3);
+    for (k, r) in &h.entries {
+        let b = back.entries.get(k).expect("kept");
+        assert_eq!((b.cur, b.prev), (r.cur, r.prev), "{k:?}");
+    }
+    for name in [HISTORY_FILE, IDENTITY_FILE] {
+        let p = dir.path().join(name);
+        let good = std::fs::read(&p).expect("read");
+        let mut bad = good.clone();
+        let mid = bad.len() / 2;
+        bad[mid] ^= 0x10;
+        std::fs::write(&p, &bad).expect("write");
+        let e = History::load(dir.path(), &o).expect_err("damaged");
+        assert!(
+            e.to_string().contains(name) && e.to_string().contains("checksum"),
+            "{e}"
+        );
+        std::fs::write(&p, &good[..good.len() - 3]).expect("write");
+        assert!(History::load(dir.path(), &o).is_err());
+        std::fs::write(&p, &good).expect("restore");
+    }
+}
+
+#[test]
+fn a_merge_in_flight_is_undone_when_the_banks_kept_the_old_value() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = small_store(dir.path());
+    let (t, o) = clocked(1_000);
+    store
+        .put(&id("m1"), KeyState::Accepted, &pem("old"))
+        .expect("put");
+    let mut h = History::load(dir.path(), &o).expect("load");
+    observe(&mut h, &store, &o);
+    let old = h.get(Bank::Keys, "m1").expect("recorded");
+    // A merge recorded a tombstone, then died before its bank writes.
+    h.set_in_flight(Bank::Keys, "m1", Version::absent(5_000));
+    h.set_in_flight(
+        Bank::Keys,
+        "m9",
+        Version {
+            stamp: 5_000,
+            kind: Kind::Accepted,
+            hash: 77,
+        },
+    );
+    h.save(dir.path(), &o).expect("save");
+    t.store(6_000, Ordering::SeqCst);
+    let mut h = History::load(dir.path(), &o).expect("load");
+    let seen = observe(&mut h, &store, &o);
+    assert_eq!(seen.changed, 0, "not read as local changes");
+    assert_eq!(h.get(Bank::Keys, "m1"), Some(old));
+    assert_eq!(h.get(Bank::Keys, "m9"), Some(Version::absent(0)));
+    assert_eq!(seen.settled.len(), 2);
+}
+
+#[test]
+fn a_merge_in_flight_is_settled_when_the_banks_took_the_new_value() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = small_store(dir.path());
+    let (t, o) = clocked(1_000);
+    store
+        .put(&id("m1"), KeyState::Accepted, &pem("old"))
+        .expect("put");
+    let mut h = History::load(dir.path(), &o).expect("load");
+    observe(&mut h, &store, &o);
+    h.set_in_flight(Bank::Keys, "m1", Version::absent(5_000));
+    h.save(dir.path(), &o).expect("save");
+    store.remove(&id("m1")).expect("the merge's bank write");
+    t.store(6_000, Ordering::SeqCst);
+    let mut h = History::load(dir.path(), &o).expect("load");
+    // Without settling (a snapshot), the merge stays in flight.
+    let seen = h
+        .observe(&store, &o, false, |_, _, _, _, _| Ok(()))
+        .expect("observe");
+    assert!(seen.settled.is_empty());
+    let seen = observe(&mut h, &store, &o);
+    assert_eq!(seen.changed, 0);
+    assert_eq!(
+        h.get(Bank::Keys, "m1"),
+        Some(Version::absent(5_000)),
+        "the merge's stamp, not now"
+    );
+    assert_eq!(seen.settled, vec![(Bank::Keys, "m1".to_owned())]);
+}
+
+#[test]
+fn a_wiped_store_begins_a_new_history_and_deletes_nothing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_t, o) = clocked(1_000);
+    {
+        let store = small_store(dir.path());
+        store
+            .put(&id("m1"), KeyState::Accepted, &pem("k1"))
+            .expect("put");
+        let mut h = History::load(dir.path(), &o).expect("load");
+        observe(&mut h, &store, &o);
+        h.save(dir.path(), &o).expect("save");
+    }
+    let first = History::load(dir.path(), &o).expect("load").identity.store;
+    for f in std::fs::read_dir(dir.path()).expect("ls") {
+        let f = f.expect("entry");
+        if f.file_name().to_string_lossy().starts_with(".mmap_") {
+            std::fs::remove_file(f.path()).expect("rm");
+        }
+    }
+    let store = small_store(dir.path());
+    let mut h = History::load(dir.path(), &o).expect("load");
+    assert_ne!(h.identity.store, first, "a new store");
+    observe(&mut h, &store, &o);
+    assert!(
+        h.iter().all(|(_, _, v)| v.kind != Kind::Absent),
+        "no tombstone"
+    );
+}
+
+#[test]
+fn tombstones_older_than_the_horizon_are_forgotten() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = small_store(dir.path());
+    let (t, mut o) = clocked(1_000);
+    o.horizon = std::time::Duration::from_nanos(10_000);
+    store
+        .put(&id("m1"), KeyState::Pending, &pem("k1"))
+        .expect("put");
+    let mut h = History::load(dir.path(), &o).expect("load");
+    observe(&mut h, &store, &o);
+    store.remove(&id("m1")).expect("remove");
+    t.store(2_000, Ordering::SeqCst);
+    observe(&mut h, &store, &o);
+    h.save(dir.path(), &o).expect("save");
+    assert_eq!(History::load(dir.path(), &o).expect("load").len(), 1);
+    t.store(20_000, Ordering::SeqCst);
+    h.dirty = true;
+    h.save(dir.path(), &o).expect("save");
+    assert!(History::load(dir.path(), &o).expect("load").is_empty());
+}
+
+#[test]
+fn versions_are_ordered_by_stamp_then_restrictiveness_then_hash() {
+    let v = |stamp, kind, hash| Version { stamp, kind, hash };
+    assert!(v(2, Kind::Accepted, 1).beats(&v(1, Kind::Absent, 0)));
+    assert!(v(1, Kind::Absent, 0).beats(&v(1, Kind::Accepted, 5)));
+    assert!(v(1, Kind::Rejected, 1).beats(&v(1, Kind::Pending, 9)));
+    assert!(v(1, Kind::Pending, 9).beats(&v(1, Kind::Pending, 8)));
+    assert!(!v(1, Kind::Pending, 8).beats(&v(1, Kind::Pending, 8)));
+}

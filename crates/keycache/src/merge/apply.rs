@@ -92,15 +92,6 @@ pub(super) fn commit(
                 merged_at,
             },
         );
-        if let Some(c) = plan.adopt_cluster {
-            me.cluster = c;
-        }
-        // Joined: the cluster is now theirs (adopted, or ours all along);
-        // an unjoined store that kept its smaller id waits for a peer.
-        if !me.joined && me.cluster == plan.their_cluster {
-            me.joined = true;
-            me.joined_at = merged_at;
-        }
         h.save(&dir, &opts.history)?;
         for (e, id) in plan.entries.iter().zip(&ids) {
             let r = &e.result;

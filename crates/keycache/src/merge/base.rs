@@ -6,7 +6,7 @@
 //! timer.
 //!
 //! ```text
-//! magic "KCBASE\r\n" (8) | version u32 = 1 | cluster [16] | store [16]
+//! magic "KCBASE\r\n" (8) | version u32 = 1 | store [16]
 //! | generation u64 | xxh3-64 of every byte before it, u64
 //! ```
 //!
@@ -21,13 +21,11 @@ use crate::history::Ident;
 use crate::snapshot::{prepare_file_with, PreparedFile, Snapshot};
 
 const MAGIC: [u8; 8] = *b"KCBASE\r\n";
-const LEN: usize = 8 + 4 + 16 + 16 + 8 + 8;
+const LEN: usize = 8 + 4 + 16 + 8 + 8;
 
 /// What was last merged from a peer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Base {
-    /// The peer's cluster.
-    pub cluster: Ident,
     /// The peer's store.
     pub store: Ident,
     /// The generation of the snapshot merged.
@@ -49,7 +47,6 @@ impl Base {
     /// The base a merge of `s` leaves.
     pub fn of(s: &Snapshot) -> Base {
         Base {
-            cluster: s.cluster,
             store: s.store,
             generation: s.generation,
         }
@@ -82,14 +79,11 @@ impl Base {
         if u64::from_le_bytes(sum) != crate::format::hash(&b[..LEN - 8]) {
             return Err(bad("checksum mismatch"));
         }
-        let mut cluster = [0u8; 16];
-        cluster.copy_from_slice(&b[12..28]);
         let mut store = [0u8; 16];
-        store.copy_from_slice(&b[28..44]);
+        store.copy_from_slice(&b[12..28]);
         let mut g = [0u8; 8];
-        g.copy_from_slice(&b[44..52]);
+        g.copy_from_slice(&b[28..36]);
         Ok(BaseFile::Base(Base {
-            cluster,
             store,
             generation: u64::from_le_bytes(g),
         }))
@@ -102,7 +96,6 @@ impl Base {
         let mut b = Vec::with_capacity(LEN);
         b.extend_from_slice(&MAGIC);
         b.extend_from_slice(&1u32.to_le_bytes());
-        b.extend_from_slice(&self.cluster);
         b.extend_from_slice(&self.store);
         b.extend_from_slice(&self.generation.to_le_bytes());
         let sum = crate::format::hash(&b);

@@ -1,1 +1,381 @@
-//! Merge tests.
+//! Merges take the winning version per entry, refuse what the module
+//! lists with nothing written, check values, hold old unknown accepts
+//! pending, and plan again when a writer got in between.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use super::*;
+use crate::hlc::WallClock;
+use crate::key::KeyState;
+use crate::snapshot::{self, SnapshotOptions};
+use crate::test_util::{pem, small_store};
+use crate::MinionId;
+
+fn id(s: &str) -> MinionId {
+    MinionId::new(s).expect("id")
+}
+
+/// Options on one clock the test moves, for both sides.
+fn clocked() -> (Arc<AtomicU64>, MergeOptions, SnapshotOptions) {
+    let t = Arc::new(AtomicU64::new(1_700_000_000_000_000_000));
+    let t2 = t.clone();
+    let h = HistoryOptions {
+        wall: WallClock::new(move || t2.fetch_add(1_000, Ordering::SeqCst)),
+        ..HistoryOptions::default()
+    };
+    let mo = MergeOptions {
+        history: h.clone(),
+        ..MergeOptions::default()
+    };
+    let so = SnapshotOptions {
+        history: h,
+        ..SnapshotOptions::default()
+    };
+    (t, mo, so)
+}
+
+struct Two {
+    _d: [tempfile::TempDir; 2],
+    a: Store,
+    b: Store,
+    mo: MergeOptions,
+    so: SnapshotOptions,
+    t: Arc<AtomicU64>,
+}
+
+fn two() -> Two {
+    let (da, db) = (
+        tempfile::tempdir().expect("dir"),
+        tempfile::tempdir().expect("dir"),
+    );
+    let (a, b) = (small_store(da.path()), small_store(db.path()));
+    let (t, mo, so) = clocked();
+    Two {
+        _d: [da, db],
+        a,
+        b,
+        mo,
+        so,
+        t,
+    }
+}
+
+impl Two {
+    fn snap(&self, s: &Store) -> Snapshot {
+        let bytes = snapshot::take(s, &self.so)
+            .expect("take")
+            .to_bytes()
+            .expect("bytes");
+        Snapshot::from_bytes(&bytes, "peer").expect("read")
+    }
+    fn pull_a_from_b(&self) -> Result<MergePlan> {
+        let s = self.snap(&self.b);
+        merge(&self.a, &s, &self.mo).map(|(p, _)| p)
+    }
+    fn pull_b_from_a(&self) -> Result<MergePlan> {
+        let s = self.snap(&self.a);
+        merge(&self.b, &s, &self.mo).map(|(p, _)| p)
+    }
+}
+
+fn state(s: &Store, i: &str) -> Option<KeyState> {
+    s.get(&id(i)).expect("get").map(|e| e.state)
+}
+
+#[test]
+fn changes_and_deletions_travel_and_stay() {
+    let t = two();
+    t.a.put(&id("m1"), KeyState::Accepted, &pem("k1"))
+        .expect("put");
+    t.a.put(&id("m2"), KeyState::Pending, &pem("k2"))
+        .expect("put");
+    assert_eq!(t.pull_b_from_a().expect("merge").counts().added, 2);
+    t.a.remove(&id("m1")).expect("delete");
+    t.b.set_state(&id("m2"), KeyState::Accepted)
+        .expect("accept");
+    let p = t.pull_b_from_a().expect("merge");
+    assert_eq!((p.counts().deleted, p.counts().revoked), (1, 1));
+    assert_eq!(state(&t.b, "m1"), None);
+    assert_eq!(
+        state(&t.b, "m2"),
+        Some(KeyState::Accepted),
+        "their older pending lost"
+    );
+    t.pull_a_from_b().expect("merge");
+    assert_eq!(state(&t.a, "m1"), None);
+    assert_eq!(state(&t.a, "m2"), Some(KeyState::Accepted));
+    // Converged: both merges are now no-ops, any number of times.
+    assert!(t.pull_a_from_b().expect("merge").is_noop());
+    assert!(t.pull_b_from_a().expect("merge").is_noop());
+}
+
+#[test]
+fn a_deletion_seen_later_still_beats_an_earlier_accept() {
+    let t = two();
+    t.a.put(&id("m1"), KeyState::Pending, &pem("k1"))
+        .expect("put");
+    t.pull_b_from_a().expect("merge");
+    // b accepts, then a deletes; b's accept is seen only after a's deletion.
+    t.b.set_state(&id("m1"), KeyState::Accepted)
+        .expect("accept");
+    t.a.remove(&id("m1")).expect("delete");
+    t.pull_b_from_a().expect("merge");
+    assert_eq!(state(&t.b, "m1"), None);
+    t.pull_a_from_b().expect("merge");
+    assert_eq!(
+        state(&t.a, "m1"),
+        None,
+        "the earlier accept does not come back"
+    );
+}
+
+#[test]
+fn tombstones_of_absent_entries_are_recorded_for_later_merges() {
+    // A and B hold m1; A deletes it; C (new) merges A first, then B.
+    let t = two();
+    let dc = tempfile::tempdir().expect("dir");
+    let c = small_store(dc.path());
+    t.a.put(&id("m1"), KeyState::Accepted, &pem("k1"))
+        .expect("put");
+    t.pull_b_from_a().expect("merge");
+    t.a.remove(&id("m1")).expect("delete");
+    let from_a = t.snap(&t.a);
+    let p = merge(&c, &from_a, &t.mo).expect("merge").0;
+    assert_eq!(p.counts().recorded, 1, "the tombstone, recorded");
+    let from_b = t.snap(&t.b);
+    merge(&c, &from_b, &t.mo).expect("merge");
+    assert_eq!(state(&c, "m1"), None);
+}
+
+#[test]
+fn own_and_foreign_snapshots_are_refused_and_write_nothing() {
+    let t = two();
+    t.a.put(&id("m1"), KeyState::Accepted, &pem("k1"))
+        .expect("put");
+    let own = t.snap(&t.a);
+    let e = merge(&t.a, &own, &t.mo).expect_err("own");
+    assert!(
+        matches!(&e, Error::MergeRefused { why } if why.contains("own")),
+        "{e}"
+    );
+    std::fs::write(t.a.dir().join("master.pub"), pem("clusterA")).expect("key");
+    std::fs::write(t.b.dir().join("master.pub"), pem("clusterB")).expect("key");
+    t.b.put(&id("x1"), KeyState::Accepted, &pem("x1"))
+        .expect("put");
+    let e = t.pull_a_from_b().expect_err("foreign");
+    assert!(
+        matches!(&e, Error::MergeRefused { why } if why.contains("another cluster")),
+        "{e}"
+    );
+    assert_eq!(state(&t.a, "x1"), None);
+    std::fs::write(t.b.dir().join("master.pub"), pem("clusterA")).expect("key");
+    t.pull_a_from_b().expect("same cluster");
+    assert_eq!(state(&t.a, "x1"), Some(KeyState::Accepted));
+}
+
+#[test]
+fn older_snapshots_of_a_peer_are_refused() {
+    let t = two();
+    t.b.put(&id("m1"), KeyState::Accepted, &pem("k1"))
+        .expect("put");
+    let old = t.snap(&t.b);
+    t.b.remove(&id("m1")).expect("delete");
+    let new = t.snap(&t.b);
+    merge(&t.a, &new, &t.mo).expect("merge");
+    let e = merge(&t.a, &old, &t.mo).expect_err("replay");
+    assert!(
+        matches!(&e, Error::MergeRefused { why } if why.contains("older")),
+        "{e}"
+    );
+    // The base file says the same, for a store that lost its history.
+    let base = Base::of(&new);
+    assert!(base.check(&old).is_err());
+    assert!(base.check(&new).is_ok());
+}
+
+#[test]
+fn clocks_too_far_ahead_and_snapshots_past_the_horizon_are_refused() {
+    let t = two();
+    let mut s = t.snap(&t.b);
+    s.generation = t.t.load(Ordering::SeqCst) + 3_600_000_000_000;
+    let e = merge(&t.a, &s, &t.mo).expect_err("ahead");
+    assert!(e.to_string().contains("ahead"), "{e}");
+    s.generation = 1;
+    let e = merge(&t.a, &s, &t.mo).expect_err("old");
+    assert!(e.to_string().contains("horizon"), "{e}");
+}
+
+#[test]
+fn a_mass_revocation_is_refused_unless_allowed() {
+    let t = two();
+    for n in 0..30 {
+        t.a.put(
+            &id(&format!("m{n}")),
+            KeyState::Accepted,
+            &pem(&format!("k{n}")),
+        )
+        .expect("put");
+    }
+    t.pull_b_from_a().expect("merge");
+    for n in 0..24 {
+        t.a.remove(&id(&format!("m{n}"))).expect("delete");
+    }
+    let e = t.pull_b_from_a().expect_err("mass");
+    assert!(e.to_string().contains("24 of this store's 30"), "{e}");
+    assert_eq!(
+        state(&t.b, "m0"),
+        Some(KeyState::Accepted),
+        "nothing written"
+    );
+    let mo = MergeOptions {
+        allow_mass_revoke: true,
+        ..t.mo.clone()
+    };
+    let s = t.snap(&t.a);
+    merge(&t.b, &s, &mo).expect("allowed");
+    assert_eq!(state(&t.b, "m0"), None);
+    // Under the floor, any share may go.
+    let u = two();
+    for n in 0..4 {
+        u.a.put(
+            &id(&format!("m{n}")),
+            KeyState::Accepted,
+            &pem(&format!("k{n}")),
+        )
+        .expect("put");
+    }
+    u.pull_b_from_a().expect("merge");
+    for n in 0..4 {
+        u.a.remove(&id(&format!("m{n}"))).expect("delete");
+    }
+    u.pull_b_from_a().expect("4 of 4, under the floor");
+}
+
+#[test]
+fn values_that_are_not_public_keys_refuse_the_merge_naming_the_id() {
+    let t = two();
+    t.a.put(&id("good"), KeyState::Accepted, &pem("ok"))
+        .expect("put");
+    let mut s = t.snap(&t.a);
+    for (key, what) in [
+        (b"not a key at all".to_vec(), "not a public key"),
+        (vec![b'A'; 70_000], "bytes"),
+    ] {
+        s.entries.push(Entry {
+            bank: Bank::Keys,
+            id: "zzjunk".into(),
+            kind: Kind::Accepted,
+            stamp: s.generation - 1,
+            pub_key: key,
+        });
+        let e = merge(&t.b, &s, &t.mo).expect_err("junk");
+        assert!(
+            e.to_string().contains("zzjunk") && e.to_string().contains(what),
+            "{e}"
+        );
+        assert_eq!(state(&t.b, "good"), None, "nothing written");
+        s.entries.pop();
+    }
+}
+
+#[test]
+fn an_old_accept_unknown_to_an_old_store_is_held_pending() {
+    let t = two();
+    // b's history began long ago.
+    t.snap(&t.b);
+    let mut s = t.snap(&t.a);
+    let day = 86_400_000_000_000u64;
+    t.t.fetch_add(40 * day, Ordering::SeqCst);
+    s.generation = t.t.load(Ordering::SeqCst);
+    s.entries.push(Entry {
+        bank: Bank::Keys,
+        id: "old1".into(),
+        kind: Kind::Accepted,
+        stamp: s.generation - 35 * day,
+        pub_key: pem("old"),
+    });
+    let p = merge(&t.b, &s, &t.mo).expect("merge").0;
+    assert_eq!(p.counts().held, 1);
+    assert_eq!(state(&t.b, "old1"), Some(KeyState::Pending));
+}
+
+#[test]
+fn a_writer_in_between_makes_the_plan_stale_and_merge_plans_again() {
+    let t = two();
+    t.a.put(&id("m1"), KeyState::Accepted, &pem("k1"))
+        .expect("put");
+    t.pull_b_from_a().expect("merge");
+    t.a.remove(&id("m1")).expect("delete");
+    let s = t.snap(&t.a);
+    let mut h = History::load(t.b.dir(), &t.mo.history).expect("load");
+    h.observe(&t.b, &t.mo.history, true, |_, _, _, _, _| Ok(()))
+        .expect("observe");
+    let p = plan(&h, None, &s, &t.mo).expect("plan");
+    // Salt rejects m1 on b before the commit.
+    t.b.set_state(&id("m1"), KeyState::Rejected)
+        .expect("reject");
+    let e = apply::commit(&t.b, &mut h, &p, &[], &t.mo).expect_err("stale");
+    assert!(matches!(e, Error::StalePlan { .. }), "{e}");
+    assert_eq!(
+        state(&t.b, "m1"),
+        Some(KeyState::Rejected),
+        "nothing written"
+    );
+    // merge() observes again: b's rejection is newer than a's deletion.
+    merge(&t.b, &s, &t.mo).expect("merge");
+    assert_eq!(state(&t.b, "m1"), Some(KeyState::Rejected));
+}
+
+#[test]
+fn merges_commute_over_random_histories() {
+    use keycache_testkit::common::Rng;
+    for seed in 0..40 {
+        let mut rng = Rng::new(seed);
+        let t = two();
+        let dc = tempfile::tempdir().expect("dir");
+        let c = small_store(dc.path());
+        let stores = [&t.a, &t.b, &c];
+        for _ in 0..30 {
+            let s = stores[rng.below(3) as usize];
+            let i = id(&format!("m{}", rng.below(4)));
+            match rng.below(4) {
+                0 => s
+                    .put(&i, KeyState::Pending, &pem(&format!("k{}", rng.below(3))))
+                    .map(drop),
+                1 => s.set_state(&i, KeyState::Accepted).map(drop),
+                2 => s.set_state(&i, KeyState::Rejected).map(drop),
+                _ => s.remove(&i).map(drop),
+            }
+            .expect("op");
+            if rng.one_in(3) {
+                let (x, y) = (rng.below(3) as usize, rng.below(3) as usize);
+                if x != y {
+                    let snap = t.snap(stores[x]);
+                    merge(stores[y], &snap, &t.mo).expect("merge");
+                }
+            }
+        }
+        for _ in 0..2 {
+            for x in 0..3 {
+                for y in 0..3 {
+                    if x != y {
+                        let snap = t.snap(stores[x]);
+                        merge(stores[y], &snap, &t.mo).expect("merge");
+                    }
+                }
+            }
+        }
+        let view = |s: &Store| {
+            (0..4)
+                .map(|n| {
+                    s.get(&id(&format!("m{n}")))
+                        .expect("get")
+                        .map(|e| (e.state, e.public_key))
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(view(&t.a), view(&t.b), "seed {seed}");
+        assert_eq!(view(&t.a), view(&c), "seed {seed}");
+    }
+}

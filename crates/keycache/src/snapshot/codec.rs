@@ -7,7 +7,7 @@ use std::io::{Read, Write};
 use xxhash_rust::xxh3::Xxh3;
 
 use super::{
-    Bank, Entry, Snapshot, ENTRY_HEAD_LEN, FLAG_JOINED, HEADER_LEN, MAGIC, MAX_KEY_BYTES, VERSION,
+    Bank, Entry, Snapshot, ENTRY_HEAD_LEN, FLAG_CLUSTER, HEADER_LEN, MAGIC, MAX_KEY_BYTES, VERSION,
 };
 use crate::error::{Error, Result};
 use crate::history::Kind;
@@ -34,9 +34,9 @@ impl<'w, W: Write> Writer<'w, W> {
         let mut b = [0u8; HEADER_LEN];
         b[..8].copy_from_slice(&MAGIC);
         b[8..12].copy_from_slice(&VERSION.to_le_bytes());
-        let flags = if s.joined { FLAG_JOINED } else { 0 };
+        let flags = if s.cluster.is_some() { FLAG_CLUSTER } else { 0 };
         b[12..16].copy_from_slice(&flags.to_le_bytes());
-        b[16..32].copy_from_slice(&s.cluster);
+        b[16..32].copy_from_slice(&s.cluster.unwrap_or_default());
         b[32..48].copy_from_slice(&s.store);
         b[48..56].copy_from_slice(&s.generation.to_le_bytes());
         b[56..64].copy_from_slice(&(s.entries.len() as u64).to_le_bytes());
@@ -156,7 +156,7 @@ impl<'n, R: Read> Reader<'n, R> {
             )));
         }
         let flags = u32_at(4);
-        if flags & !FLAG_JOINED != 0 {
+        if flags & !FLAG_CLUSTER != 0 {
             return Err(self.bad(format!("unknown flags {flags:#x}")));
         }
         let mut cluster = [0u8; 16];
@@ -165,9 +165,8 @@ impl<'n, R: Read> Reader<'n, R> {
         store.copy_from_slice(&b[24..40]);
         self.count = u64_at(48);
         Ok(Snapshot {
-            cluster,
+            cluster: (flags & FLAG_CLUSTER != 0).then_some(cluster),
             store,
-            joined: flags & FLAG_JOINED != 0,
             generation: u64_at(40),
             entries: Vec::new(),
         })
