@@ -14,6 +14,8 @@
 //!   directories and sockets migrated into a store, checked against a model
 //!   of the migrator's rules; nothing outside the tree is read, nothing
 //!   outside the target written.
+//! - [`snapshot_merge`]: untrusted snapshot bytes read and planned as
+//!   `keycache merge --dry-run` does (module [`snapshot_merge`](mod@snapshot_merge)).
 
 use std::collections::{BTreeMap, HashSet};
 use std::os::unix::ffi::OsStrExt;
@@ -28,6 +30,9 @@ use keycache::store::{KeyState, Store, DENIED_INDEX, KEYS_INDEX};
 use keycache::table::{OpenOptions, Table};
 use keycache::verify;
 use keycache::MinionId;
+
+pub mod snapshot_merge;
+pub use snapshot_merge::snapshot_merge;
 
 /// A cursor over the fuzz input that yields zeros once exhausted.
 struct Input<'a> {

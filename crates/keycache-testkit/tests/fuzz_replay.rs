@@ -18,10 +18,11 @@ use keycache_testkit::rng::Rng;
 
 type Target = fn(&[u8]);
 
-const TARGETS: [(&str, Target); 3] = [
+const TARGETS: [(&str, Target); 4] = [
     ("store_bytes", fuzzing::store_bytes),
     ("ops_model", fuzzing::ops_model),
     ("migrate_tree", fuzzing::migrate_tree),
+    ("snapshot_merge", fuzzing::snapshot_merge),
 ];
 
 /// The saved inputs of `target`: its corpus, which must be there and not
@@ -95,6 +96,11 @@ fn replay_ops_model() {
 #[test]
 fn replay_migrate_tree() {
     replay(TARGETS[2].0, TARGETS[2].1);
+}
+
+#[test]
+fn replay_snapshot_merge() {
+    replay(TARGETS[3].0, TARGETS[3].1);
 }
 
 /// Stores written by the library with random operations, in the layouts
@@ -196,6 +202,47 @@ fn salt_store_seed(out: &Path) -> usize {
     1
 }
 
+/// Snapshots of real stores (keys in every state, denied keys, tombstones,
+/// a cluster key), and the same bytes with one field changed.
+fn snapshot_seeds(dir: &Path) -> usize {
+    use keycache::snapshot::{self, SnapshotOptions};
+    use keycache::{KeyState, MinionId, Store};
+    let d = tempfile::tempdir().unwrap();
+    let s = Store::open(d.path()).unwrap();
+    let pem =
+        |t: &str| format!("-----BEGIN PUBLIC KEY-----\nMIIB{t}AQAB\n-----END PUBLIC KEY-----\n");
+    let id = |s: &str| MinionId::new(s).unwrap();
+    let mut n = 0;
+    let mut write = |b: &[u8]| {
+        std::fs::write(dir.join(format!("seed-{n:02}")), b).unwrap();
+        n += 1;
+    };
+    let o = SnapshotOptions::default();
+    write(&snapshot::take(&s, &o).unwrap().to_bytes().unwrap());
+    s.put(&id("a"), KeyState::Accepted, pem("x").as_bytes())
+        .unwrap();
+    s.put(&id("b"), KeyState::Pending, pem("b").as_bytes())
+        .unwrap();
+    s.put(&id("c"), KeyState::Rejected, pem("c").as_bytes())
+        .unwrap();
+    s.put(&id("new"), KeyState::Accepted, pem("n").as_bytes())
+        .unwrap();
+    s.deny(&id("a"), pem("a3").as_bytes()).unwrap();
+    write(&snapshot::take(&s, &o).unwrap().to_bytes().unwrap());
+    s.remove(&id("b")).unwrap();
+    s.remove_denied(&id("a")).unwrap();
+    std::fs::write(d.path().join("master.pub"), pem("m")).unwrap();
+    let last = snapshot::take(&s, &o).unwrap().to_bytes().unwrap();
+    write(&last);
+    // The same bytes with the version, a kind, a length changed.
+    for (at, v) in [(8usize, 1u8), (65, 9), (68, 0xff)] {
+        let mut b = last.clone();
+        b[at] = v;
+        write(&b);
+    }
+    n
+}
+
 #[test]
 #[ignore = "writes the seed corpora into fuzz/corpus/"]
 fn generate_seed_corpus() {
@@ -204,6 +251,9 @@ fn generate_seed_corpus() {
     std::fs::create_dir_all(&sb).unwrap();
     let n = library_store_seeds(&sb) + salt_store_seed(&sb);
     eprintln!("store_bytes: {n} seeds");
+    let sm = root.join("snapshot_merge");
+    std::fs::create_dir_all(&sm).unwrap();
+    eprintln!("snapshot_merge: {} seeds", snapshot_seeds(&sm));
     let mut rng = Rng::new(0xabcdef);
     for (target, count, len) in [("ops_model", 16, 200u64), ("migrate_tree", 16, 160)] {
         let d = root.join(target);

@@ -61,7 +61,6 @@ use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::hlc::{Hlc, WallClock};
-use crate::id::MinionId;
 use crate::key::{decode_key_value, KeyState};
 use crate::snapshot::Bank;
 use crate::store::Store;
@@ -183,13 +182,98 @@ impl Version {
     }
 }
 
-/// The hash a version records of a value: xxh3 of the kind byte and the
-/// public key (a denied key without Salt's trailing NULs), never 0.
+/// The hash a version records of a value: xxh3 of the public key (a
+/// denied key without Salt's trailing NULs) seeded with the kind byte,
+/// never 0.
 pub fn value_hash(kind: Kind, pub_key: &[u8]) -> u64 {
-    let mut b = Vec::with_capacity(pub_key.len() + 1);
-    b.push(kind.byte());
-    b.extend_from_slice(pub_key);
-    crate::format::hash(&b).max(1)
+    xxhash_rust::xxh3::xxh3_64_with_seed(pub_key, u64::from(kind.byte())).max(1)
+}
+
+/// A hasher of ids for the history's maps: xxh3, chained over writes.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct IdHasher(u64);
+
+impl std::hash::Hasher for IdHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        self.0 = xxhash_rust::xxh3::xxh3_64_with_seed(bytes, self.0);
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+type Map = HashMap<Box<str>, Record, std::hash::BuildHasherDefault<IdHasher>>;
+
+/// The records of both banks, each map looked up by `&str` (no allocation
+/// per lookup).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Versions {
+    keys: Map,
+    denied: Map,
+}
+
+impl Versions {
+    fn map(&self, b: Bank) -> &Map {
+        match b {
+            Bank::Keys => &self.keys,
+            Bank::Denied => &self.denied,
+        }
+    }
+
+    fn map_mut(&mut self, b: Bank) -> &mut Map {
+        match b {
+            Bank::Keys => &mut self.keys,
+            Bank::Denied => &mut self.denied,
+        }
+    }
+
+    pub(crate) fn with_capacity(n: usize) -> Versions {
+        Versions {
+            keys: Map::with_capacity_and_hasher(n, Default::default()),
+            denied: Map::default(),
+        }
+    }
+
+    pub(crate) fn get(&self, b: Bank, id: &str) -> Option<&Record> {
+        self.map(b).get(id)
+    }
+
+    /// The record of (`b`, `id`), inserted as "never seen" when missing.
+    pub(crate) fn entry(&mut self, b: Bank, id: &str) -> &mut Record {
+        let m = self.map_mut(b);
+        if !m.contains_key(id) {
+            m.insert(Box::from(id), Record::unseen());
+        }
+        m.get_mut(id).expect("just inserted")
+    }
+
+    /// Inserts a record; false when (`b`, `id`) was there already.
+    pub(crate) fn insert(&mut self, b: Bank, id: &str, r: Record) -> bool {
+        self.map_mut(b).insert(Box::from(id), r).is_none()
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.keys.len() + self.denied.len()
+    }
+
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (Bank, &str, &Record)> + '_ {
+        let k = self.keys.iter().map(|(id, r)| (Bank::Keys, &**id, r));
+        k.chain(self.denied.iter().map(|(id, r)| (Bank::Denied, &**id, r)))
+    }
+
+    pub(crate) fn iter_mut(&mut self) -> impl Iterator<Item = (Bank, &str, &mut Record)> + '_ {
+        let k = self.keys.iter_mut().map(|(id, r)| (Bank::Keys, &**id, r));
+        k.chain(
+            self.denied
+                .iter_mut()
+                .map(|(id, r)| (Bank::Denied, &**id, r)),
+        )
+    }
+
+    pub(crate) fn retain(&mut self, mut f: impl FnMut(&Record) -> bool) {
+        self.keys.retain(|_, r| f(r));
+        self.denied.retain(|_, r| f(r));
+    }
 }
 
 /// What the history holds of one entry.
@@ -202,6 +286,16 @@ pub(crate) struct Record {
     pub prev: Option<Version>,
     /// The observation that last saw the entry (not stored).
     pub mark: u32,
+}
+
+impl Record {
+    fn unseen() -> Record {
+        Record {
+            cur: Version::absent(0),
+            prev: None,
+            mark: 0,
+        }
+    }
 }
 
 /// A 16-byte random identifier (a cluster's or a store's).
@@ -256,7 +350,7 @@ impl Default for HistoryOptions {
 pub struct History {
     /// The identity, clock and peers.
     pub identity: Identity,
-    pub(crate) entries: HashMap<(Bank, Box<str>), Record>,
+    pub(crate) entries: Versions,
     /// The versions changed since loading (the history file is rewritten).
     pub(crate) dirty: bool,
     /// Whether the files existed when loaded.
@@ -295,9 +389,16 @@ impl History {
         let wiped = !dir.join(crate::format::KEYS_INDEX).exists()
             && !dir.join(crate::format::DENIED_INDEX).exists();
         match file::load(dir)? {
-            Some(mut h) if !(wiped && h.entries.values().any(|r| r.cur.kind != Kind::Absent)) => {
+            Some(mut h)
+                if !(wiped && h.entries.iter().any(|(_, _, r)| r.cur.kind != Kind::Absent)) =>
+            {
                 h.existed = true;
-                let max = h.entries.values().map(|r| r.cur.stamp).max().unwrap_or(0);
+                let max = h
+                    .entries
+                    .iter()
+                    .map(|(_, _, r)| r.cur.stamp)
+                    .max()
+                    .unwrap_or(0);
                 h.identity.clock.receive(max);
                 Ok(h)
             }
@@ -316,7 +417,7 @@ impl History {
                 scanned: 0,
                 peers: BTreeMap::new(),
             },
-            entries: HashMap::new(),
+            entries: Versions::default(),
             dirty: true,
             existed: false,
             seq: 0,
@@ -331,7 +432,7 @@ impl History {
         let own = crate::files::Ownership::for_dir(dir)?;
         if self.dirty {
             let cutoff = horizon_cutoff(opts);
-            self.entries.retain(|_, r| {
+            self.entries.retain(|r| {
                 r.cur.kind != Kind::Absent || r.cur.stamp >= cutoff || r.prev.is_some()
             });
             self.seq += 1;
@@ -350,12 +451,12 @@ impl History {
 
     /// The version of (`bank`, `id`), if any (tombstones included).
     pub fn get(&self, bank: Bank, id: &str) -> Option<Version> {
-        self.entries.get(&(bank, Box::from(id))).map(|r| r.cur)
+        self.entries.get(bank, id).map(|r| r.cur)
     }
 
     /// Every entry's version, tombstones included, in no order.
     pub fn iter(&self) -> impl Iterator<Item = (Bank, &str, Version)> + '_ {
-        self.entries.iter().map(|((b, id), r)| (*b, &**id, r.cur))
+        self.entries.iter().map(|(b, id, r)| (b, id, r.cur))
     }
 
     /// How many entries (tombstones included) the history holds.
@@ -365,18 +466,14 @@ impl History {
 
     /// Whether the history holds no entry.
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.entries.len() == 0
     }
 
     /// Records `v` as the version of (`bank`, `id`) that a merge is about
     /// to write, keeping the current one as the previous (see the module's
     /// documentation).
     pub(crate) fn set_in_flight(&mut self, bank: Bank, id: &str, v: Version) {
-        let e = self.entries.entry((bank, Box::from(id))).or_insert(Record {
-            cur: Version::absent(0),
-            prev: None,
-            mark: 0,
-        });
+        let e = self.entries.entry(bank, id);
         let old = e.cur;
         e.cur = v;
         e.prev = Some(old);
@@ -387,12 +484,7 @@ impl History {
     /// store (a tombstone of an entry it does not hold, a later stamp of the
     /// value it holds).
     pub(crate) fn record(&mut self, bank: Bank, id: &str, v: Version) {
-        let e = self.entries.entry((bank, Box::from(id))).or_insert(Record {
-            cur: v,
-            prev: None,
-            mark: 0,
-        });
-        e.cur = v;
+        self.entries.entry(bank, id).cur = v;
         self.dirty = true;
     }
 
@@ -421,32 +513,35 @@ impl History {
             (Bank::Keys, store.keys_table()),
             (Bank::Denied, store.denied_table()),
         ] {
-            for r in table.iter()? {
-                let r = r?;
+            let (mut idb, mut value) = (Vec::new(), Vec::new());
+            let mut it = table.iter()?;
+            while let Some(r) = it.next_into(&mut idb, &mut value) {
+                let (_mtime, slot) = r?;
                 let corrupt = |why: String| Error::Corrupt {
                     path: table.path().into(),
-                    id: Some(String::from_utf8_lossy(&r.id).into_owned()),
+                    id: Some(String::from_utf8_lossy(&idb).into_owned()),
                     why,
                 };
-                let id = MinionId::from_bytes(&r.id)
+                let id =
+                    std::str::from_utf8(&idb).map_err(|_| corrupt("the id is not UTF-8".into()))?;
+                crate::id::validate(id)
                     .map_err(|e| corrupt(format!("not a valid minion id: {e}")))?;
                 let (state, pem): (Option<KeyState>, &[u8]) = match bank {
-                    Bank::Keys => match decode_key_value(&r.value) {
+                    Bank::Keys => match decode_key_value(&value) {
                         Some((s, pem)) => (Some(s), pem),
                         None => {
                             return Err(corrupt(format!(
-                                "slot {}: value of {} bytes is not [state 1..3][public key]",
-                                r.slot,
-                                r.value.len()
+                                "slot {slot}: value of {} bytes is not [state 1..3][public key]",
+                                value.len()
                             )))
                         }
                     },
                     Bank::Denied => {
-                        let mut end = r.value.len();
-                        while end > 0 && r.value[end - 1] == 0 {
+                        let mut end = value.len();
+                        while end > 0 && value[end - 1] == 0 {
                             end -= 1;
                         }
-                        (None, &r.value[..end])
+                        (None, &value[..end])
                     }
                 };
                 // An empty key is absent to every reader (Salt's driver
@@ -456,14 +551,12 @@ impl History {
                 }
                 let kind = state.map_or(Kind::Denied, Kind::of_state);
                 let hash = value_hash(kind, pem);
-                let rec = self
-                    .entries
-                    .entry((bank, Box::from(id.as_str())))
-                    .or_insert(Record {
-                        cur: Version::absent(0),
-                        prev: None,
-                        mark: 0,
-                    });
+                let m = self.entries.map_mut(bank);
+                // One lookup for an entry already recorded (nearly all).
+                let rec = match m.get_mut(id) {
+                    Some(r) => r,
+                    None => m.entry(Box::from(id)).or_insert(Record::unseen()),
+                };
                 rec.mark = mark;
                 if rec.cur.hash != hash {
                     match rec.prev {
@@ -481,14 +574,14 @@ impl History {
                     self.dirty = true;
                 }
                 if settle && rec.prev.take().is_some() {
-                    seen.settled.push((bank, id.as_str().to_owned()));
+                    seen.settled.push((bank, id.to_owned()));
                     self.dirty = true;
                 }
                 seen.live += 1;
-                each(bank, id.as_str(), state, pem, rec.cur)?;
+                each(bank, id, state, pem, rec.cur)?;
             }
         }
-        for ((bank, id), rec) in self.entries.iter_mut() {
+        for (bank, id, rec) in self.entries.iter_mut() {
             if rec.mark == mark {
                 continue;
             }
@@ -503,7 +596,7 @@ impl History {
                 self.dirty = true;
             }
             if settle && rec.prev.take().is_some() {
-                seen.settled.push((*bank, id.to_string()));
+                seen.settled.push((bank, id.to_string()));
                 self.dirty = true;
             }
         }

@@ -12,6 +12,7 @@
 //! one that lost its base files merges like any other.
 //!
 //! ```
+//! use keycache::history::History;
 //! use keycache::merge::{self, MergeOptions};
 //! use keycache::snapshot::{self, Snapshot, SnapshotOptions};
 //! use keycache::{KeyState, MinionId, OpenOptions, Params, Store};
@@ -29,8 +30,10 @@
 //! // b's snapshot, sent over the daemon's transport, merged into a.
 //! let mut wire = Vec::new();
 //! snapshot::take(&b, &SnapshotOptions::default())?.write_to(&mut wire)?;
-//! let theirs = merge::read_snapshot(&a, &mut &wire[..], "b", &MergeOptions::default())?;
-//! let (plan, _report) = merge::merge(&a, &theirs, &MergeOptions::default())?;
+//! let mo = MergeOptions::default();
+//! let history = History::load(a.dir(), &mo.history)?;
+//! let theirs = merge::read_snapshot(&history, &mut &wire[..], "b")?;
+//! let (plan, _report) = merge::merge_with(&a, history, &theirs, &mo)?;
 //! assert_eq!(plan.counts().added, 1);
 //! assert_eq!(a.get(&MinionId::new("web-1")?)?.map(|e| e.state), Some(KeyState::Accepted));
 //! # Ok(())
@@ -389,17 +392,12 @@ pub fn plan(
     Ok(plan)
 }
 
-/// Reads a peer's snapshot for a merge into `store`, keeping only the
-/// entries whose version the store does not hold already (every entry is
-/// still read and checked): a merge's memory follows the difference.
-pub fn read_snapshot(
-    store: &Store,
-    r: &mut impl Read,
-    name: &str,
-    opts: &MergeOptions,
-) -> Result<Snapshot> {
-    let h = History::load(store.dir(), &opts.history)?;
-    Snapshot::read_filtered(r, name, |e| match h.get(e.bank, &e.id) {
+/// Reads a peer's snapshot for a merge into the store whose history is
+/// `h` ([`History::load`]), keeping only the entries whose version the
+/// store does not hold already (every entry is still read and checked): a
+/// merge's memory follows the difference.
+pub fn read_snapshot(h: &History, r: &mut impl Read, name: &str) -> Result<Snapshot> {
+    Snapshot::read_filtered(r, name, |e| match h.get(e.bank, e.id) {
         Some(v) => !(v.stamp == e.stamp && v.kind == e.kind && v == e.version()),
         None => true,
     })
@@ -408,7 +406,21 @@ pub fn read_snapshot(
 /// Plans the merge of `theirs` into `store` and writes nothing (the store
 /// is observed, its history not saved).
 pub fn dry_run(store: &Store, theirs: &Snapshot, opts: &MergeOptions) -> Result<MergePlan> {
-    let mut h = History::load(store.dir(), &opts.history)?;
+    dry_run_with(
+        store,
+        History::load(store.dir(), &opts.history)?,
+        theirs,
+        opts,
+    )
+}
+
+/// [`dry_run`], with the store's history already loaded.
+pub fn dry_run_with(
+    store: &Store,
+    mut h: History,
+    theirs: &Snapshot,
+    opts: &MergeOptions,
+) -> Result<MergePlan> {
     h.observe(store, &opts.history, false, |_, _, _, _, _| Ok(()))?;
     plan(&h, crate::history::cluster_of(store)?, theirs, opts)
 }
@@ -424,10 +436,26 @@ pub fn merge(
     theirs: &Snapshot,
     opts: &MergeOptions,
 ) -> Result<(MergePlan, MergeReport)> {
+    let h = History::load(store.dir(), &opts.history)?;
+    merge_with(store, h, theirs, opts)
+}
+
+/// [`merge`], with the store's history already loaded (the one
+/// [`read_snapshot`] filtered with): the first try uses it.
+pub fn merge_with(
+    store: &Store,
+    h: History,
+    theirs: &Snapshot,
+    opts: &MergeOptions,
+) -> Result<(MergePlan, MergeReport)> {
     let cluster = crate::history::cluster_of(store)?;
     let mut tries = 0;
+    let mut loaded = Some(h);
     loop {
-        let mut h = History::load(store.dir(), &opts.history)?;
+        let mut h = match loaded.take() {
+            Some(h) => h,
+            None => History::load(store.dir(), &opts.history)?,
+        };
         let seen = h.observe(store, &opts.history, true, |_, _, _, _, _| Ok(()))?;
         let p = plan(&h, cluster, theirs, opts)?;
         match apply::commit(store, &mut h, &p, &seen.settled, opts) {

@@ -55,7 +55,14 @@ impl std::fmt::Display for PemProblem {
 /// Whether `b` holds a private key block anywhere.
 pub fn holds_private_key(b: &[u8]) -> bool {
     const MARK: &[u8] = b"PRIVATE KEY-----";
-    b.windows(MARK.len()).any(|w| w == MARK)
+    let mut at = 0;
+    while let Some(p) = b[at..].iter().position(|&c| c == b'P') {
+        if b[at + p..].starts_with(MARK) {
+            return true;
+        }
+        at += p + 1;
+    }
+    false
 }
 
 /// Checks that `b` is exactly one PEM public key block, with nothing but

@@ -123,7 +123,59 @@ pub struct Entry {
     pub pub_key: Vec<u8>,
 }
 
+/// An entry as the reader holds it before deciding to keep it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EntryRef<'a> {
+    /// The bank.
+    pub bank: Bank,
+    /// The minion id.
+    pub id: &'a str,
+    /// The kind of value.
+    pub kind: Kind,
+    /// The version's stamp.
+    pub stamp: u64,
+    /// The public key (empty for a tombstone).
+    pub pub_key: &'a [u8],
+}
+
+impl EntryRef<'_> {
+    /// The entry's version.
+    pub fn version(&self) -> Version {
+        Version {
+            stamp: self.stamp,
+            kind: self.kind,
+            hash: if self.kind == Kind::Absent {
+                0
+            } else {
+                value_hash(self.kind, self.pub_key)
+            },
+        }
+    }
+
+    /// An owned copy.
+    pub fn to_entry(&self) -> Entry {
+        Entry {
+            bank: self.bank,
+            id: self.id.to_owned(),
+            kind: self.kind,
+            stamp: self.stamp,
+            pub_key: self.pub_key.to_vec(),
+        }
+    }
+}
+
 impl Entry {
+    /// A borrowed view.
+    pub fn as_ref(&self) -> EntryRef<'_> {
+        EntryRef {
+            bank: self.bank,
+            id: &self.id,
+            kind: self.kind,
+            stamp: self.stamp,
+            pub_key: &self.pub_key,
+        }
+    }
+
     /// The entry's version.
     pub fn version(&self) -> Version {
         Version {
@@ -295,13 +347,13 @@ impl Snapshot {
     pub fn read_filtered(
         r: &mut impl Read,
         name: &str,
-        mut keep: impl FnMut(&Entry) -> bool,
+        mut keep: impl FnMut(&EntryRef<'_>) -> bool,
     ) -> Result<Snapshot> {
         let mut rd = Reader::new(BufReader::with_capacity(1 << 20, r), name);
         let mut s = rd.header()?;
         while let Some(e) = rd.entry()? {
             if keep(&e) {
-                s.entries.push(e);
+                s.entries.push(e.to_entry());
             }
         }
         rd.finish()?;
@@ -325,7 +377,7 @@ impl Snapshot {
     fn check(&self, name: &str) -> Result<()> {
         let mut prev: Option<(Bank, &str)> = None;
         for (n, e) in self.entries.iter().enumerate() {
-            codec::check_entry(e, n as u64, name)?;
+            codec::check_entry(&e.as_ref(), n as u64, name)?;
             let here = (e.bank, e.id.as_str());
             if prev.is_some_and(|p| p >= here) {
                 return Err(Error::BadSnapshot {

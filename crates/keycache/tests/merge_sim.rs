@@ -231,14 +231,15 @@ impl Sim {
             history: self.hist(),
             ..MergeOptions::default()
         };
-        let theirs = merge::read_snapshot(&store, &mut &bytes[..], "peer", &mo)?;
+        let h = keycache::history::History::load(dir, &mo.history)?;
+        let theirs = merge::read_snapshot(&h, &mut &bytes[..], "peer")?;
         if let Some(p) = base {
             if let BaseFile::Base(b) = Base::read_file(p)? {
                 b.check(&theirs)?;
             }
         }
         let prepared = base.map(|p| Base::of(&theirs).prepare(p)).transpose()?;
-        merge::merge(&store, &theirs, &mo)?;
+        merge::merge_with(&store, h, &theirs, &mo)?;
         if let Some(p) = prepared {
             p.commit()?;
         }

@@ -8,10 +8,9 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use keycache::history::{show_ident, HistoryOptions, Kind, Version};
+use keycache::history::{show_ident, History, HistoryOptions, Kind, Version};
 use keycache::merge::{self, Base, BaseFile, MergeOptions, MergePlan, PlanCounts};
 use keycache::snapshot::{Entry, Snapshot};
-use keycache::Store;
 
 use crate::args::{announce_lock_wait, Json, Layout};
 use crate::cmd::snapshot::lock_wait;
@@ -92,8 +91,8 @@ impl Args {
 }
 
 /// Reads their snapshot from a file, or from stdin for `-`, keeping only
-/// what the store does not hold already.
-fn read(store: &Store, path: &Path, opts: &MergeOptions) -> Result<Snapshot, CmdError> {
+/// what the store (history `h`) does not hold already.
+fn read(h: &History, path: &Path) -> Result<Snapshot, CmdError> {
     if path == Path::new("-") {
         if std::io::stdin().is_terminal() {
             return Err(CmdError::usage(
@@ -102,10 +101,9 @@ fn read(store: &Store, path: &Path, opts: &MergeOptions) -> Result<Snapshot, Cmd
             ));
         }
         Ok(merge::read_snapshot(
-            store,
+            h,
             &mut std::io::stdin().lock(),
             "stdin",
-            opts,
         )?)
     } else {
         let mut f = std::fs::File::open(path).map_err(|e| keycache::Error::Io {
@@ -113,12 +111,7 @@ fn read(store: &Store, path: &Path, opts: &MergeOptions) -> Result<Snapshot, Cmd
             op: "open the snapshot",
             source: e,
         })?;
-        Ok(merge::read_snapshot(
-            store,
-            &mut f,
-            &path.to_string_lossy(),
-            opts,
-        )?)
+        Ok(merge::read_snapshot(h, &mut f, &path.to_string_lossy())?)
     }
 }
 
@@ -251,13 +244,14 @@ pub(crate) fn run(a: Args) -> CmdResult {
     };
     let mut store = a.layout.open(&store_dir)?;
     store.set_tree(a.tree.sync(store.dir()));
-    let theirs = read(&store, &theirs_path, &opts)?;
+    let history = History::load(store.dir(), &opts.history)?;
+    let theirs = read(&history, &theirs_path)?;
     if let Some(b) = &base {
         b.check(&theirs)?;
     }
     let (plan, report, base_written) = if a.dry_run {
         (
-            merge::dry_run(&store, &theirs, &opts)?,
+            merge::dry_run_with(&store, history, &theirs, &opts)?,
             merge::MergeReport::default(),
             None,
         )
@@ -270,7 +264,7 @@ pub(crate) fn run(a: Args) -> CmdResult {
             .map(|p| Base::of(&theirs).prepare(p))
             .transpose()?;
         announce_lock_wait(store.dir());
-        let (plan, report) = merge::merge(&store, &theirs, &opts)?;
+        let (plan, report) = merge::merge_with(&store, history, &theirs, &opts)?;
         if let Some(p) = prepared {
             p.commit()?;
         }

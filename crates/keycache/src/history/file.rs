@@ -20,11 +20,11 @@
 //! Kinds: 0 absent, 1 accepted, 2 pending, 3 rejected, 4 denied. All
 //! integers little-endian.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use super::{History, Identity, Kind, Peer, Record, Version};
+use super::{History, Identity, Kind, Peer, Record, Version, Versions};
 use crate::error::{Error, Result};
 use crate::files::Ownership;
 use crate::hlc::Hlc;
@@ -192,7 +192,7 @@ pub(super) fn load(dir: &Path) -> Result<Option<History>> {
     };
     let hpath = dir.join(HISTORY_FILE);
     let (entries, seq) = match read(&hpath)? {
-        None => (HashMap::new(), 0),
+        None => (Versions::default(), 0),
         Some(hb) => parse_versions(&hb, &hpath)?,
     };
     Ok(Some(History {
@@ -205,13 +205,11 @@ pub(super) fn load(dir: &Path) -> Result<Option<History>> {
     }))
 }
 
-type Entries = HashMap<(Bank, Box<str>), Record>;
-
 fn kind(c: &mut Cursor<'_>, b: u8) -> Result<Kind> {
     Kind::from_byte(b).ok_or_else(|| bad(c.path, format!("unknown kind {b} before byte {}", c.o)))
 }
 
-fn parse_versions(b: &[u8], path: &Path) -> Result<(Entries, u64)> {
+fn parse_versions(b: &[u8], path: &Path) -> Result<(Versions, u64)> {
     let body = checked(b, path, &HIST_MAGIC)?;
     let mut c = Cursor {
         b: body,
@@ -221,7 +219,7 @@ fn parse_versions(b: &[u8], path: &Path) -> Result<(Entries, u64)> {
     let _flags = c.u32("flags")?;
     let seq = c.u64("seq")?;
     let count = c.u64("count")?;
-    let mut m = HashMap::with_capacity((count as usize).min(body.len() / 24));
+    let mut m = Versions::with_capacity((count as usize).min(body.len() / 24));
     for _ in 0..count {
         let bank = match c.u8("bank")? {
             1 => Bank::Keys,
@@ -259,7 +257,7 @@ fn parse_versions(b: &[u8], path: &Path) -> Result<(Entries, u64)> {
             prev,
             mark: 0,
         };
-        if m.insert((bank, Box::from(id)), rec).is_some() {
+        if !m.insert(bank, id, rec) {
             return Err(bad(path, format!("{} {id:?} recorded twice", bank.name())));
         }
     }
@@ -294,7 +292,7 @@ pub(super) fn save_versions(dir: &Path, h: &History, own: &Ownership) -> Result<
     b.extend_from_slice(&0u32.to_le_bytes());
     b.extend_from_slice(&h.seq.to_le_bytes());
     b.extend_from_slice(&(h.entries.len() as u64).to_le_bytes());
-    for ((bank, id), r) in &h.entries {
+    for (bank, id, r) in h.entries.iter() {
         b.push(match bank {
             Bank::Keys => 1,
             Bank::Denied => 2,

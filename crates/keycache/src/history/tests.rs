@@ -95,9 +95,9 @@ fn the_files_round_trip_and_damage_is_named() {
     let back = History::load(dir.path(), &o).expect("load");
     assert_eq!(back.identity, h.identity);
     assert_eq!(back.entries.len(), 3);
-    for (k, r) in &h.entries {
-        let b = back.entries.get(k).expect("kept");
-        assert_eq!((b.cur, b.prev), (r.cur, r.prev), "{k:?}");
+    for (bank, id, r) in h.entries.iter() {
+        let b = back.entries.get(bank, id).expect("kept");
+        assert_eq!((b.cur, b.prev), (r.cur, r.prev), "{bank} {id}");
     }
     for name in [HISTORY_FILE, IDENTITY_FILE] {
         let p = dir.path().join(name);

@@ -7,7 +7,8 @@ use std::io::{Read, Write};
 use xxhash_rust::xxh3::Xxh3;
 
 use super::{
-    Bank, Entry, Snapshot, ENTRY_HEAD_LEN, FLAG_CLUSTER, HEADER_LEN, MAGIC, MAX_KEY_BYTES, VERSION,
+    Bank, Entry, EntryRef, Snapshot, ENTRY_HEAD_LEN, FLAG_CLUSTER, HEADER_LEN, MAGIC,
+    MAX_KEY_BYTES, VERSION,
 };
 use crate::error::{Error, Result};
 use crate::history::Kind;
@@ -74,6 +75,9 @@ pub(super) struct Reader<'n, R: Read> {
     count: u64,
     n: u64,
     prev: Option<(Bank, String)>,
+    /// The id and key of the entry last read, reused.
+    id: Vec<u8>,
+    key: Vec<u8>,
 }
 
 impl<'n, R: Read> Reader<'n, R> {
@@ -86,6 +90,8 @@ impl<'n, R: Read> Reader<'n, R> {
             count: 0,
             n: 0,
             prev: None,
+            id: Vec::new(),
+            key: Vec::new(),
         }
     }
 
@@ -98,7 +104,7 @@ impl<'n, R: Read> Reader<'n, R> {
 
     /// Fills `buf` (hashed when `hash`); `what` names it when the input
     /// ends first.
-    fn fill(&mut self, buf: &mut [u8], what: &str, hash: bool) -> Result<()> {
+    fn fill(&mut self, buf: &mut [u8], what: impl Fn() -> String, hash: bool) -> Result<()> {
         let mut got = 0;
         while got < buf.len() {
             match self.r.read(&mut buf[got..]) {
@@ -110,7 +116,8 @@ impl<'n, R: Read> Reader<'n, R> {
                         format!("truncated: {at} bytes, a part of the magic only")
                     } else {
                         format!(
-                            "truncated: {what} at byte {} is past the end ({at} bytes)",
+                            "truncated: {} at byte {} is past the end ({at} bytes)",
+                            what(),
                             self.at
                         )
                     }));
@@ -129,7 +136,7 @@ impl<'n, R: Read> Reader<'n, R> {
 
     pub(super) fn header(&mut self) -> Result<Snapshot> {
         let mut m = [0u8; 8];
-        self.fill(&mut m, "the magic", true)?;
+        self.fill(&mut m, || "the magic".into(), true)?;
         if m != MAGIC {
             return Err(self.bad(format!(
                 "wrong magic (the first 8 bytes are not {:?}): not a keycache snapshot",
@@ -137,7 +144,7 @@ impl<'n, R: Read> Reader<'n, R> {
             )));
         }
         let mut b = [0u8; HEADER_LEN - 8];
-        self.fill(&mut b, "the header", true)?;
+        self.fill(&mut b, || "the header".into(), true)?;
         let u32_at = |o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
         let u64_at = |o: usize| {
             let mut a = [0u8; 8];
@@ -173,13 +180,13 @@ impl<'n, R: Read> Reader<'n, R> {
     }
 
     /// The next entry, checked; `None` after the last one.
-    pub(super) fn entry(&mut self) -> Result<Option<Entry>> {
+    pub(super) fn entry(&mut self) -> Result<Option<EntryRef<'_>>> {
         if self.n == self.count {
             return Ok(None);
         }
         let (n, count, at) = (self.n, self.count, self.at);
         let mut b = [0u8; ENTRY_HEAD_LEN];
-        self.fill(&mut b, &format!("entry {n} of {count}"), true)?;
+        self.fill(&mut b, || format!("entry {n} of {count}"), true)?;
         let id_len = u16::from_le_bytes([b[2], b[3]]) as usize;
         let key_len = u32::from_le_bytes([b[4], b[5], b[6], b[7]]) as usize;
         let mut s = [0u8; 8];
@@ -189,40 +196,59 @@ impl<'n, R: Read> Reader<'n, R> {
             .ok_or_else(|| self.bad(format!("entry {n} at byte {at}: unknown bank {}", b[0])))?;
         let kind = Kind::from_byte(b[1])
             .ok_or_else(|| self.bad(format!("entry {n} at byte {at}: unknown kind {}", b[1])))?;
-        let mut id = vec![0u8; id_len];
-        self.fill(&mut id, &format!("the id of entry {n}"), true)?;
-        let id = String::from_utf8(id)
-            .map_err(|_| self.bad(format!("entry {n} at byte {at}: the id is not UTF-8")))?;
+        let mut idb = std::mem::take(&mut self.id);
+        idb.resize(id_len, 0);
+        let r = self.fill(&mut idb, || format!("the id of entry {n}"), true);
+        self.id = idb;
+        r?;
+        let Ok(id) = std::str::from_utf8(&self.id) else {
+            return Err(self.bad(format!("entry {n} at byte {at}: the id is not UTF-8")));
+        };
         if key_len > MAX_KEY_BYTES {
             return Err(self.bad(format!(
                 "entry {n} ({id:?}, {bank}): a public key of {key_len} bytes, more than \
                  {MAX_KEY_BYTES}"
             )));
         }
-        let mut pub_key = vec![0u8; key_len];
-        self.fill(
-            &mut pub_key,
-            &format!("the key of entry {n} ({id:?})"),
+        let what = id.to_owned();
+        let mut key = std::mem::take(&mut self.key);
+        key.resize(key_len, 0);
+        let r = self.fill(
+            &mut key,
+            || format!("the key of entry {n} ({what:?})"),
             true,
-        )?;
-        let e = Entry {
+        );
+        self.key = key;
+        r?;
+        let id = std::str::from_utf8(&self.id).unwrap_or_default();
+        let e = EntryRef {
             bank,
             id,
             kind,
             stamp,
-            pub_key,
+            pub_key: &self.key,
         };
         check_entry(&e, n, self.name)?;
         if let Some((pb, pid)) = &self.prev {
-            if (*pb, pid.as_str()) >= (e.bank, e.id.as_str()) {
-                return Err(self.bad(format!(
-                    "entry {n} ({:?}, {}): out of order or repeated (entries are sorted by bank, \
-                     then id, each once)",
-                    e.id, e.bank
-                )));
+            if (*pb, pid.as_str()) >= (e.bank, e.id) {
+                return Err(Error::BadSnapshot {
+                    source_name: self.name.to_owned(),
+                    why: format!(
+                        "entry {n} ({:?}, {}): out of order or repeated (entries are sorted by \
+                         bank, then id, each once)",
+                        e.id, e.bank
+                    ),
+                });
             }
         }
-        self.prev = Some((e.bank, e.id.clone()));
+        match &mut self.prev {
+            Some((pb, pid)) => {
+                *pb = bank;
+                pid.clear();
+                pid.push_str(id);
+            }
+            None => self.prev = Some((bank, id.to_owned())),
+        }
         self.n += 1;
         Ok(Some(e))
     }
@@ -230,7 +256,7 @@ impl<'n, R: Read> Reader<'n, R> {
     /// Reads and checks the trailer, and that nothing follows it.
     pub(super) fn finish(mut self) -> Result<()> {
         let mut t = [0u8; 8];
-        self.fill(&mut t, "the checksum", false)?;
+        self.fill(&mut t, || "the checksum".into(), false)?;
         let want = u64::from_le_bytes(t);
         let mut extra = [0u8; 1];
         let more = loop {
@@ -256,12 +282,12 @@ impl<'n, R: Read> Reader<'n, R> {
 /// Checks one entry: a valid id, a kind that fits the bank, a tombstone
 /// without a key, a value with one, within the limits, and no private key
 /// block.
-pub(super) fn check_entry(e: &Entry, n: u64, name: &str) -> Result<()> {
+pub(super) fn check_entry(e: &EntryRef<'_>, n: u64, name: &str) -> Result<()> {
     let bad = |why: String| Error::BadSnapshot {
         source_name: name.to_owned(),
         why: format!("entry {n} ({:?}, {}): {why}", e.id, e.bank),
     };
-    crate::id::validate(&e.id).map_err(|err| bad(err.to_string()))?;
+    crate::id::validate(e.id).map_err(|err| bad(err.to_string()))?;
     if e.id.len() > u16::MAX as usize {
         return Err(bad("the id is too long for the format".into()));
     }
