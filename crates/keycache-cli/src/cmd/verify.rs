@@ -19,8 +19,9 @@ pub(crate) struct Args {
     repair: bool,
     /// Also compare the localfs_key tree (minions/, minions_pre/, ...) with
     /// the store, which Salt's validate_token reads on every request
-    /// (`--repair` makes it equal to the store): always, never, or auto,
-    /// when the store's directory holds a `minions` entry.
+    /// (`--repair` makes it equal to the store, and refuses a directory
+    /// without a store: run `keycache migrate` first): always, never, or
+    /// auto, when the store's directory holds a `minions` entry.
     #[arg(long, value_enum, value_name = "WHEN", default_value_t = TreeMode::Auto)]
     tree: TreeMode,
     #[command(flatten)]
@@ -53,8 +54,14 @@ struct TreeOut {
 /// entry.
 pub(crate) fn run(a: Args) -> CmdResult {
     let store = a.layout.open(&a.store.dir)?;
+    let tree_on = a.tree.sync(store.dir()).is_on();
+    if a.repair && tree_on {
+        // Before anything is repaired: a tree mended toward no store loses
+        // every key file.
+        keycache::tree::require_store(&store)?;
+    }
     let report = check_store(&store, a.repair)?;
-    let tree = if a.tree.sync(store.dir()).is_on() {
+    let tree = if tree_on {
         let repaired = if a.repair {
             Some(keycache::tree::mend(&store)?)
         } else {
