@@ -3,7 +3,7 @@
 use keycache::tree::{TreeDisagreement, TreeRepair};
 use keycache::verify::{check_store, BankFinding, VerifyReport};
 
-use crate::args::{Json, Layout, StoreDir};
+use crate::args::{ConfiguredStore, Json, Layout};
 use crate::cmd::state::TreeMode;
 use crate::output::{esc_path, exit, json_str, outln, print_json, CmdResult};
 
@@ -11,7 +11,7 @@ use crate::output::{esc_path, exit, json_str, outln, print_json, CmdResult};
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
     #[command(flatten)]
-    store: StoreDir,
+    store: ConfiguredStore,
     /// Rebuild each damaged bank from its intact entries, atomically, and
     /// list what was lost (also in the bank's `.keycache-lost` file, which
     /// later runs report until the keys are back)
@@ -53,7 +53,7 @@ struct TreeOut {
 /// when checked) is clean, or was repaired back to clean without losing an
 /// entry.
 pub(crate) fn run(a: Args) -> CmdResult {
-    let store = a.layout.open(&a.store.dir)?;
+    let store = a.layout.open(&a.store.dir())?;
     let tree_on = a.tree.sync(store.dir()).is_on();
     if a.repair && tree_on {
         // Before anything is repaired: a tree mended toward no store loses
