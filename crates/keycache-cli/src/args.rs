@@ -248,11 +248,23 @@ impl Layout {
     /// a dry run writes nothing). Says on stderr, once, which directory
     /// and layout a master config gave.
     pub(crate) fn resolve(&self, dir: &Path, finish: bool) -> Result<Resolved, CmdError> {
+        self.resolve_from(dir, "DIR", finish)
+    }
+
+    /// [`Layout::resolve`], `dir` (when not empty) given by the argument
+    /// `flag` (`DIR`, `PKI_DIR`, `--out`), as the message on stderr says.
+    pub(crate) fn resolve_from(
+        &self,
+        dir: &Path,
+        flag: &'static str,
+        finish: bool,
+    ) -> Result<Resolved, CmdError> {
         let config = self.config(dir)?;
         let (dir, base, size_from_files) = match &config {
             Some(cfg) => {
                 let choice = cfg.choose(&Explicit {
                     dir: (!dir.as_os_str().is_empty()).then(|| dir.to_path_buf()),
+                    dir_flag: Some(flag),
                     size: self.size,
                     slot_size: self.slot_size,
                     id_size: self.id_size,

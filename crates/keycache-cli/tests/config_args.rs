@@ -1,10 +1,15 @@
-//! The master config on the command line (issue 19, item 18):
+//! The master config on the command line (issue 19, items 18 and 19):
 //!
 //! - like `salt-key`, `get`, `accept`, `reject`, `delete` and `verify` take
 //!   `-c DIR` (or `--master-config FILE`) and the ids alone: the store
 //!   directory is then the config's, every argument an id (but a first one
 //!   holding a `/`, which no id holds: the store directory, as before);
-//!   the old `DIR ID...` form keeps working without `-c`.
+//!   the old `DIR ID...` form keeps working without `-c`;
+//! - `migrate` says where its store directory came from (never "DIR
+//!   given" when none was), and with a cluster config it reads the same
+//!   minion tree whether the config's `pki_dir` is named or left out: the
+//!   one Salt's own `pki.migrate_to_mmap` (`mmap_key.rebuild_from_localfs`)
+//!   reads, which is the judge.
 
 mod common;
 
@@ -13,6 +18,7 @@ use std::process::Output;
 
 use common::{keycache, keycache_json, ok, pem};
 use keycache::{KeyState, MinionId, OpenOptions, Params, Store};
+use serde_json::{json, Value};
 
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()
@@ -196,4 +202,106 @@ fn with_the_config_a_path_first_is_the_store_directory_else_an_id() {
     let o = keycache(&["delete", "-c", c]);
     assert_eq!(o.status.code(), Some(2));
     assert!(err(&o).contains("give minion ids or --all"), "{}", err(&o));
+}
+
+/// `migrate -c` names where its store came from: the config's option, or
+/// the argument that gave it; never "DIR given" when no DIR was.
+#[test]
+fn migrate_says_where_the_store_came_from() {
+    let t = tempfile::tempdir().unwrap();
+    let (etc, pki, _st) = configured(t.path(), &[]);
+    std::fs::create_dir(pki.join("minions")).unwrap();
+    let c = s(&etc);
+    let o = keycache(&["migrate", "-c", c, "--dry-run"]);
+    assert!(o.status.success(), "{}", err(&o));
+    let e = err(&o);
+    assert!(
+        e.contains(&format!("store: {} (pki_dir in master:1)", s(&pki))),
+        "{e}"
+    );
+    assert!(!e.contains("given"), "{e}");
+    let o = keycache(&["migrate", "-c", c, s(&pki), "--dry-run"]);
+    assert!(
+        err(&o).contains(&format!("store: {} (PKI_DIR given)", s(&pki))),
+        "{}",
+        err(&o)
+    );
+    let out = t.path().join("out");
+    let o = keycache(&["migrate", "-c", c, "--out", s(&out), "--dry-run"]);
+    assert!(
+        err(&o).contains(&format!("store: {} (--out given)", s(&out))),
+        "{}",
+        err(&o)
+    );
+}
+
+/// Salt's own migration (`mmap_key.rebuild_from_localfs`, what `salt-run
+/// pki.migrate_to_mmap` runs) on a copy of the master: the counts of each
+/// state it migrated.
+fn salt_migrates(etc: &Path) -> Value {
+    let script = "import json, sys\n\
+                  import salt.config, salt.cache.mmap_key as mk\n\
+                  opts = salt.config.master_config(sys.argv[1])\n\
+                  mk.__opts__ = opts\n\
+                  print(json.dumps(mk.rebuild_from_localfs(opts)))\n";
+    let o = std::process::Command::new(keycache_testkit::common::python())
+        .args(["-B", "-c", script, s(&etc.join("master"))])
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .env_remove("SALT_CONFIG_DIR")
+        .env_remove("SALT_MASTER_CONFIG")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "Salt's migration failed: {}", err(&o));
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+/// A cluster peer's config: `migrate -c` and `migrate -c PKI_DIR` (the
+/// config's own pki_dir named) read the same tree, the one Salt's
+/// migration reads (cluster_pki_dir), and write the same banks; with
+/// cluster_pki_dir unset (Salt falls back to pki_dir), both read pki_dir.
+#[test]
+fn migrate_with_a_cluster_config_reads_the_tree_salt_reads_named_or_not() {
+    for with_cluster_dir in [true, false] {
+        let t = tempfile::tempdir().unwrap();
+        let etc = t.path().join("etc");
+        let pki = t.path().join("pki");
+        let cluster = t.path().join("cluster");
+        std::fs::create_dir_all(&etc).unwrap();
+        // Different trees in pki_dir and cluster_pki_dir.
+        for (dir, sub, ids) in [
+            (&pki, "minions", &["p-1", "p-2"][..]),
+            (&cluster, "minions_pre", &["c-1"][..]),
+        ] {
+            std::fs::create_dir_all(dir.join(sub)).unwrap();
+            for i in ids {
+                std::fs::write(dir.join(sub).join(i), pem(i, 100)).unwrap();
+            }
+        }
+        let mut conf = format!(
+            "id: kc-test\npki_dir: {}\ncluster_id: c1\nmmap_key_size: 1009\n",
+            pki.display()
+        );
+        if with_cluster_dir {
+            conf += &format!("cluster_pki_dir: {}\n", cluster.display());
+        }
+        std::fs::write(etc.join("master"), conf).unwrap();
+        let tree = if with_cluster_dir { &cluster } else { &pki };
+        let mut reports = Vec::new();
+        for named in [false, true] {
+            let mut args = vec!["migrate", "-c", s(&etc), "--dry-run", "--json"];
+            if named {
+                args.push(s(&pki));
+            }
+            let (o, v) = keycache_json(&args);
+            assert!(o.status.success(), "{args:?}: {}", err(&o));
+            assert_eq!(v["pki_dir"], json!(s(tree)), "{args:?}: {v}");
+            assert_eq!(v["target"], json!(s(tree)), "{args:?}: {v}");
+            reports.push(v["migrated"].clone());
+        }
+        assert_eq!(reports[0], reports[1], "named or not");
+        // Salt's migration, last: it writes the banks.
+        let salt = salt_migrates(&etc);
+        assert_eq!(reports[0], salt, "cluster_pki_dir set: {with_cluster_dir}");
+        assert!(tree.join(".mmap_keys.idx").exists());
+    }
 }
