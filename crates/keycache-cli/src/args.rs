@@ -3,7 +3,9 @@
 //! ids given as arguments ([`minion_id`]); and the notice that a writer
 //! waits for a bank's lock ([`announce_lock_wait`]).
 
+use std::ffi::OsString;
 use std::fs::File;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -24,13 +26,6 @@ pub(crate) fn minion_id(s: &str) -> Result<MinionId, CmdError> {
     MinionId::new(s).map_err(|e| CmdError::usage(e.to_string()))
 }
 
-/// The store a command works on.
-#[derive(Debug, Clone, Args)]
-pub(crate) struct StoreDir {
-    /// The store directory.
-    pub(crate) dir: PathBuf,
-}
-
 /// The store a command works on, which the master config may name: for
 /// the commands whose only positional argument it is.
 #[derive(Debug, Clone, Args)]
@@ -44,6 +39,51 @@ impl ConfiguredStore {
     /// The directory given, or an empty path: the master config's.
     pub(crate) fn dir(&self) -> PathBuf {
         self.dir.clone().unwrap_or_default()
+    }
+}
+
+/// The store directory and minion ids of `get`, `accept`, `reject` and
+/// `delete`: `DIR ID...` as always, or, like `salt-key`, the ids alone
+/// with `-c`/`--master-config` (the store directory is then the config's).
+/// With the config, a first argument holding a `/` (never part of a minion
+/// id) is still the store directory, overriding the config's, as a `DIR`
+/// given to `list -c` does. With neither a flag nor an argument (`delete
+/// --all`), the default master config names the store.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct StoreIds {
+    /// `DIR ID...`: the store directory (pki_dir or cluster_pki_dir), then
+    /// minion ids. With -c or --master-config: minion ids only (the store
+    /// directory is the master config's), unless the first holds a `/`:
+    /// then it is the store directory.
+    #[arg(value_name = "DIR|ID")]
+    args: Vec<OsString>,
+}
+
+impl StoreIds {
+    /// The store directory (empty: the master config's, see
+    /// [`Layout::resolve`]) and the ids, as the type's documentation says.
+    pub(crate) fn split(&self, layout: &Layout) -> Result<(PathBuf, Vec<String>), CmdError> {
+        let dir_first = match self.args.first() {
+            None => false,
+            Some(_) if !layout.config_given() => true,
+            Some(a) => a.as_bytes().contains(&b'/'),
+        };
+        let (dir, ids) = match self.args.split_first() {
+            Some((d, rest)) if dir_first => (PathBuf::from(d), rest),
+            _ => (PathBuf::new(), &self.args[..]),
+        };
+        let ids = ids
+            .iter()
+            .map(|a| {
+                a.to_str().map(str::to_owned).ok_or_else(|| {
+                    CmdError::usage(format!(
+                        "invalid minion id \"{}\": it is not valid UTF-8",
+                        esc(&a.to_string_lossy())
+                    ))
+                })
+            })
+            .collect::<Result<_, _>>()?;
+        Ok((dir, ids))
     }
 }
 
@@ -186,11 +226,15 @@ pub(crate) struct Resolved {
 }
 
 impl Layout {
+    /// Whether `-c/--config-dir` or `--master-config` is given.
+    pub(crate) fn config_given(&self) -> bool {
+        self.config_dir.is_some() || self.master_config.is_some()
+    }
+
     /// The master config to read: when `-c` or `--master-config` is given,
     /// or when no store directory is (`dir` empty).
     pub(crate) fn config(&self, dir: &Path) -> Result<Option<MasterConfig>, CmdError> {
-        if self.config_dir.is_none() && self.master_config.is_none() && !dir.as_os_str().is_empty()
-        {
+        if !self.config_given() && !dir.as_os_str().is_empty() {
             return Ok(None);
         }
         let source = Source::from_flags(self.config_dir.as_deref(), self.master_config.as_deref());
@@ -204,11 +248,23 @@ impl Layout {
     /// a dry run writes nothing). Says on stderr, once, which directory
     /// and layout a master config gave.
     pub(crate) fn resolve(&self, dir: &Path, finish: bool) -> Result<Resolved, CmdError> {
+        self.resolve_from(dir, "DIR", finish)
+    }
+
+    /// [`Layout::resolve`], `dir` (when not empty) given by the argument
+    /// `flag` (`DIR`, `PKI_DIR`, `--out`), as the message on stderr says.
+    pub(crate) fn resolve_from(
+        &self,
+        dir: &Path,
+        flag: &'static str,
+        finish: bool,
+    ) -> Result<Resolved, CmdError> {
         let config = self.config(dir)?;
         let (dir, base, size_from_files) = match &config {
             Some(cfg) => {
                 let choice = cfg.choose(&Explicit {
                     dir: (!dir.as_os_str().is_empty()).then(|| dir.to_path_buf()),
+                    dir_flag: Some(flag),
                     size: self.size,
                     slot_size: self.slot_size,
                     id_size: self.id_size,

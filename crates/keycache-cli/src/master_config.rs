@@ -281,16 +281,28 @@ impl MasterConfig {
 
     /// `cluster_pki_dir` as Salt's `apply_master_config` leaves it: unset
     /// without `cluster_id`; `pki_dir` when `cluster_id` is set and it is
-    /// unset or empty. A relative one is taken relative to `/`, the working
-    /// directory of a master daemon.
+    /// unset or empty. A relative one is resolved against the working
+    /// directory, as salt-key and salt-run resolve it (Salt keeps it
+    /// relative, so each process resolves it against its own working
+    /// directory; the config's notes say so).
     pub(crate) fn cluster_pki_dir(&self) -> Option<Setting<PathBuf>> {
+        self.cluster_pki_dir_for(self.pki_dir())
+    }
+
+    /// [`MasterConfig::cluster_pki_dir`] with `pki_dir` standing for the
+    /// config's `pki_dir` (a `PKI_DIR` given on the command line): Salt's
+    /// fallback to `pki_dir` follows it.
+    pub(crate) fn cluster_pki_dir_for(
+        &self,
+        pki_dir: Setting<PathBuf>,
+    ) -> Option<Setting<PathBuf>> {
         self.cluster_id.as_ref()?;
         match &self.cluster_pki_dir {
             Some(s) if !s.value.is_empty() => Some(Setting {
-                value: Path::new("/").join(&s.value),
+                value: PathBuf::from(abspath(&s.value)),
                 from: s.from.clone(),
             }),
-            _ => Some(self.pki_dir()),
+            _ => Some(pki_dir),
         }
     }
 
@@ -371,6 +383,8 @@ pub(crate) struct Layout {
 pub(crate) struct Explicit {
     /// The store directory (the commands' `DIR`).
     pub(crate) dir: Option<PathBuf>,
+    /// The argument that gave `dir`, for messages (None: `DIR`).
+    pub(crate) dir_flag: Option<&'static str>,
     /// `--size`.
     pub(crate) size: Option<u64>,
     /// `--slot-size`.
@@ -424,7 +438,11 @@ impl MasterConfig {
         }
         let l = self.layout();
         Choice {
-            store_dir: pick(e.dir.as_ref(), "DIR", self.store_dir()),
+            store_dir: pick(
+                e.dir.as_ref(),
+                e.dir_flag.unwrap_or("DIR"),
+                self.store_dir(),
+            ),
             layout: Layout {
                 size: pick(e.size.as_ref(), "--size", l.size),
                 slot_size: pick(e.slot_size.as_ref(), "--slot-size", l.slot_size),

@@ -664,7 +664,7 @@ fn compact_export_diff() {
     assert_eq!(v["keys"]["deleted"], 0);
     assert_eq!(v["keys"]["garbage_ratio"], 0.0);
 
-    // export: the tree Salt would have, 0600 files; differing files refused without --force.
+    // export: the tree Salt would have, 0600 files.
     let e = t.path().join("export");
     let (out, v) = keycache_json(&["export", s(&b), "--to", s(&e), "--json"]);
     assert!(out.status.success());
@@ -681,14 +681,25 @@ fn compact_export_diff() {
     let (out, v) = keycache_json(&["export", s(&b), "--to", s(&e), "--json"]);
     assert!(out.status.success());
     assert_eq!(v["unchanged"], 35);
+    // An accepted key file that differs is always replaced (Salt's
+    // validate_token reads it); another state's is left alone unless --force.
+    let pending = std::fs::read_dir(e.join("minions_pre"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let want = std::fs::read(&f).unwrap();
     std::fs::write(&f, b"other").unwrap();
+    std::fs::write(&pending, b"other").unwrap();
     let out = keycache(&["export", s(&b), "--to", s(&e)]);
     assert_eq!(out.status.code(), Some(1));
-    assert_eq!(std::fs::read(&f).unwrap(), b"other");
+    assert_eq!(std::fs::read(&f).unwrap(), want);
+    assert_eq!(std::fs::read(&pending).unwrap(), b"other");
     assert!(keycache(&["export", s(&b), "--to", s(&e), "--force"])
         .status
         .success());
-    assert_ne!(std::fs::read(&f).unwrap(), b"other");
+    assert_ne!(std::fs::read(&pending).unwrap(), b"other");
     // Round trip: migrating the export gives the same store.
     let c = t.path().join("c");
     assert!(

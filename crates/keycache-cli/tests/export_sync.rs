@@ -2,8 +2,9 @@
 //! the store (issue 15, class 3): files of ids no longer in a state are
 //! removed, `--dry-run` shows it first, an entry export can neither replace
 //! nor remove (a symlink, a directory, a FIFO) is an error before anything
-//! is written, dot-files and names that are not minion ids are left alone,
-//! and private key material is never written.
+//! is written, Salt's `.key_cache`, keycache's own `.keycache-*` files and
+//! names that are not minion ids are left alone (a dot-id such as `.m` is
+//! an id), and private key material is never written.
 
 mod common;
 
@@ -376,15 +377,18 @@ fn export_refuses_what_it_can_neither_replace_nor_remove_and_writes_nothing() {
 }
 
 #[test]
-fn export_leaves_dot_files_and_names_that_are_not_ids_alone() {
+fn export_leaves_salts_and_its_own_files_and_names_that_are_not_ids_alone() {
     let t = tempfile::tempdir().unwrap();
     let sd = t.path().join("store");
     let tree = t.path().join("tree");
     let _st = store_with(&sd, 1);
     assert!(export(&sd, &tree, &[]).status.success());
+    // A dot-id is an id: a key file the store does not hold, removed.
+    let dot_id = tree.join("minions_pre/.hidden-minion");
+    std::fs::write(&dot_id, pem("hidden", 200)).unwrap();
     let planted: [(&str, &[u8]); 4] = [
         ("minions/.key_cache", b"salt's cache"),
-        ("minions_pre/.hidden-minion", b"a dot-file"),
+        ("minions_pre/.keycache-tree.1.x", b"a tree temporary"),
         ("minions/back\\slash", b"not a valid id"),
         (
             "minions_denied/.keycache-export.1.x",
@@ -397,7 +401,8 @@ fn export_leaves_dot_files_and_names_that_are_not_ids_alone() {
     // A name that is not UTF-8.
     let bad = tree.join("minions_pre").join(OsStr::from_bytes(b"caf\xe9"));
     std::fs::write(&bad, b"latin-1 name").unwrap();
-    let before = snapshot(&tree);
+    let mut before = snapshot(&tree);
+    before.remove("minions_pre/.hidden-minion").unwrap();
 
     let (o, v) = keycache_json(&[
         "export",
@@ -409,7 +414,8 @@ fn export_leaves_dot_files_and_names_that_are_not_ids_alone() {
         "--json",
     ]);
     assert!(o.status.success(), "{}", err(&o));
-    assert_eq!(v["removed"], serde_json::json!([]));
+    assert_eq!(v["removed"], serde_json::json!([s(&dot_id)]));
+    assert!(!dot_id.exists());
     let ignored: Vec<&str> = v["ignored"]
         .as_array()
         .unwrap()
@@ -426,7 +432,7 @@ fn export_leaves_dot_files_and_names_that_are_not_ids_alone() {
     assert_eq!(
         snapshot(&tree),
         before,
-        "nothing to change, nothing left out"
+        "the dot-id removed, nothing else changed"
     );
     let o = export(&sd, &tree, &[]);
     assert!(o.status.success());
@@ -436,8 +442,8 @@ fn export_leaves_dot_files_and_names_that_are_not_ids_alone() {
         "{text}"
     );
     assert!(
-        !text.contains(".key_cache"),
-        "dot-files are not reported: {text}"
+        !text.contains(".key_cache") && !text.contains(".keycache-"),
+        "Salt's and keycache's files are not reported: {text}"
     );
     assert_eq!(snapshot(&tree), before);
 }
@@ -500,6 +506,17 @@ fn export_withholds_private_key_material() {
         .put(b"den-0", &with_private("den0"))
         .unwrap();
     let before_acc0 = std::fs::read(tree.join("minions/acc-0")).unwrap();
+    let o = export(&sd, &tree, &["--dry-run"]);
+    assert_eq!(o.status.code(), Some(2), "{}", err(&o));
+    assert!(
+        stdout(&o).contains(&format!("would remove: {}", s(&tree.join("minions/acc-0")))),
+        "{}",
+        stdout(&o)
+    );
+    assert_eq!(
+        std::fs::read(tree.join("minions/acc-0")).unwrap(),
+        before_acc0
+    );
     for extra in [&[][..], &["--force"][..], &["--json"][..]] {
         let o = export(&sd, &tree, extra);
         assert_eq!(o.status.code(), Some(2), "{extra:?}: {}", err(&o));
@@ -525,11 +542,9 @@ fn export_withholds_private_key_material() {
             }
         }
         assert!(!tree.join("minions/leaky").exists());
-        // A file already there for a withheld id is left as it was.
-        assert_eq!(
-            std::fs::read(tree.join("minions/acc-0")).unwrap(),
-            before_acc0
-        );
+        // A file already there for a withheld id is left as it was, except
+        // in minions/: the store does not vouch for its key.
+        assert!(!tree.join("minions/acc-0").exists());
         assert!(tree.join("minions_denied/den-0").exists());
         assert!(!stdout(&o).contains("PRIVATE"));
     }
@@ -561,6 +576,7 @@ fn export_json_and_text_report_the_same_plan() {
             "dry_run": true,
             "ignored": [],
             "removed": [s(&tree.join("minions_pre/pre-1"))],
+            "replaced": [],
             "unchanged": 7,
             "withheld": [],
             "written": 0,

@@ -472,3 +472,236 @@ fn verify_reports_the_tree_and_repair_mends_it_toward_the_store() {
     let out = ok(&kc(&["verify", s(&pki)]));
     assert!(out.contains("clean"), "{out}");
 }
+
+/// Every entry under `dir`, recursively, with its content (what a refused
+/// command must leave as it was).
+fn dir_state(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            let rel = p.strip_prefix(dir).unwrap().display().to_string();
+            if p.is_dir() {
+                stack.push(p.clone());
+                out.push((rel, b"<dir>".to_vec()));
+            } else {
+                out.push((rel, std::fs::read(&p).unwrap()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Issue 19, item 11: `verify --repair` on a pki dir that holds a
+/// `localfs_key` tree but no store is refused (exit 2, naming `keycache
+/// migrate`) and touches nothing, text or JSON: the accepted key keeps
+/// passing Salt's validate_token. Once migrated, repair follows the store.
+#[test]
+fn verify_repair_refuses_a_tree_without_a_store_and_touches_nothing() {
+    let t = tempfile::tempdir().unwrap();
+    let keys = t.path().join("keys");
+    let pki = t.path().join("pki");
+    let ids = ["n-acc", "n-pre", "n-rej", "n-den"];
+    let pairs = keygen(&keys, &ids);
+    for ((id, pem), d) in pairs.iter().zip([
+        "minions",
+        "minions_pre",
+        "minions_rejected",
+        "minions_denied",
+    ]) {
+        std::fs::create_dir_all(pki.join(d)).unwrap();
+        std::fs::write(pki.join(d).join(id), pem).unwrap();
+    }
+    assert_eq!(passing(&keys, &pki, &ids), vec!["n-acc"]);
+    let o = kc(&["verify", s(&pki)]);
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    assert_eq!(out.matches("tree: ").count(), 4, "{out}");
+    let before = dir_state(&pki);
+    for extra in [&[][..], &["--json"][..], &["--tree", "always"][..]] {
+        let mut args = vec!["verify", s(&pki), "--repair"];
+        args.extend_from_slice(extra);
+        let o = kc(&args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{extra:?}: {err}");
+        assert!(err.contains("keycache migrate"), "{err}");
+        assert!(err.contains(s(&pki)), "{err}");
+        assert!(
+            !String::from_utf8_lossy(&o.stdout).contains("removed"),
+            "{extra:?}"
+        );
+        assert_eq!(dir_state(&pki), before, "{extra:?}: the pki dir changed");
+    }
+    assert_eq!(passing(&keys, &pki, &ids), vec!["n-acc"]);
+    // Migrated: the store holds what the tree holds, and repair keeps it.
+    ok(&kc(&["migrate", s(&pki)]));
+    let out = ok(&kc(&["verify", s(&pki), "--repair"]));
+    assert!(!out.contains("tree: removed"), "{out}");
+    assert_eq!(passing(&keys, &pki, &ids), vec!["n-acc"]);
+}
+
+/// Issue 19, item 16: an id starting with a dot is an id (Salt's
+/// `valid_id` takes it and `validate_token` reads `minions/.m`): an
+/// accepted `.m` is not "missing" for `verify`; once deleted behind the
+/// tree's back, its file is a stray that `verify` names and `verify
+/// --repair` removes, and `export` removes it from a tree exported
+/// earlier; Salt's `.key_cache` and keycache's own `.keycache-*` files are
+/// never taken for keys. Salt's validate_token is the judge.
+#[test]
+fn a_dot_id_is_an_id_for_verify_repair_and_export() {
+    let t = tempfile::tempdir().unwrap();
+    let keys = t.path().join("keys");
+    let pki = t.path().join("pki");
+    let out = t.path().join("exported");
+    let ids = [".m", "web"];
+    std::fs::create_dir_all(pki.join("minions")).unwrap();
+    let st = open(&pki);
+    for (id, pem) in keygen(&keys, &ids) {
+        st.put(
+            &MinionId::new(id).unwrap(),
+            KeyState::Pending,
+            pem.as_bytes(),
+        )
+        .unwrap();
+    }
+    let salts = [
+        ("minions/.key_cache", &b"\x81\xa4salt's key list cache"[..]),
+        (
+            "minions/.keycache-export.1.web",
+            &b"an old export temporary"[..],
+        ),
+    ];
+    for (name, bytes) in salts {
+        std::fs::write(pki.join(name), bytes).unwrap();
+    }
+    ok(&kc(&["accept", s(&pki), ".m", "web"]));
+    assert_eq!(passing(&keys, &pki, &ids), ids.to_vec());
+    let out_v = ok(&kc(&["verify", s(&pki)]));
+    assert!(
+        out_v.contains("clean"),
+        "an accepted dot-id is not missing: {out_v}"
+    );
+    ok(&kc(&["export", s(&pki), "--to", s(&out)]));
+    assert_eq!(passing(&keys, &out, &ids), ids.to_vec());
+
+    // Deleted with --tree never: minions/.m still lets .m in.
+    ok(&kc(&["delete", s(&pki), ".m", "--tree", "never"]));
+    assert_eq!(passing(&keys, &pki, &ids), ids.to_vec());
+    let o = kc(&["verify", s(&pki)]);
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert_eq!(o.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains(&format!("{}: a key file", s(&pki.join("minions/.m"))))
+            && text.contains("validate_token"),
+        "{text}"
+    );
+    assert!(
+        !text.contains(".key_cache") && !text.contains(".keycache-export"),
+        "{text}"
+    );
+
+    // export makes the exported tree follow: .m no longer passes there.
+    let o = kc(&["export", s(&pki), "--to", s(&out)]);
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(o.status.success(), "{text}");
+    assert!(
+        text.contains(&format!("removed: {}", s(&out.join("minions/.m")))),
+        "{text}"
+    );
+    assert_eq!(passing(&keys, &out, &ids), vec!["web"]);
+
+    // verify --repair removes it; Salt's and keycache's files stay.
+    let text = ok(&kc(&["verify", s(&pki), "--repair"]));
+    assert!(
+        text.contains(&format!("tree: removed {}", s(&pki.join("minions/.m")))),
+        "{text}"
+    );
+    assert_eq!(passing(&keys, &pki, &ids), vec!["web"]);
+    for (name, bytes) in salts {
+        assert_eq!(std::fs::read(pki.join(name)).unwrap(), bytes, "{name}");
+    }
+    assert!(ok(&kc(&["verify", s(&pki)])).contains("clean"));
+
+    // And with the tree kept in step, delete revokes a dot-id at once.
+    let st = open(&pki);
+    st.put(
+        &MinionId::new(".m").unwrap(),
+        KeyState::Pending,
+        keygen(&keys, &[".m"])[0].1.as_bytes(),
+    )
+    .unwrap();
+    ok(&kc(&["accept", s(&pki), ".m"]));
+    assert_eq!(passing(&keys, &pki, &ids), ids.to_vec());
+    ok(&kc(&["delete", s(&pki), ".m"]));
+    assert_eq!(passing(&keys, &pki, &ids), vec!["web"]);
+    assert!(ok(&kc(&["verify", s(&pki)])).contains("clean"));
+}
+
+/// Issue 19, item 17: `export` without `--force` replaces the key file of
+/// a re-keyed accepted minion with the store's key (the old key no longer
+/// passes Salt's validate_token, the new one does), and says so; a
+/// differing file of another state directory is still left alone and
+/// reported unless `--force`.
+#[test]
+fn export_replaces_a_re_keyed_accepted_key_without_force() {
+    let t = tempfile::tempdir().unwrap();
+    let (old, new) = (t.path().join("keys-old"), t.path().join("keys-new"));
+    let sd = t.path().join("store");
+    let tree = t.path().join("tree");
+    std::fs::create_dir(&sd).unwrap();
+    let ids = ["r", "p"];
+    let old_pems = keygen(&old, &ids);
+    let new_pems = keygen(&new, &ids);
+    let st = open(&sd);
+    let id = |s: &str| MinionId::new(s).unwrap();
+    st.put(&id("r"), KeyState::Accepted, old_pems[0].1.as_bytes())
+        .unwrap();
+    st.put(&id("p"), KeyState::Pending, old_pems[1].1.as_bytes())
+        .unwrap();
+    ok(&kc(&["export", s(&sd), "--to", s(&tree)]));
+    assert_eq!(passing(&old, &tree, &["r"]), vec!["r"]);
+    // Re-keyed (deleted and accepted again with the minion's new key).
+    st.put(&id("r"), KeyState::Accepted, new_pems[0].1.as_bytes())
+        .unwrap();
+    st.put(&id("p"), KeyState::Pending, new_pems[1].1.as_bytes())
+        .unwrap();
+
+    let o = kc(&["export", s(&sd), "--to", s(&tree), "--dry-run"]);
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    let r_path = s(&tree.join("minions/r")).to_owned();
+    assert!(text.contains(&format!("would replace: {r_path}")), "{text}");
+    assert_eq!(passing(&old, &tree, &["r"]), vec!["r"], "a dry run wrote");
+
+    let (o, v) = common::keycache_json(&[
+        "export",
+        s(&sd),
+        "--to",
+        s(&tree),
+        "--size",
+        "1009",
+        "--json",
+    ]);
+    // p's pending file differs: left alone without --force (exit 1).
+    assert_eq!(o.status.code(), Some(1), "{v}");
+    assert_eq!(v["replaced"], serde_json::json!([r_path]));
+    assert_eq!(
+        v["conflicts"],
+        serde_json::json!([s(&tree.join("minions_pre/p"))])
+    );
+    assert_eq!(passing(&old, &tree, &["r"]), Vec::<String>::new());
+    assert_eq!(passing(&new, &tree, &["r"]), vec!["r"]);
+    assert_eq!(
+        std::fs::read_to_string(tree.join("minions_pre/p")).unwrap(),
+        old_pems[1].1
+    );
+    assert_eq!(mode(&tree.join("minions/r")), 0o600);
+    // --force: the pending file follows too.
+    ok(&kc(&["export", s(&sd), "--to", s(&tree), "--force"]));
+    assert_eq!(
+        std::fs::read_to_string(tree.join("minions_pre/p")).unwrap(),
+        new_pems[1].1
+    );
+    assert_eq!(passing(&new, &tree, &["r"]), vec!["r"]);
+}

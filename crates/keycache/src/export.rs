@@ -9,11 +9,24 @@
 //! reading the tree never keeps a key the store revoked.
 //!
 //! What belongs to the tree: in each state directory, the files whose names
-//! are valid minion ids ([`crate::id::validate`]) and do not start with `.`
-//! (Salt's `localfs_key` lists no dot-files either; keycache's own
-//! temporary files are dot-files). Other entries (names Salt would refuse,
-//! names that are not UTF-8) are left alone and reported
-//! ([`Exported::ignored`]); dot-files are left alone silently.
+//! are minion ids, dot-ids such as `.m` included, except Salt's
+//! `.key_cache` and keycache's own files (`.keycache-*`), as
+//! [`crate::tree::is_key_name`] says (Salt's `validate_token` reads
+//! `minions/.m`, so a dot-id's file is a key like any other); an id the
+//! store holds is the tree's whatever its name. Other entries (names Salt
+//! would refuse, names that are not UTF-8) are left alone and reported
+//! ([`Exported::ignored`]); `.key_cache` and keycache's files are left alone
+//! silently.
+//!
+//! A key file that differs from the store's key: in `minions/` it is
+//! always replaced ([`Exported::replaced`]), since Salt's `validate_token`
+//! would keep letting the old key in and turn the accepted one away; in
+//! the other state directories (which let no minion in) it is left alone
+//! and reported ([`Exported::conflicts`]) unless
+//! [`ExportOptions::force`]: a file changed there by hand is not
+//! overwritten unasked. A file in `minions/` under an id whose stored value
+//! is withheld (it holds a private key block) is removed, as a key the
+//! store does not vouch for.
 //!
 //! The whole export is planned before anything is written: the store is
 //! read, every file it would replace or remove is looked at (never
@@ -23,12 +36,11 @@
 //! `dry_run` stops after the plan. Values that hold a private key block
 //! ([`crate::pem::holds_private_key`]) are never written: they are listed in
 //! [`Exported::withheld`], and a file already in the tree under that id is
-//! left as it is.
+//! left as it is, except in `minions/` (see above).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::io::{Read, Write};
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
@@ -37,10 +49,15 @@ use crate::files::{self, Ownership};
 use crate::migrate::TREE_DIRS;
 use crate::store::Store;
 
+/// Index of `minions/` in [`TREE_DIRS`].
+const ACCEPTED: usize = 0;
+
 /// How to export ([`export`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ExportOptions {
-    /// Overwrite key files whose content differs from the store's.
+    /// Also overwrite the key files of `minions_pre/`, `minions_rejected/`
+    /// and `minions_denied/` whose content differs from the store's (those
+    /// of `minions/` are always replaced).
     pub force: bool,
     /// Plan and report, write and remove nothing.
     pub dry_run: bool,
@@ -56,8 +73,13 @@ pub struct Exported {
     pub written: u64,
     /// Files already identical.
     pub unchanged: u64,
-    /// Files that differ and were left alone (no `force`).
+    /// Files that differ and were left alone (no `force`; never in
+    /// `minions/`).
     pub conflicts: Vec<String>,
+    /// Files of `minions/` that held another key than the one the store
+    /// accepts, replaced with the store's (or to replace when dry), with or
+    /// without `force`; counted in `written` too.
+    pub replaced: Vec<String>,
     /// Key files of ids the store no longer holds in that state, removed
     /// (or to remove when dry), sorted.
     pub removed: Vec<String>,
@@ -139,8 +161,13 @@ fn same_content(path: &Path, len: u64, pem: &[u8]) -> Result<bool> {
 }
 
 /// The entries of one state directory that are the tree's key files (id ->
-/// path), and the ones left alone (`ignored`). An absent directory has none.
-fn tree_files(dir: &Path, ignored: &mut Vec<String>) -> Result<BTreeMap<String, PathBuf>> {
+/// path: [`crate::tree::is_key_name`], or an id in `held`), and the ones
+/// left alone and reported (`ignored`). An absent directory has none.
+fn tree_files(
+    dir: &Path,
+    held: &dyn Fn(&str) -> bool,
+    ignored: &mut Vec<String>,
+) -> Result<BTreeMap<String, PathBuf>> {
     let mut out = BTreeMap::new();
     match std::fs::symlink_metadata(dir) {
         Ok(m) if m.is_dir() => {}
@@ -152,13 +179,13 @@ fn tree_files(dir: &Path, ignored: &mut Vec<String>) -> Result<BTreeMap<String, 
     for ent in rd {
         let ent = ent.map_err(|e| Error::io(dir, "read directory", e))?;
         let name = ent.file_name();
-        if name.as_bytes().first() == Some(&b'.') {
-            continue;
-        }
         match name.to_str() {
-            Some(id) if crate::id::validate(id).is_ok() => {
+            Some(id) if held(id) || crate::tree::is_key_name(id) => {
                 out.insert(id.to_owned(), ent.path());
             }
+            // Salt's key-list cache and keycache's own files: silently.
+            Some(n) if n == crate::tree::SALT_KEY_CACHE => {}
+            Some(n) if n.starts_with(crate::tree::KEYCACHE_PREFIX) => {}
             _ => ignored.push(ent.path().display().to_string()),
         }
     }
@@ -251,9 +278,12 @@ pub fn export(store: &Store, pki_dir: &Path, opts: &ExportOptions) -> Result<Exp
     }
     let mut writes: Vec<Write1<'_>> = Vec::new();
     let mut removes: Vec<PathBuf> = Vec::new();
+    let held = |id: &str| {
+        wanted.iter().any(|w| w.contains_key(id)) || withheld.iter().any(|w| w.contains(id))
+    };
     for (d, name) in TREE_DIRS.iter().enumerate() {
         let dir = pki_dir.join(name);
-        let present = tree_files(&dir, &mut out.ignored)?;
+        let present = tree_files(&dir, &held, &mut out.ignored)?;
         for (id, pem) in &wanted[d] {
             crate::id::validate(id)?;
             let path = dir.join(id);
@@ -266,7 +296,10 @@ pub fn export(store: &Store, pki_dir: &Path, opts: &ExportOptions) -> Result<Exp
                         out.unchanged += 1;
                         continue;
                     }
-                    if !opts.force {
+                    if d == ACCEPTED {
+                        // The old key would keep passing validate_token.
+                        out.replaced.push(path.display().to_string());
+                    } else if !opts.force {
                         out.conflicts.push(path.display().to_string());
                         continue;
                     }
@@ -275,7 +308,7 @@ pub fn export(store: &Store, pki_dir: &Path, opts: &ExportOptions) -> Result<Exp
             writes.push(Write1 { dir: d, id, pem });
         }
         for (id, path) in present {
-            if wanted[d].contains_key(&id) || withheld[d].contains(&id) {
+            if wanted[d].contains_key(&id) || (withheld[d].contains(&id) && d != ACCEPTED) {
                 continue;
             }
             let m = std::fs::symlink_metadata(&path).map_err(|e| Error::io(&path, "stat", e))?;

@@ -19,7 +19,10 @@ pub(crate) struct Args {
     /// names are not minion ids, and dot-files, are left alone.
     #[arg(long, value_name = "PKI_DIR")]
     to: PathBuf,
-    /// Overwrite key files whose content differs.
+    /// Also overwrite the key files of minions_pre/, minions_rejected/ and
+    /// minions_denied/ whose content differs from the store's (left alone
+    /// and reported without it). A file of minions/ that differs is always
+    /// replaced: Salt's validate_token would keep letting its old key in.
     #[arg(long)]
     force: bool,
     /// Show what would be written and removed; change nothing.
@@ -61,6 +64,17 @@ pub(crate) fn run(a: Args) -> CmdResult {
             outln!(
                 "{}: {}",
                 if r.dry_run { "would remove" } else { "removed" },
+                esc(p)
+            );
+        }
+        for p in &r.replaced {
+            outln!(
+                "{}: {} (it held another key than the one the store accepts)",
+                if r.dry_run {
+                    "would replace"
+                } else {
+                    "replaced"
+                },
                 esc(p)
             );
         }

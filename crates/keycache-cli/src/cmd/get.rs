@@ -4,18 +4,17 @@ use serde::Serialize;
 
 use keycache::pem::holds_private_key;
 
-use crate::args::{minion_id, Json, Layout, StoreDir};
+use crate::args::{minion_id, Json, Layout, StoreIds};
 use crate::output::{
     errln, esc, esc_path, exit, fmt_time, out, outln, print_json, CmdError, CmdResult,
 };
 
 /// The arguments of `keycache get`.
 #[derive(Debug, clap::Args)]
+#[command(mut_arg("args", |a| a.help("`DIR ID`: the store directory (pki_dir or cluster_pki_dir), then the minion id. With -c or --master-config: the minion id only (the store directory is the one the master config names), unless a first argument holds a `/`: then it is the store directory")))]
 pub(crate) struct Args {
     #[command(flatten)]
-    store: StoreDir,
-    /// The minion id.
-    id: String,
+    target: StoreIds,
     #[command(flatten)]
     json: Json,
     #[command(flatten)]
@@ -45,8 +44,20 @@ pub(crate) const WITHHELD: &str = "(withheld: it holds private key material)\n";
 /// Runs `keycache get`: exit code 1 when the id is in neither bank, 2 when
 /// a key was withheld.
 pub(crate) fn run(a: Args) -> CmdResult {
-    let id = minion_id(&a.id)?;
-    let store = a.layout.open(&a.store.dir)?;
+    let (dir, ids) = a.target.split(&a.layout)?;
+    let [id] = &ids[..] else {
+        return Err(CmdError::usage(format!(
+            "give one minion id: DIR ID, or -c CONFIG_DIR ID (got {} id(s){})",
+            ids.len(),
+            if a.layout.config_given() {
+                ""
+            } else {
+                " after DIR"
+            }
+        )));
+    };
+    let id = minion_id(id)?;
+    let store = a.layout.open(&dir)?;
     let entry = store.get(&id)?;
     let denied = store.denied(&id)?;
     let found = entry.is_some() || denied.is_some();

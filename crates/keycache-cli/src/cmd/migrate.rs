@@ -9,7 +9,8 @@ use keycache::migrate::{self, MigrateOptions, Report as MigrateReport};
 use keycache::table::OpenOptions;
 
 use crate::args::{announce_lock_wait, Json, Layout, User};
-use crate::output::{esc, esc_path, outln, print_json, CmdError, CmdResult};
+use crate::master_config::{Origin, Setting};
+use crate::output::{errln, esc, esc_path, outln, print_json, CmdError, CmdResult};
 
 /// The arguments of `keycache migrate`.
 #[derive(Debug, clap::Args)]
@@ -61,29 +62,61 @@ struct Out<'a> {
 /// Runs `keycache migrate`.
 pub(crate) fn run(a: Args) -> CmdResult {
     let ownership = a.user.ownership()?;
-    // The tree and the target: the arguments, else the master config
-    // (pki_dir; cluster_pki_dir when cluster_id is set, as Salt's
-    // `rebuild_from_localfs` and `mmap_key.init_kwargs` pick).
     let given = a.pki_dir.clone().unwrap_or_default();
     let config = a.layout.config(&given)?;
-    // The master's pki_dir (its own keys) and the cluster_pki_dir of a
-    // cluster peer: the arguments, else the master config's.
-    let pki_dir = match (&config, a.pki_dir.is_none()) {
-        (Some(cfg), true) => cfg.pki_dir().value,
-        _ => given,
+    // The master's pki_dir (its own keys): PKI_DIR, which stands for the
+    // config's pki_dir option, else the config's.
+    let pki_dir = match (&config, &a.pki_dir) {
+        (Some(cfg), None) => cfg.pki_dir().value,
+        _ => given.clone(),
     };
-    let cluster_dir = match (&config, &a.out) {
-        (Some(cfg), None) => cfg.clustered.then(|| cfg.store_dir().value),
-        (_, out) => out.clone(),
+    // A cluster peer's cluster_pki_dir: --out, else the config's when it
+    // sets cluster_id (Salt's fallback to pki_dir following PKI_DIR).
+    let from_config = match (&config, &a.out) {
+        (Some(cfg), None) if cfg.clustered => cfg.cluster_pki_dir_for(Setting {
+            value: pki_dir.clone(),
+            from: match &a.pki_dir {
+                Some(_) => Origin::Flag {
+                    flag: "PKI_DIR".into(),
+                },
+                None => cfg.pki_dir().from,
+            },
+        }),
+        _ => None,
     };
-    // The tree read: PKI_DIR when given; else, as Salt's
-    // `rebuild_from_localfs` reads it, cluster_pki_dir's for a cluster peer.
-    let tree = match (&a.pki_dir, &cluster_dir, &config) {
-        (None, Some(c), Some(_)) => c.clone(),
+    let cluster_dir = a
+        .out
+        .clone()
+        .or_else(|| from_config.as_ref().map(|c| c.value.clone()));
+    // The tree read: where Salt keeps it, whether PKI_DIR is named or not:
+    // a cluster peer's cluster_pki_dir (Salt's rebuild_from_localfs,
+    // localfs_key and validate_token all use it; MasterKeys keeps only the
+    // master's own keys in pki_dir), else PKI_DIR. With --out, PKI_DIR's
+    // tree goes into the --out banks (a master becoming a cluster peer).
+    let tree = match (&a.out, &cluster_dir) {
+        (None, Some(c)) => c.clone(),
         _ => pki_dir.clone(),
     };
+    if a.pki_dir.is_some() && tree != pki_dir {
+        errln!(
+            "keycache: cluster_id is set: the minion key tree is read from cluster_pki_dir {}, \
+             as Salt reads it; PKI_DIR {} gives the master's own keys (to migrate PKI_DIR's \
+             tree, name the banks' directory with --out)",
+            esc_path(&tree),
+            esc_path(&pki_dir)
+        );
+    }
     let target = cluster_dir.clone().unwrap_or_else(|| pki_dir.clone());
-    let resolved = a.layout.resolve(&target, !a.dry_run)?;
+    // Said on stderr with where it comes from: a flag, or the config.
+    let resolved = match (&a.out, &from_config, &a.pki_dir) {
+        (Some(out), _, _) => a.layout.resolve_from(out, "--out", !a.dry_run)?,
+        (None, Some(c), _) if !matches!(c.from, Origin::Flag { .. }) => {
+            a.layout.resolve(Path::new(""), !a.dry_run)?
+        }
+        (None, _, Some(p)) => a.layout.resolve_from(p, "PKI_DIR", !a.dry_run)?,
+        (None, _, None) => a.layout.resolve(Path::new(""), !a.dry_run)?,
+    };
+    debug_assert_eq!(resolved.dir, target);
     let params = resolved.params;
     if !a.dry_run {
         announce_lock_wait(&target);

@@ -9,7 +9,7 @@ use serde::Serialize;
 use keycache::store::{KeyState, TreeChanges, TreeSync};
 use keycache::MinionId;
 
-use crate::args::{announce_lock_wait, minion_id, Json, Layout, StoreDir};
+use crate::args::{announce_lock_wait, minion_id, Json, Layout, StoreIds};
 use crate::output::{
     errln, esc, esc_path, exit, outln, print_json, write_stderr, CmdError, CmdResult,
 };
@@ -18,9 +18,7 @@ use crate::output::{
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
     #[command(flatten)]
-    store: StoreDir,
-    /// Minion ids.
-    ids: Vec<String>,
+    target: StoreIds,
     /// Every key the command applies to (pending ones for accept and reject).
     #[arg(long, short = 'A')]
     all: bool,
@@ -181,15 +179,15 @@ fn confirm_delete_all(dir: &std::path::Path, n: usize) -> Result<(), CmdError> {
 
 /// Runs `keycache accept`, `reject` or `delete`.
 pub(crate) fn run(c: Args, action: Action) -> CmdResult {
-    match (c.all, c.ids.is_empty()) {
+    let (dir, given) = c.target.split(&c.layout)?;
+    match (c.all, given.is_empty()) {
         (false, true) => return Err(CmdError::usage("give minion ids or --all")),
         (true, false) => return Err(CmdError::usage("give minion ids or --all, not both")),
         _ => {}
     }
-    let mut store = c.layout.open(&c.store.dir)?;
+    let mut store = c.layout.open(&dir)?;
     store.set_tree(c.tree.sync(store.dir()));
-    let mut ids: Vec<MinionId> = c
-        .ids
+    let mut ids: Vec<MinionId> = given
         .iter()
         .map(|s| minion_id(s))
         .collect::<Result<_, _>>()?;

@@ -3,7 +3,7 @@
 use keycache::tree::{TreeDisagreement, TreeRepair};
 use keycache::verify::{check_store, BankFinding, VerifyReport};
 
-use crate::args::{Json, Layout, StoreDir};
+use crate::args::{ConfiguredStore, Json, Layout};
 use crate::cmd::state::TreeMode;
 use crate::output::{esc_path, exit, json_str, outln, print_json, CmdResult};
 
@@ -11,7 +11,7 @@ use crate::output::{esc_path, exit, json_str, outln, print_json, CmdResult};
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
     #[command(flatten)]
-    store: StoreDir,
+    store: ConfiguredStore,
     /// Rebuild each damaged bank from its intact entries, atomically, and
     /// list what was lost (also in the bank's `.keycache-lost` file, which
     /// later runs report until the keys are back)
@@ -19,8 +19,9 @@ pub(crate) struct Args {
     repair: bool,
     /// Also compare the localfs_key tree (minions/, minions_pre/, ...) with
     /// the store, which Salt's validate_token reads on every request
-    /// (`--repair` makes it equal to the store): always, never, or auto,
-    /// when the store's directory holds a `minions` entry.
+    /// (`--repair` makes it equal to the store, and refuses a directory
+    /// without a store: run `keycache migrate` first): always, never, or
+    /// auto, when the store's directory holds a `minions` entry.
     #[arg(long, value_enum, value_name = "WHEN", default_value_t = TreeMode::Auto)]
     tree: TreeMode,
     #[command(flatten)]
@@ -52,9 +53,15 @@ struct TreeOut {
 /// when checked) is clean, or was repaired back to clean without losing an
 /// entry.
 pub(crate) fn run(a: Args) -> CmdResult {
-    let store = a.layout.open(&a.store.dir)?;
+    let store = a.layout.open(&a.store.dir())?;
+    let tree_on = a.tree.sync(store.dir()).is_on();
+    if a.repair && tree_on {
+        // Before anything is repaired: a tree mended toward no store loses
+        // every key file.
+        keycache::tree::require_store(&store)?;
+    }
     let report = check_store(&store, a.repair)?;
-    let tree = if a.tree.sync(store.dir()).is_on() {
+    let tree = if tree_on {
         let repaired = if a.repair {
             Some(keycache::tree::mend(&store)?)
         } else {

@@ -7,7 +7,9 @@ use std::rc::Rc;
 
 use super::yaml::{self, Kind, Node};
 use super::{
-    glob, paths::expanduser, ConfigError, MasterConfig, Origin, Setting, Source, DEFAULT_INCLUDE,
+    glob,
+    paths::{abspath, expanduser},
+    ConfigError, MasterConfig, Origin, Setting, Source, DEFAULT_INCLUDE,
 };
 
 /// A top-level option as a file set it.
@@ -211,8 +213,10 @@ impl MasterConfig {
             None => vec![DEFAULT_INCLUDE.to_string()],
         };
         let include = patterns_of(&overrides, "include")?;
-        let key = std::fs::canonicalize(&source.file).unwrap_or_else(|_| source.file.clone());
-        loader.stack.push(key);
+        // The main file is not on the stack: Salt reads it again when an
+        // included file includes it (`include: ../master` in master.d/),
+        // without its default_include; a cycle is only a chain of
+        // `include`s that comes back to a file it is following.
         let d = loader.include(&default_include, &source.include_base, false)?;
         overrides.extend(d);
         let i = loader.include(&include, &source.include_base, true)?;
@@ -252,6 +256,23 @@ impl MasterConfig {
         if cluster_id.is_some() && cluster_pki_dir.as_ref().is_none_or(|s| s.value.is_empty()) {
             notes
                 .push("cluster_id without cluster_pki_dir: Salt falls back to pki_dir".to_string());
+        }
+        if let Some(s) = cluster_pki_dir
+            .as_ref()
+            .filter(|s| cluster_id.is_some() && !s.value.is_empty() && !s.value.starts_with('/'))
+        {
+            let at = match &s.from {
+                Origin::File { file, line, .. } => format!("{}:{line}", file.display()),
+                o => o.to_string(),
+            };
+            notes.push(format!(
+                "cluster_pki_dir {:?} ({at}) is relative: Salt keeps it relative, so each Salt \
+                 process resolves it against its own working directory (/ for a master started \
+                 with -d or by systemd, the current directory for salt-key and salt-run); \
+                 keycache resolves it against its own, as salt-key does: {}. Make it absolute",
+                s.value,
+                abspath(&s.value)
+            ));
         }
         let max_segment = match opt_int(o, "mmap_key_max_segment_bytes")? {
             Some(s) => Some(s),

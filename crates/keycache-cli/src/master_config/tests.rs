@@ -322,6 +322,50 @@ fn master_config_missing_include_is_a_note_not_an_error() {
 }
 
 #[test]
+fn master_config_relative_cluster_pki_dir_is_the_working_directorys_and_noted() {
+    let t = scratch(&[("master", "cluster_id: c\ncluster_pki_dir: rel/c\n")]);
+    let c = load_dir(t.path()).unwrap();
+    let cwd = std::env::current_dir().unwrap();
+    assert_eq!(c.store_dir().value, cwd.join("rel/c"));
+    let notes = c.notes.join("\n");
+    assert!(
+        notes.contains("cluster_pki_dir \"rel/c\"")
+            && notes.contains("is relative")
+            && notes.contains(&cwd.join("rel/c").display().to_string()),
+        "{notes}"
+    );
+    assert!(c.describe().contains("note: cluster_pki_dir \"rel/c\""));
+    // Absolute: no note.
+    let t = scratch(&[("master", "cluster_id: c\ncluster_pki_dir: /abs/c\n")]);
+    assert!(!load_dir(t.path())
+        .unwrap()
+        .notes
+        .join("\n")
+        .contains("relative"));
+}
+
+#[test]
+fn master_config_include_of_the_main_file_is_no_cycle() {
+    let t = scratch(&[
+        ("master", "mmap_key_size: 101\n"),
+        (
+            "master.d/a.conf",
+            "include: ../master\nmmap_key_size: 202\n",
+        ),
+    ]);
+    let c = load_dir(t.path()).unwrap();
+    assert_eq!(c.params().size, 101);
+    assert_eq!(c.files.len(), 3, "{:?}", c.files);
+    // Through the main file's own include, it is one.
+    let t = scratch(&[
+        ("master", "include: master.d/a.conf\n"),
+        ("master.d/a.conf", "include: ../master\n"),
+    ]);
+    let e = load_dir(t.path()).unwrap_err();
+    assert!(matches!(e, ConfigError::Cycle { .. }), "{e}");
+}
+
+#[test]
 fn master_config_include_cycle_is_an_error() {
     let t = scratch(&[
         ("master", "include: a.conf\n"),
@@ -677,9 +721,11 @@ fn master_config_path_helpers_match_python() {
 
 /// Salt 3008.5's own reading of a list of master config files: for each,
 /// what `salt.config.master_config` and mmap_key's `init_kwargs` and
-/// `_get_cache` make of it.
+/// `_get_cache` make of it. The directories are resolved as the process
+/// opens them (`os.path.abspath`: Salt keeps a relative `cluster_pki_dir`
+/// relative, so it is the working directory's).
 const SALT_READER: &str = r#"
-import json, sys
+import json, os, sys
 import salt.config
 import salt.cache.mmap_key as mk
 import salt.utils.mmap_cache as mc
@@ -693,9 +739,9 @@ for path in json.load(sys.stdin):
     mk.__opts__ = opts
     g = opts.get
     out.append({
-        "store": mk.init_kwargs({})["cachedir"],
+        "store": os.path.abspath(mk.init_kwargs({})["cachedir"]),
         "pki_dir": opts["pki_dir"],
-        "cluster_pki_dir": opts["cluster_pki_dir"],
+        "cluster_pki_dir": opts["cluster_pki_dir"] and os.path.abspath(opts["cluster_pki_dir"]),
         "size": g("mmap_key_size", mk._DEFAULT_SIZE),
         "slot_size": g("mmap_key_slot_size", mk._DEFAULT_SLOT_SIZE),
         "id_size": g("mmap_key_id_size", mk._DEFAULT_ID_SIZE),
@@ -817,6 +863,33 @@ fn master_config_agrees_with_salt_3008_5() {
         )],
         vec![("master", "keys.cache_driver: null\n".into())],
         vec![("master", "---\n0\n".into())],
+        // A relative cluster_pki_dir: relative to the working directory.
+        vec![("master", "cluster_id: c\ncluster_pki_dir: rel/c\n".into())],
+        vec![(
+            "master",
+            "cluster_id: c\ncluster_pki_dir: ./x/../rel2\npki_dir: /srv/p\n".into(),
+        )],
+        // master.d/a.conf includes the main file again: read again (its
+        // own default_include is not followed), overriding a.conf.
+        vec![
+            (
+                "master",
+                "pki_dir: /srv/m\nmmap_key_size: 101\nmmap_key_slot_size: 128\n".into(),
+            ),
+            (
+                "master.d/a.conf",
+                "include: ../master\nmmap_key_size: 202\nmmap_key_id_size: 40\n".into(),
+            ),
+            ("master.d/b.conf", "mmap_key_id_size: 41\n".into()),
+        ],
+        vec![
+            ("master", "include: extra.conf\nmmap_key_size: 101\n".into()),
+            (
+                "master.d/a.conf",
+                "include: [../master]\nmmap_key_id_size: 40\n".into(),
+            ),
+            ("extra.conf", "mmap_key_size: 303\n".into()),
+        ],
     ];
     // Main files Salt refuses (its loader errors, master_config exits).
     let refused: Vec<&str> = vec![
@@ -863,7 +936,8 @@ fn master_config_agrees_with_salt_3008_5() {
         .env("PYTHONDONTWRITEBYTECODE", "1")
         .env_remove("SALT_CONFIG_DIR")
         .env_remove("SALT_MASTER_CONFIG")
-        .current_dir(t.path())
+        // Ours: relative paths resolve against the test's working directory.
+        .current_dir(std::env::current_dir().unwrap())
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .spawn()

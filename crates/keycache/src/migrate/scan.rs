@@ -100,7 +100,10 @@ fn read_key_file(
     if id.starts_with('.') {
         return skip(
             SkipReason::DotFile,
-            "names starting with '.' are not keys".into(),
+            "names starting with '.' are skipped, as Salt's pki.migrate_to_mmap skips them \
+             (a dot-id is still an id: its file in minions/ passes Salt's validate_token, and \
+             keycache verify reports it)"
+                .into(),
         );
     }
     if let Err(e) = crate::id::validate(id) {

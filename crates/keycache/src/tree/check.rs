@@ -45,6 +45,13 @@ pub(super) struct Wanted {
     denied: BTreeSet<String>,
 }
 
+impl Wanted {
+    /// Whether the store holds `id` in either bank.
+    fn holds(&self, id: &str) -> bool {
+        self.states.contains_key(id) || self.denied.contains(id)
+    }
+}
+
 fn wanted(store: &Store) -> Result<Wanted> {
     let mut w = Wanted {
         files: Default::default(),
@@ -99,12 +106,15 @@ fn compare(root: &Dir, w: &Wanted) -> Result<Vec<TreeDisagreement>> {
             names.sort();
             for n in names {
                 let Some(n) = n.to_str() else { continue };
-                if n.starts_with(TEMP_PREFIX) {
-                    out.push(dis(TreeProblem::TempFile, None, dir.shown(n)));
-                    continue;
-                }
-                if n.starts_with('.') || crate::id::validate(n).is_err() {
-                    continue;
+                // An id the store holds is the tree's whatever its name.
+                if !w.holds(n) {
+                    if n.starts_with(TEMP_PREFIX) {
+                        out.push(dis(TreeProblem::TempFile, None, dir.shown(n)));
+                        continue;
+                    }
+                    if !is_key_name(n) {
+                        continue;
+                    }
                 }
                 present.insert(n.to_owned());
                 let path = dir.shown(n);
@@ -161,6 +171,28 @@ pub fn check(store: &Store) -> Result<Vec<TreeDisagreement>> {
     compare(&root, &w)
 }
 
+/// Refuses a store that does not exist, before anything is written: the
+/// `keys` bank has no index file (neither keycache nor Salt ever wrote a
+/// key there, or the index was lost). A tree mended toward it would lose
+/// every key file ([`Error::PkiDir`], naming the directory and saying to
+/// run `keycache migrate`, which builds the store from the tree).
+pub fn require_store(store: &Store) -> Result<()> {
+    let index = store.keys_table().path();
+    match std::fs::symlink_metadata(index) {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(Error::PkiDir {
+            path: store.dir().to_path_buf(),
+            why: format!(
+                "no key store here ({} does not exist): making the key tree equal to it would \
+                 remove every key file; run `keycache migrate` first to build the store from the \
+                 tree; nothing was changed",
+                index.display()
+            ),
+        }),
+        Err(e) => Err(Error::io(index, "stat", e)),
+    }
+}
+
 /// Makes the tree in the store's directory equal to the store: stray key
 /// files in `minions/` are removed first (and that removal made durable),
 /// then missing and different files are written (temporary file, fsync,
@@ -169,10 +201,12 @@ pub fn check(store: &Store) -> Result<Vec<TreeDisagreement>> {
 /// Entries that are not regular files and state directories that are not
 /// directories are left alone and listed in [`TreeRepair::refused`].
 /// Holds the `keys` bank's lock (`flock`, exclusive) throughout, as
-/// writers do.
+/// writers do. A store that does not exist is refused before anything is
+/// written ([`require_store`]).
 pub fn mend(store: &Store) -> Result<TreeRepair> {
     const W: &str = "write (mending the key tree)";
     const R: &str = "remove (mending the key tree)";
+    require_store(store)?;
     let _lock = bank_lock(store, true)?;
     let root = Dir::open_root(store.dir())?;
     let w = wanted(store)?;

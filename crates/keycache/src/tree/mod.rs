@@ -64,11 +64,21 @@
 //! [`Error::NotARegularFile`] naming the path before the banks or the tree
 //! change, and [`mend`] lists it in [`TreeRepair::refused`].
 //!
-//! What belongs to the tree in a state directory: the entries whose names
-//! are valid minion ids and do not start with `.` (Salt's `list_all` skips
-//! dot-files), as for [`crate::export`]. Leftover temporaries of a writer
-//! killed mid-write (`.keycache-tree.*`) are reported and removed by
-//! [`mend`].
+//! What belongs to the tree in a state directory ([`is_key_name`], as for
+//! [`crate::export`]): every entry whose name is a valid minion id, dot-ids
+//! such as `.m` included, except Salt's `.key_cache` and keycache's own
+//! files (names starting with `.keycache-`); an id the store holds is the
+//! tree's whatever its name. Salt 3008.5 treats a dot-id as an id:
+//! `valid_id` accepts it, `validate_token` reads `minions/.m`, and
+//! `localfs_key`'s `fetch`, `contains` and `list` find it (`list` skips
+//! only `.key_cache`); only `list_all` and `pki.migrate_to_mmap` skip the
+//! dot-names of the three key directories. Leftover temporaries of a
+//! writer killed mid-write (`.keycache-tree.*`) are reported and removed
+//! by [`mend`].
+//!
+//! [`mend`] refuses a store that does not exist (no `keys` bank index): a
+//! tree made equal to an empty store loses every key file
+//! ([`require_store`]).
 //!
 //! Values that hold a private key block ([`crate::pem::holds_private_key`])
 //! are never written to the tree: such an id gets no file (and one there is
@@ -91,6 +101,24 @@ use crate::store::{KeyState, Store};
 
 /// Prefix of the temporary files a tree write creates in a state directory.
 pub const TEMP_PREFIX: &str = ".keycache-tree.";
+
+/// Prefix of every file keycache creates beside key files (tree and export
+/// temporaries): never a key.
+pub const KEYCACHE_PREFIX: &str = ".keycache-";
+
+/// The file Salt's key-list cache leaves in a state directory: Salt 3008.5's
+/// `localfs_key.list` skips it by name and `fetch` refuses it; never a key.
+pub const SALT_KEY_CACHE: &str = ".key_cache";
+
+/// Whether `name`, an entry of a state directory, names a key file: a valid
+/// minion id ([`crate::id::validate`]: dot-ids such as `.m` included, as
+/// Salt's `valid_id` and `validate_token` take them) other than
+/// [`SALT_KEY_CACHE`] and keycache's own files ([`KEYCACHE_PREFIX`]).
+pub fn is_key_name(name: &str) -> bool {
+    crate::id::validate(name).is_ok()
+        && name != SALT_KEY_CACHE
+        && !name.starts_with(KEYCACHE_PREFIX)
+}
 
 /// Index of `minions/` in [`TREE_DIRS`].
 const ACCEPTED: usize = 0;
@@ -294,7 +322,7 @@ mod sync;
 #[cfg(test)]
 mod tests;
 
-pub use check::{check, mend};
+pub use check::{check, mend, require_store};
 use dir::{write_many, Dir, Node};
 use sync::{dir_of, held, ownership};
 pub(crate) use sync::{want_of, Sync, Want};

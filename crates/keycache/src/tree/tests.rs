@@ -100,3 +100,91 @@ fn a_table_full_batch_leaves_banks_and_tree_alone() -> Result<()> {
     assert_eq!(check(&st)?, vec![]);
     Ok(())
 }
+
+#[test]
+fn dot_ids_are_keys_but_salts_cache_and_keycaches_files_are_not() {
+    for key in [
+        ".m",
+        "..m",
+        "...",
+        ".hidden-minion",
+        "m",
+        ".keycache",
+        "key_cache",
+    ] {
+        assert!(is_key_name(key), "{key:?}");
+    }
+    for not in [
+        ".key_cache",
+        ".keycache-tree.1.m",
+        ".keycache-export.1.m",
+        ".keycache-x",
+        ".",
+        "..",
+        "",
+        "a/b",
+        "a\\b",
+    ] {
+        assert!(!is_key_name(not), "{not:?}");
+    }
+}
+
+#[test]
+fn check_and_mend_treat_a_dot_id_as_an_id() -> Result<()> {
+    let t = tempfile::tempdir().unwrap();
+    let st = store(t.path());
+    let m = MinionId::new(".m")?;
+    st.put(&m, KeyState::Accepted, &pem("m"))?;
+    assert_eq!(files(t.path()), ["minions/.m"]);
+    std::fs::write(t.path().join("minions/.key_cache"), b"salt's cache").unwrap();
+    std::fs::write(t.path().join("minions/.keycache-export.1.x"), b"x").unwrap();
+    assert_eq!(check(&st)?, vec![], "an accepted dot-id is not missing");
+    // Deleted behind the tree's back: its file is a stray that lets it in.
+    store(t.path()).with_tree(TreeSync::Off).remove(&m)?;
+    let found = check(&st)?;
+    assert_eq!(found.len(), 1, "{found:#?}");
+    assert_eq!(
+        (found[0].problem, found[0].id.as_deref()),
+        (TreeProblem::Stray, Some(".m"))
+    );
+    assert!(found[0].grants_access());
+    let r = mend(&st)?;
+    assert_eq!(r.removed, [t.path().join("minions/.m")]);
+    assert_eq!(check(&st)?, vec![]);
+    assert_eq!(
+        files(t.path()),
+        ["minions/.key_cache", "minions/.keycache-export.1.x"]
+    );
+    Ok(())
+}
+
+#[test]
+fn mend_refuses_a_directory_without_a_store_and_touches_nothing() -> Result<()> {
+    let t = tempfile::tempdir().unwrap();
+    for d in TREE_DIRS {
+        std::fs::create_dir(t.path().join(d)).unwrap();
+        std::fs::write(t.path().join(d).join("k"), pem("k")).unwrap();
+    }
+    let before = std::fs::read_dir(t.path()).unwrap().count();
+    let st = store(t.path());
+    assert_eq!(check(&st)?.len(), 4);
+    let e = mend(&st).unwrap_err();
+    assert!(matches!(e, Error::PkiDir { .. }), "{e}");
+    assert!(e.to_string().contains("keycache migrate"), "{e}");
+    assert_eq!(files(t.path()).len(), 4);
+    assert_eq!(
+        std::fs::read_dir(t.path()).unwrap().count(),
+        before,
+        "no lock file either"
+    );
+    // Once the store exists, mend follows it.
+    store(t.path()).with_tree(TreeSync::Off).put(
+        &MinionId::new("k")?,
+        KeyState::Accepted,
+        &pem("k"),
+    )?;
+    let r = mend(&st)?;
+    assert_eq!(r.removed.len(), 3);
+    assert_eq!(files(t.path()), ["minions/k"]);
+    Ok(())
+}
