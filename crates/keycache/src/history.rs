@@ -454,6 +454,23 @@ impl History {
         self.entries.get(bank, id).map(|r| r.cur)
     }
 
+    /// The version of (`bank`, `id`) and, while a merge has it in flight,
+    /// the version it had before.
+    pub fn get_with_prev(&self, bank: Bank, id: &str) -> Option<(Version, Option<Version>)> {
+        self.entries.get(bank, id).map(|r| (r.cur, r.prev))
+    }
+
+    /// Settles what a merge had in flight once its bank writes are done:
+    /// the previous versions are forgotten (saved by the next
+    /// [`History::save`]).
+    pub(crate) fn settle(&mut self) {
+        for (_, _, r) in self.entries.iter_mut() {
+            if r.prev.take().is_some() {
+                self.dirty = true;
+            }
+        }
+    }
+
     /// Every entry's version, tombstones included, in no order.
     pub fn iter(&self) -> impl Iterator<Item = (Bank, &str, Version)> + '_ {
         self.entries.iter().map(|(b, id, r)| (b, id, r.cur))

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::*;
+use crate::MinionId;
 use crate::test_util::{pem, small_store};
 
 fn id(s: &str) -> MinionId {

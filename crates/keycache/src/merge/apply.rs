@@ -56,59 +56,71 @@ pub(super) fn commit(
         id: id.to_owned(),
         why,
     };
-    let ((), applied, tree) = store.batch_locked(|b| {
-        if History::seq_on_disk(&dir)? != h.seq {
-            return Err(stale(
-                Bank::Keys,
-                "",
-                "another keycache saved the store's history meanwhile".into(),
-            ));
-        }
-        let mut ids = Vec::with_capacity(plan.entries.len());
-        for e in &plan.entries {
-            let id = MinionId::new(e.id().to_owned())?;
-            store.keys_table().check_id(id.as_str().as_bytes())?;
-            let want = e.ours.map_or(0, |o| o.hash);
-            let got = current(b, store, e.bank(), &id)?;
-            if got != want {
-                return Err(stale(e.bank(), e.id(), "its value changed".into()));
+    let h = std::cell::RefCell::new(h);
+    let ((), applied, tree) = store.batch_locked(
+        |b| {
+            let h = &mut *h.borrow_mut();
+            if History::seq_on_disk(&dir)? != h.seq {
+                return Err(stale(
+                    Bank::Keys,
+                    "",
+                    "another keycache saved the store's history meanwhile".into(),
+                ));
             }
-            ids.push(id);
-        }
-        for e in &plan.entries {
-            h.set_in_flight(e.bank(), e.id(), e.result.version());
-        }
-        for e in &plan.recorded {
-            h.record(e.bank, &e.id, e.version());
-        }
-        let wall = &opts.history.wall;
-        let me = &mut h.identity;
-        me.clock.receive(plan.their_generation);
-        let merged_at = me.clock.tick(wall);
-        me.peers.insert(
-            plan.their_store,
-            Peer {
-                generation: plan.their_generation,
-                merged_at,
-            },
-        );
-        h.save(&dir, &opts.history)?;
-        for (e, id) in plan.entries.iter().zip(&ids) {
-            let r = &e.result;
-            match (e.bank(), r.kind.state()) {
-                (Bank::Keys, Some(s)) => b.put(id, s, &r.pub_key)?,
-                (Bank::Keys, None) => b.remove(id)?,
-                (Bank::Denied, _) if r.kind == Kind::Denied => b.deny(id, &r.pub_key)?,
-                (Bank::Denied, _) => b.remove_denied(id)?,
+            let mut ids = Vec::with_capacity(plan.entries.len());
+            for e in &plan.entries {
+                let id = MinionId::new(e.id().to_owned())?;
+                store.keys_table().check_id(id.as_str().as_bytes())?;
+                let want = e.ours.map_or(0, |o| o.hash);
+                let got = current(b, store, e.bank(), &id)?;
+                if got != want {
+                    return Err(stale(e.bank(), e.id(), "its value changed".into()));
+                }
+                ids.push(id);
             }
-        }
-        for (_, id) in settled {
-            if let Ok(id) = MinionId::new(id.clone()) {
-                b.touch_tree(&id);
+            for e in &plan.entries {
+                h.set_in_flight(e.bank(), e.id(), e.result.version());
             }
-        }
-        Ok(())
-    })?;
+            for e in &plan.recorded {
+                h.record(e.bank, &e.id, e.version());
+            }
+            let wall = &opts.history.wall;
+            let me = &mut h.identity;
+            me.clock.receive(plan.their_generation);
+            let merged_at = me.clock.tick(wall);
+            me.peers.insert(
+                plan.their_store,
+                Peer {
+                    generation: plan.their_generation,
+                    merged_at,
+                },
+            );
+            h.save(&dir, &opts.history)?;
+            for (e, id) in plan.entries.iter().zip(&ids) {
+                let r = &e.result;
+                match (e.bank(), r.kind.state()) {
+                    (Bank::Keys, Some(s)) => b.put(id, s, &r.pub_key)?,
+                    (Bank::Keys, None) => b.remove(id)?,
+                    (Bank::Denied, _) if r.kind == Kind::Denied => b.deny(id, &r.pub_key)?,
+                    (Bank::Denied, _) => b.remove_denied(id)?,
+                }
+            }
+            for (_, id) in settled {
+                if let Ok(id) = MinionId::new(id.clone()) {
+                    b.touch_tree(&id);
+                }
+            }
+            Ok(())
+        },
+        // The banks hold the new values: nothing is in flight any more. An
+        // operator's change of one of these entries before the next merge
+        // must read as a change, not as the merge undone.
+        || {
+            let h = &mut *h.borrow_mut();
+            h.settle();
+            h.save(&dir, &opts.history)
+        },
+    )?;
     Ok(MergeReport {
         written: (applied.inserted + applied.updated + applied.removed) as usize,
         tree,

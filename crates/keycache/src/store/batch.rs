@@ -107,9 +107,12 @@ impl Store {
     /// batch, or lock-free reads of the store) no other writer changes
     /// before the batch is applied. For writes that depend on both banks:
     /// a merge checks every entry it replaces.
+    /// `after` runs once the banks (and the tree) are written, still under
+    /// both locks.
     pub fn batch_locked<T>(
         &self,
         f: impl FnOnce(&mut Batch<'_, '_>) -> Result<T>,
+        after: impl FnOnce() -> Result<()>,
     ) -> Result<(T, Applied, TreeChanges)> {
         let sync = self.tree.is_on();
         self.keys.with_writer(|kix| {
@@ -128,6 +131,7 @@ impl Store {
                     None
                 };
                 let (applied, changes) = self.apply_both(kix, dix, keys, &denied_ops, wants)?;
+                after()?;
                 Ok((out, applied, changes))
             })
         })
