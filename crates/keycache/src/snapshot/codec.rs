@@ -313,7 +313,7 @@ pub(super) fn check_entry(e: &EntryRef<'_>, n: u64, name: &str) -> Result<()> {
             e.pub_key.len()
         )));
     }
-    if crate::pem::holds_private_key(&e.pub_key) {
+    if crate::pem::holds_private_key(e.pub_key) {
         return Err(bad("the value holds a PRIVATE KEY block".into()));
     }
     Ok(())
