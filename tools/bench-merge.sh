@@ -7,26 +7,31 @@
 #   tools/bench-merge.sh --rounds 7      # keycache rounds per figure (default 5)
 #   tools/bench-merge.sh --salt-rounds 1 # Salt rounds per figure (default 3; each 2-3 min at 100k; 0: no Salt)
 #   tools/bench-merge.sh --no-1m         # leave out the 1M-key snapshot/list comparison
+#   tools/bench-merge.sh --keys 2000     # the merge figures with N minions (default 100000; a quick check)
 #
 # What it measures (release build; every round on a fresh copy of its store,
 # copied outside the timed part; page cache warm):
-#   1. `keycache merge` of a 100k-key snapshot into an empty store (union).
-#   2. `keycache merge --base` of a snapshot that differs from the store in
-#      1% of its keys (500 deleted, 400 rejected, 100 accepted on their side).
+#   1. `keycache merge` of a snapshot of N minions (100k) into an empty store:
+#      a new master's first merge.
+#   2. `keycache merge` of a peer's snapshot that differs from the store in 1%
+#      of its keys (N/200 deleted, N/250 rejected, N/1000 accepted on the
+#      peer), the two stores having agreed before (merged each other), as the
+#      README's timer finds them.
 #   3. Salt's own path for the same keys: salt.cluster.state_sync's
 #      install_keys_chunk (one mmap_key `store` per key, in chunks of 200, as
 #      a joining master installs a peer's keys): all of the snapshot's entries
 #      into an empty store, and into a copy of the 1%-different store (Salt
 #      has no diff: state sync sends every key); and, as Salt's best case,
-#      only the 1,000 changed entries (Salt can store, not delete: the
-#      deleted ones stay).
+#      only the changed entries (Salt can store, not delete: the deleted ones
+#      stay).
 #   4. `keycache snapshot` of a 1M-key store against `keycache list
 #      --include-pub` of the same store (both to /dev/null; the snapshot to a
-#      file too).
+#      file too), after a first snapshot that writes the store's history.
 #
-# Data (trees from tools/gen-pki-tree.py, stores from `keycache migrate`) is
-# generated under target/bench-data on the first run and reused (the trees
-# are shared with tools/bench-compare.sh); the 1M store takes ~2.5 GB.
+# Data (trees from tools/gen-pki-tree.py, stores from `keycache migrate`, the
+# peer put in step by merges) is generated under target/bench-data on the
+# first run and reused (the trees are shared with tools/bench-compare.sh);
+# the 1M store takes ~2.5 GB.
 # Needs: cargo, python3; the Salt venv of tools/setup-venv.sh (or
 # KEYCACHE_PYTHON).
 set -euo pipefail
@@ -35,14 +40,20 @@ cd "$(dirname "$0")/.."
 rounds=5
 salt_rounds=3
 with_1m=1
+n=100000
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --rounds) rounds=$2; shift 2 ;;
     --salt-rounds) salt_rounds=$2; shift 2 ;;
     --no-1m) with_1m=0; shift ;;
-    *) echo "usage: $0 [--rounds N] [--salt-rounds N] [--no-1m]" >&2; exit 2 ;;
+    --keys) n=$2; shift 2 ;;
+    *) echo "usage: $0 [--rounds N] [--salt-rounds N] [--no-1m] [--keys N]" >&2; exit 2 ;;
   esac
 done
+if ! [[ $n =~ ^[0-9]+$ ]] || ((n < 1000)); then
+  echo "--keys: give a number of minions, 1000 or more" >&2; exit 2
+fi
+size=$((n * 10))
 
 echo "==> cargo build --release -p keycache-cli --bin keycache" >&2
 cargo build --release -p keycache-cli --bin keycache >&2
@@ -113,31 +124,44 @@ timed() {
 load0=$(cut -d' ' -f1-3 /proc/loadavg)
 log "load: $load0"
 
-# --- the 100k store, its snapshot and the 1%-different peer -----------------
-s100=$(store 100000 1000000)
-snap100=$work/snap-100k
-"$kc" snapshot "$s100" -o "$snap100"
-peer=$work/peer-100k
+# --- the store, the peer in step with it, and the peer's 1% changes -----------
+# The two stores agree first (the peer takes the store's snapshot, the store
+# the peer's, the peer the store's again: both joined one cluster, every entry
+# with the same version on both), then the peer changes 1% of the keys and
+# takes the snapshot that the timed merges read.
+sN=$(store "$n" "$size")
+snapN=$work/snap-$n
+peer=$work/peer-$n
+snap_peer=$work/snap-peer-$n
 if [[ ! -e $peer/.bench-complete ]]; then
-  log "the peer: the 100k store with 1% of its keys changed"
-  rm -rf "$peer"; cp -a "$s100" "$peer"; rm -f "$peer/.bench-complete"
-  "$kc" list "$peer" --json > "$work/list-100k.json"
-  python3 - "$work/list-100k.json" "$work" <<'EOF'
+  log "the peer: in step with the $n-minion store, then 1% of its keys changed"
+  rm -rf "$peer"; mkdir -p "$peer"
+  "$kc" snapshot "$sN" -o "$snapN"
+  "$kc" merge "$peer" "$snapN" --tree never --size "$size" > /dev/null
+  "$kc" snapshot "$peer" -o "$snap_peer"
+  "$kc" merge "$sN" "$snap_peer" --tree never > /dev/null
+  "$kc" snapshot "$sN" -o "$snapN"
+  "$kc" merge "$peer" "$snapN" --tree never > /dev/null
+  "$kc" list "$peer" --json > "$work/list-$n.json"
+  python3 - "$work/list-$n.json" "$work" "$n" <<'EOF'
 import json, sys
 l = json.load(open(sys.argv[1]))
+n = int(sys.argv[3])
 acc, pre = l["minions"], l["minions_pre"]
-open(sys.argv[2] + "/ids-delete", "w").write("\n".join(acc[0:500]) + "\n")
-open(sys.argv[2] + "/ids-reject", "w").write("\n".join(acc[500:900]) + "\n")
-open(sys.argv[2] + "/ids-accept", "w").write("\n".join(pre[0:100]) + "\n")
+d, r, a = n // 200, n // 250, n // 1000
+if len(acc) < d + r or len(pre) < a:
+    sys.exit(f"the tree has {len(acc)} accepted and {len(pre)} pending keys: too few")
+open(sys.argv[2] + "/ids-delete", "w").write("\n".join(acc[0:d]) + "\n")
+open(sys.argv[2] + "/ids-reject", "w").write("\n".join(acc[d:d + r]) + "\n")
+open(sys.argv[2] + "/ids-accept", "w").write("\n".join(pre[0:a]) + "\n")
 EOF
   xargs -a "$work/ids-delete" "$kc" delete "$peer" -y --tree never > /dev/null
   xargs -a "$work/ids-reject" "$kc" reject "$peer" --include-all --tree never > /dev/null
   xargs -a "$work/ids-accept" "$kc" accept "$peer" --tree never > /dev/null
+  "$kc" snapshot "$peer" -o "$snap_peer"
   touch "$peer/.bench-complete"
 fi
-snap_peer=$work/snap-peer-100k
-"$kc" snapshot "$peer" -o "$snap_peer"
-plan=$("$kc" merge "$s100" "$snap_peer" --base "$snap100" --dry-run --json \
+plan=$("$kc" merge "$sN" "$snap_peer" --dry-run --json \
   | python3 -c "import json,sys; print(json.load(sys.stdin)['counts'])")
 log "the 1% merge's plan: $plan"
 
@@ -145,33 +169,33 @@ log "the 1% merge's plan: $plan"
 dst=$work/dst
 empty_prep='rm -rf "$dst"; mkdir -p "$dst"'
 m_empty=$(timed merge-empty "$rounds" "$empty_prep" \
-  "$kc" merge "$dst" "$snap100" --tree never --size 1000000)
+  "$kc" merge "$dst" "$snapN" --tree never --size "$size")
 n_empty=$("$kc" list "$dst" --json | python3 -c "import json,sys; l=json.load(sys.stdin); print(sum(len(v) for v in l.values()))")
-one_prep='rm -rf "$dst"; cp -a "$s100" "$dst"'
+one_prep='rm -rf "$dst"; cp -a "$sN" "$dst"'
 m_one=$(timed merge-1pct "$rounds" "$one_prep" \
-  "$kc" merge "$dst" "$snap_peer" --base "$snap100" --tree never)
+  "$kc" merge "$dst" "$snap_peer" --tree never)
 if ! "$kc" diff "$dst" "$peer" > /dev/null; then
   echo "the merged store differs from the peer" >&2; exit 1
 fi
 
 # --- Salt's own path: install_keys_chunk, one store per key --------------------
-python3 tools/bench-merge/snap2items.py "$snap100" "$work/items-100k.json" >&2
+python3 tools/bench-merge/snap2items.py "$snapN" "$work/items-$n.json" >&2
 python3 tools/bench-merge/snap2items.py "$snap_peer" "$work/items-peer.json" >&2
-python3 tools/bench-merge/snap2items.py "$snap_peer" "$work/items-changed.json" --only-changed-from "$snap100" >&2
+python3 tools/bench-merge/snap2items.py "$snap_peer" "$work/items-changed.json" --only-changed-from "$snapN" >&2
 salt_run() { # NAME ITEMS PREP
   local name=$1 items=$2 prep=$3 samples=()
   if [[ $salt_rounds == 0 ]]; then echo nan; return; fi
   for ((i = 0; i < salt_rounds; i++)); do
     eval "$prep"
     local out
-    out=$("$py" tools/bench-merge/salt_install.py --pki-dir "$dst" --items "$items")
+    out=$("$py" tools/bench-merge/salt_install.py --pki-dir "$dst" --items "$items" --size "$size")
     samples+=("$(python3 -c "import json,sys; print(json.loads(sys.argv[1])['seconds'])" "$out")")
   done
   echo "${samples[*]}" > "$work/$name.times"
   log "$name: ${samples[*]} s"
   median "${samples[@]}"
 }
-s_empty=$(salt_run salt-empty "$work/items-100k.json" "$empty_prep")
+s_empty=$(salt_run salt-empty "$work/items-$n.json" "$empty_prep")
 s_one=$(salt_run salt-1pct-all "$work/items-peer.json" "$one_prep")
 s_changed=$(salt_run salt-1pct-changed "$work/items-changed.json" "$one_prep")
 rm -rf "$dst"
@@ -180,6 +204,7 @@ rm -rf "$dst"
 if [[ $with_1m == 1 ]]; then
   s1m=$(store 1000000 2100000)
   "$kc" list "$s1m" --include-pub > /dev/null   # warm the page cache
+  "$kc" snapshot "$s1m" > /dev/null             # the store's history, once
   snap_null=$(timed snapshot-1m "$rounds" ':' \
     bash -c '"$0" snapshot "$1" > /dev/null' "$kc" "$s1m")
   snap_file=$(timed snapshot-1m-file "$rounds" 'rm -f "$work/snap-1m"' \
@@ -200,10 +225,10 @@ $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //
 Medians of $rounds keycache rounds and $salt_rounds Salt rounds; every round on a fresh copy of its store.
 1% merge plan: $plan.
 
-| what (100k keys: $(python3 -c "import json; d=json.load(open('$work/items-100k.json')); print(len(d['keys']), 'keys,', len(d['denied_keys']), 'denied')")) | keycache merge | Salt install_keys_chunk | Salt / keycache |
+| what ($n minions: $(python3 -c "import json; d=json.load(open('$work/items-$n.json')); print(len(d['keys']), 'keys,', len(d['denied_keys']), 'denied')")) | keycache merge | Salt install_keys_chunk | Salt / keycache |
 |---|---|---|---|
 | into an empty store | $(fmt "$m_empty") | $(fmt "$s_empty") (every entry) | $(ratio "$s_empty" "$m_empty") |
-| into a store that differs in 1% (--base) | $(fmt "$m_one") | $(fmt "$s_one") (every entry) / $(fmt "$s_changed") (only the $(python3 -c "import json; d=json.load(open('$work/items-changed.json')); print(len(d['keys']) + len(d['denied_keys']))") changed, deletions not possible) | $(ratio "$s_one" "$m_one") / $(ratio "$s_changed" "$m_one") |
+| into a store in step but for 1% | $(fmt "$m_one") | $(fmt "$s_one") (every entry) / $(fmt "$s_changed") (only the $(python3 -c "import json; d=json.load(open('$work/items-changed.json')); print(len(d['keys']) + len(d['denied_keys']))") changed, deletions not possible) | $(ratio "$s_one" "$m_one") / $(ratio "$s_changed" "$m_one") |
 
 Entries after the merge into the empty store: $n_empty.
 EOF

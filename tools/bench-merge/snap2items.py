@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
-"""Reads a keycache snapshot file (docs/format.md, "Snapshot files"; the
-checksum checked with xxhash's xxh3_64 when the module is there) and writes
-its entries as the items file of salt_install.py:
+"""Reads a keycache snapshot file (format version 2: docs/format.md,
+"Snapshot files"; the checksum checked with xxhash's xxh3_64 when the module
+is there) and writes its live entries as the items file of salt_install.py:
 {"keys": [[id, state, pem], ...], "denied_keys": [[id, pem], ...]}.
+Tombstones (deletions) are left out: Salt's install_keys_chunk can store,
+not delete.
 
     snap2items.py SNAPSHOT OUT.json [--only-changed-from BASE_SNAPSHOT]
 
@@ -13,25 +15,30 @@ import json
 import struct
 import sys
 
-STATES = {1: "accepted", 2: "pending", 3: "rejected"}
+KINDS = {0: None, 1: "accepted", 2: "pending", 3: "rejected", 4: "denied"}
+HEADER = 64
 
 
 def read(path):
     b = open(path, "rb").read()
     if b[:8] != b"KCSNAP\r\n":
         sys.exit(f"{path}: not a keycache snapshot")
-    version, flags, taken, count = struct.unpack_from("<IIQQ", b, 8)
-    if version != 1:
-        sys.exit(f"{path}: snapshot version {version}")
-    o = 32
+    version, _flags = struct.unpack_from("<II", b, 8)
+    if version != 2:
+        sys.exit(f"{path}: snapshot format version {version}; this reads version 2")
+    (count,) = struct.unpack_from("<Q", b, 56)
+    o = HEADER
     out = {}
     for _ in range(count):
-        bank, state, id_len, key_len, mtime = struct.unpack_from("<BBHIQ", b, o)
+        bank, kind, id_len, key_len, _stamp = struct.unpack_from("<BBHIQ", b, o)
         o += 16
         mid = b[o : o + id_len].decode()
         key = b[o + id_len : o + id_len + key_len].decode()
         o += id_len + key_len
-        out[(bank, mid)] = (STATES.get(state), key)
+        if kind not in KINDS:
+            sys.exit(f"{path}: unknown kind {kind}")
+        if KINDS[kind] is not None:
+            out[(bank, mid)] = (KINDS[kind], key)
     try:
         import xxhash
 
@@ -40,6 +47,8 @@ def read(path):
             sys.exit(f"{path}: checksum mismatch")
     except ImportError:
         pass
+    if o + 8 != len(b):
+        sys.exit(f"{path}: {len(b) - o - 8} bytes past the checksum")
     return out
 
 

@@ -1,19 +1,29 @@
-//! The model test of issue 14: isolated peers converge on one key state
-//! through `keycache snapshot` and `keycache merge --base`.
+//! The model test of issue 19: isolated peers converge on one key state
+//! through `keycache snapshot` and `keycache merge` (the README's timer
+//! recipe: `--seen`, `--base` and `--write-base` given as the timers give
+//! them), and no revoked key comes back.
 //!
 //! Two and three peers (stores in separate directories) get random
 //! operations: new pending keys and denied keys written by Salt 3008.5's own
 //! `mmap_key` writer (`salt_driver.py apply`, as a master's sign-in and
 //! `salt-key` do), accepts through Salt's writer too, and `keycache
 //! accept`, `reject` and `delete`; ids are shared between peers, so the same
-//! id gets different keys on two peers. Between phases, random pairwise
-//! merges (`keycache snapshot` of one peer into `keycache merge` of another,
-//! by file and by pipe, with the base that the previous merge from the same
-//! peer wrote with `--write-base`); then rounds of merges of every ordered
-//! pair. After every merge the store equals what the model (an independent
-//! implementation of the merge rules of `keycache::merge`) says; at the end
-//! every pair of peers is identical (`keycache diff` exits 0) and no id is
-//! accepted with a key that no peer accepted by an operation.
+//! id gets different keys on two peers. The peers first join one cluster
+//! (peer 1 and peer 0 merge each other, every other peer merges peer 0
+//! first, then peer 0 it); between phases, random pairwise merges (`keycache
+//! snapshot` of one peer into `keycache merge` of another, by file and by
+//! pipe); then rounds of merges of every ordered pair.
+//!
+//! Before each merge the merging peer's own snapshot is taken too, so that
+//! both sides' versions (stamps, kinds, tombstones) are known; after the
+//! merge the store equals what the model says: per (bank, id), the value
+//! of the version that wins by the documented order (the later stamp, then
+//! the more restrictive kind: absent, denied, rejected, pending, accepted;
+//! then the greater hash), written with exit 0 and as many entries written
+//! as values changed. At the end every pair of peers is identical
+//! (`keycache diff` exits 0), and every key accepted was accepted by an
+//! operation on some peer after the last revocation (reject or delete) of
+//! its id on any peer: no revoked key comes back.
 
 mod common;
 
@@ -22,15 +32,14 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use common::{pem, salt, Layout, Rng};
-use keycache::snapshot::{self, Bank, SnapshotOptions};
-use keycache::Store;
+use keycache::history::{value_hash, Kind};
+use keycache::snapshot::{Bank, Snapshot};
 use serde_json::{json, Value};
 
 /// (bank, id) -> (state, key): a peer's store as the model sees it. The
 /// state is `accepted`, `pending`, `rejected`, or `denied` for the
 /// `denied_keys` bank.
 type Model = BTreeMap<(Bank, String), (&'static str, String)>;
-type Val = Option<(&'static str, String)>;
 
 fn layout() -> Layout {
     Layout::small(1009, 1 << 20)
@@ -62,94 +71,85 @@ fn ok(out: &Output, what: &str) {
     );
 }
 
-/// What the store of `dir` holds, read by the library.
+fn state_name(s: &str) -> &'static str {
+    match s {
+        "accepted" => "accepted",
+        "pending" => "pending",
+        "rejected" => "rejected",
+        other => panic!("state {other:?}"),
+    }
+}
+
+/// What the store of `dir` holds, read by the library (which writes
+/// nothing: no observation of the store).
 fn read(dir: &Path) -> Model {
-    let store = Store::open_with(dir, &layout().options()).expect("open");
-    let snap = snapshot::take(&store, &SnapshotOptions::default()).expect("snapshot");
+    let d = common::kc_dump(dir, &layout());
+    let mut m = Model::new();
+    for (id, e) in d["keys"].as_object().expect("keys") {
+        let st = state_name(e["state"].as_str().expect("a state"));
+        let key = e["pub"].as_str().expect("a key").to_owned();
+        m.insert((Bank::Keys, id.clone()), (st, key));
+    }
+    for (id, e) in d["denied_keys"].as_object().expect("denied_keys") {
+        let key = e[0].as_str().expect("a key").to_owned();
+        m.insert((Bank::Denied, id.clone()), ("denied", key));
+    }
+    m
+}
+
+// --- The merge rule, as the model states it ----------------------------
+
+/// A version: (stamp, how restrictive the kind is, hash of the value), and
+/// the value (None: a tombstone).
+type Ver = ((u64, u8, u64), Option<(&'static str, String)>);
+
+/// The versions of a snapshot's entries (tombstones included).
+fn versions(snap: &Snapshot) -> BTreeMap<(Bank, String), Ver> {
     snap.entries
-        .into_iter()
+        .iter()
         .map(|e| {
+            let (rank, val) = match e.kind {
+                Kind::Accepted => (0, Some("accepted")),
+                Kind::Pending => (1, Some("pending")),
+                Kind::Rejected => (2, Some("rejected")),
+                Kind::Denied => (3, Some("denied")),
+                Kind::Absent => (4, None),
+            };
+            let hash = if val.is_some() {
+                value_hash(e.kind, &e.pub_key)
+            } else {
+                0
+            };
             let key = String::from_utf8(e.pub_key.clone()).expect("a PEM key");
-            ((e.bank, e.id.clone()), (e.state_name(), key))
+            (
+                (e.bank, e.id.clone()),
+                ((e.stamp, rank, hash), val.map(|v| (v, key))),
+            )
         })
         .collect()
 }
 
-// --- The merge rules, as the model states them -------------------------
-
-fn rank(state: &str) -> u8 {
-    match state {
-        "accepted" => 0,
-        "pending" => 1,
-        _ => 2, // rejected (and denied, which only meets denied)
-    }
-}
-
-/// The default policy (`restrictive`, `--on-key-mismatch pending`) for two
-/// different values of one (bank, id).
-fn join(bank: Bank, o: &Val, t: &Val) -> Val {
-    let (Some((so, ko)), Some((st, kt))) = (o, t) else {
-        return None; // a deletion wins over a change
-    };
-    let key = ko.max(kt).clone();
-    if bank == Bank::Denied {
-        return Some(("denied", key));
-    }
-    let mut state = if rank(so) >= rank(st) { *so } else { *st };
-    if ko != kt && rank(state) < rank("pending") {
-        state = "pending"; // never accepted on a key mismatch
-    }
-    Some((state, key))
-}
-
-/// One step up: pending, rejected, deleted.
-fn raise(v: Val) -> Val {
-    match v {
-        Some(("accepted", k)) => Some(("pending", k)),
-        Some(("pending", k)) => Some(("rejected", k)),
-        _ => None,
-    }
-}
-
-/// The merge of `theirs` into `ours`: three-way when `base` (their
-/// snapshot we merged last) or `seen` (our snapshot they merged last, sent
-/// with theirs) is known, else a union.
-fn model_merge(ours: &Model, theirs: &Model, base: Option<&Model>, seen: Option<&Model>) -> Model {
-    let keys: BTreeSet<&(Bank, String)> = ours.keys().chain(theirs.keys()).collect();
+/// The merge of their snapshot into ours: per (bank, id), the value of the
+/// version that wins (the greater (stamp, rank, hash)).
+fn model_merge(ours: &Snapshot, theirs: &Snapshot) -> Model {
+    let (o, t) = (versions(ours), versions(theirs));
+    let keys: BTreeSet<&(Bank, String)> = o.keys().chain(t.keys()).collect();
     let mut out = Model::new();
     for k in keys {
-        let (o, t) = (ours.get(k).cloned(), theirs.get(k).cloned());
-        // A value the other side is known to have had.
-        let known = |v: &Val| {
-            [base, seen]
-                .iter()
-                .flatten()
-                .any(|m| m.get(k).cloned() == *v)
-        };
-        let r = if o == t {
-            o
-        } else if base.is_some() || seen.is_some() {
-            match (known(&o), known(&t)) {
-                (true, false) => t,
-                (false, true) => o,
-                (true, true) => join(k.0, &o, &t),
-                (false, false) => {
-                    let mut r = join(k.0, &o, &t);
-                    while r.is_some() && known(&r) {
-                        r = raise(r);
-                    }
-                    r
+        let win = match (o.get(k), t.get(k)) {
+            (Some(a), Some(b)) => {
+                if b.0 > a.0 {
+                    b
+                } else {
+                    a
                 }
             }
-        } else if t.is_none() {
-            o
-        } else if o.is_none() {
-            t
-        } else {
-            join(k.0, &o, &t)
+            (Some(a), None) => a,
+            (None, Some(b)) => b,
+            (None, None) => unreachable!(),
         };
-        if let Some(v) = r {
-            out.insert(k.clone(), v);
+        if let Some(v) = &win.1 {
+            out.insert(k.clone(), v.clone());
         }
     }
     out
@@ -157,18 +157,33 @@ fn model_merge(ours: &Model, theirs: &Model, base: Option<&Model>, seen: Option<
 
 // --- Peers and their operations -----------------------------------------
 
+/// What an operation did to an id, for the end's check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Event {
+    /// An operator (Salt's writer or `keycache accept`) accepted this key.
+    Accept(String),
+    /// An operator rejected or deleted the id.
+    Revoke,
+}
+
 struct Peers {
     _tmp: tempfile::TempDir,
     root: PathBuf,
     dirs: Vec<PathBuf>,
     models: Vec<Model>,
-    /// bases[i][j]: the model of the snapshot of j that i merged last.
-    bases: Vec<Vec<Option<Model>>>,
-    /// (id, key) accepted by an operation on some peer.
-    accepted: BTreeSet<(String, String)>,
+    /// Every operation on an id, in the order they ran (they run one at a
+    /// time): (id, event).
+    events: Vec<(String, Event)>,
+    /// Per peer, the ids its history has a version of (live or a
+    /// tombstone): the ids of its snapshots, and of the snapshots merged
+    /// into it.
+    known: Vec<BTreeSet<String>>,
     keys_made: u64,
     merges: usize,
-    mismatches: usize,
+    /// Merges that took an accepted key out of accepted (a revocation that
+    /// won), and that replaced a key by another one.
+    revoked: usize,
+    rekeyed: usize,
 }
 
 const IDS: [&str; 10] = [
@@ -191,11 +206,12 @@ impl Peers {
             root,
             dirs,
             models: vec![Model::new(); n],
-            bases: vec![vec![None; n]; n],
-            accepted: BTreeSet::new(),
+            events: Vec::new(),
+            known: vec![BTreeSet::new(); n],
             keys_made: 0,
             merges: 0,
-            mismatches: 0,
+            revoked: 0,
+            rekeyed: 0,
         }
     }
 
@@ -212,6 +228,7 @@ impl Peers {
     fn random_ops(&mut self, rng: &mut Rng, p: usize, n: usize) {
         let mut salt_ops = Vec::new();
         let mut model = self.models[p].clone();
+        let mut events = Vec::new();
         // Salt's writer: sign-ins (new pending keys, a key presented under an
         // id that holds another one goes to denied_keys), salt-key -a.
         for _ in 0..n / 2 {
@@ -231,7 +248,7 @@ impl Peers {
                 }
                 (Some(("pending", key)), _) => {
                     salt_ops.push(json!({"op": "store", "bank": "keys", "id": id, "state": "accepted", "pub": key}));
-                    self.accepted.insert((id.to_owned(), key.clone()));
+                    events.push((id.to_owned(), Event::Accept(key.clone())));
                     model.insert((Bank::Keys, id.into()), ("accepted", key));
                 }
                 _ => {}
@@ -245,8 +262,15 @@ impl Peers {
                 Some(&Value::Array(salt_ops)),
             );
         }
-        // keycache accept, reject, delete.
+        self.events.append(&mut events);
+        // keycache accept, reject, delete. A revocation is one the store's
+        // history can find: of an id it has a version of (a deletion
+        // leaves a tombstone, a rejection a new version), or a rejection
+        // still there at the next observation. (An id that a sign-in
+        // brought and a deletion removed between two observations never
+        // was in the history: nothing to find.)
         let dir = self.dirs[p].clone();
+        let mut revokes: Vec<String> = Vec::new();
         for _ in 0..n - n / 2 {
             let id = *rng.pick(&IDS);
             let held = model.get(&(Bank::Keys, id.to_owned())).cloned();
@@ -267,17 +291,39 @@ impl Peers {
             match op {
                 "accept" => {
                     let key = held.map(|h| h.1).unwrap_or_default();
-                    self.accepted.insert((id.to_owned(), key.clone()));
+                    self.events
+                        .push((id.to_owned(), Event::Accept(key.clone())));
                     model.insert((Bank::Keys, id.into()), ("accepted", key));
                 }
                 "reject" => {
                     let key = held.map(|h| h.1).unwrap_or_default();
+                    self.events.push((id.to_owned(), Event::Revoke));
+                    revokes.push(id.to_owned());
                     model.insert((Bank::Keys, id.into()), ("rejected", key));
                 }
                 _ => {
+                    // A revocation when it removes a keys entry (not only a
+                    // denied key).
+                    if held.is_some() {
+                        self.events.push((id.to_owned(), Event::Revoke));
+                        revokes.push(id.to_owned());
+                    }
                     model.remove(&(Bank::Keys, id.into()));
                     model.remove(&(Bank::Denied, id.into()));
                 }
+            }
+        }
+        // The revocations the history cannot find are taken back.
+        for id in revokes {
+            let found =
+                self.known[p].contains(&id) || model.contains_key(&(Bank::Keys, id.clone()));
+            if !found {
+                let at = self
+                    .events
+                    .iter()
+                    .rposition(|(x, e)| *x == id && *e == Event::Revoke)
+                    .expect("the revocation");
+                self.events.remove(at);
             }
         }
         self.models[p] = model;
@@ -288,28 +334,31 @@ impl Peers {
         );
     }
 
-    /// Peer `i` merges peer `j`'s snapshot, with the base the last merge
-    /// from `j` wrote; by a pipe or through a file.
+    /// Peer `i` merges peer `j`'s snapshot by the timer recipe (the base of
+    /// the last merge from `j`, `j`'s base for `i` as --seen), by a pipe
+    /// or through a file; `i`'s own snapshot is taken first, for the model.
     fn merge(&mut self, i: usize, j: usize, pipe: bool) {
-        let base = self.root.join(format!("base-{i}-from-{j}.snap"));
-        // j's base for i: what j last merged from i, sent as "seen".
-        let seen = self.root.join(format!("base-{j}-from-{i}.snap"));
-        assert_eq!(self.bases[j][i].is_some(), seen.exists());
-        let has_base = self.bases[i][j].is_some();
-        assert_eq!(has_base, base.exists());
+        let base = self.root.join(format!("base-{i}-from-{j}"));
+        let seen = self.root.join(format!("base-{j}-from-{i}"));
+        let own = self.root.join(format!("own-{i}.snap"));
+        let theirs = self.root.join(format!("snap-{j}"));
+        ok(
+            &kc(&["snapshot", s(&self.dirs[i]), "-o", s(&own)]),
+            "keycache snapshot (ours)",
+        );
         let mut margs: Vec<String> = vec!["merge".into(), s(&self.dirs[i]).into()];
         let out = if pipe {
             margs.push("-".into());
-            if has_base {
-                margs.extend(["--base".into(), s(&base).into()]);
-            }
+            margs.extend(["--base".into(), s(&base).into()]);
             margs.extend(["--write-base".into(), s(&base).into(), "--json".into()]);
             let lay = layout().args().join(" ");
             let bin = env!("CARGO_BIN_EXE_keycache");
             let script = format!(
-                "set -o pipefail; '{bin}' snapshot '{}' --seen '{}' {lay} | '{bin}' {} {lay}",
+                "set -o pipefail; '{bin}' snapshot '{}' --seen '{}' {lay} | tee '{}' | '{bin}' {} \
+                 {lay}",
                 s(&self.dirs[j]),
                 s(&seen),
+                s(&theirs),
                 margs
                     .iter()
                     .map(|a| format!("'{a}'"))
@@ -323,22 +372,19 @@ impl Peers {
                 .output()
                 .expect("run the pipe")
         } else {
-            let snap = self.root.join(format!("snap-{j}"));
             ok(
                 &kc(&[
                     "snapshot",
                     s(&self.dirs[j]),
                     "-o",
-                    s(&snap),
+                    s(&theirs),
                     "--seen",
                     s(&seen),
                 ]),
-                "keycache snapshot",
+                "keycache snapshot (theirs)",
             );
-            margs.push(s(&snap).into());
-            if has_base {
-                margs.extend(["--base".into(), s(&base).into()]);
-            }
+            margs.push(s(&theirs).into());
+            margs.extend(["--base".into(), s(&base).into()]);
             margs.extend(["--write-base".into(), s(&base).into(), "--json".into()]);
             let refs: Vec<&str> = margs.iter().map(String::as_str).collect();
             kc(&refs)
@@ -351,35 +397,69 @@ impl Peers {
                 String::from_utf8_lossy(&out.stderr)
             )
         });
-        let mismatches = report["counts"]["key_mismatches"].as_u64().expect("counts");
-        assert_eq!(code, Some(if mismatches > 0 { 1 } else { 0 }), "{report}");
-        assert_eq!(
-            report["three_way"],
-            json!(has_base || self.bases[j][i].is_some())
-        );
-        self.mismatches += mismatches as usize;
+        assert_eq!(code, Some(0), "merge {i}<-{j}: {report}");
+        assert!(base.exists(), "merge {i}<-{j} wrote no base");
         self.merges += 1;
-        let want = model_merge(
-            &self.models[i],
-            &self.models[j],
-            self.bases[i][j].as_ref(),
-            self.bases[j][i].as_ref(),
-        );
+        let ours = Snapshot::read_file(&own).expect("our snapshot");
+        let theirs = Snapshot::read_file(&theirs).expect("their snapshot");
+        let want = model_merge(&ours, &theirs);
+        for e in ours.entries.iter().chain(&theirs.entries) {
+            if e.bank == Bank::Keys {
+                self.known[i].insert(e.id.clone());
+            }
+        }
+        for e in &theirs.entries {
+            if e.bank == Bank::Keys {
+                self.known[j].insert(e.id.clone());
+            }
+        }
         let got = read(&self.dirs[i]);
         assert_eq!(
             got, want,
-            "peer {i} after merging peer {j} (base: {has_base}); plan: {report:#}"
+            "peer {i} after merging peer {j} (pipe: {pipe}); plan: {report:#}"
         );
         assert_eq!(
             report["written"].as_u64(),
-            Some(count_changes(&self.models[i], &want))
+            Some(count_changes(&self.models[i], &want)),
+            "{report:#}"
         );
-        self.bases[i][j] = Some(self.models[j].clone());
+        for (k, (st, key)) in &self.models[i] {
+            if *st == "accepted" && k.0 == Bank::Keys {
+                match want.get(k) {
+                    Some(("accepted", k2)) if k2 != key => self.rekeyed += 1,
+                    Some(("accepted", _)) => {}
+                    _ => self.revoked += 1,
+                }
+            }
+        }
         self.models[i] = want;
+        // Every key accepted here was accepted by an operator somewhere.
+        for ((bank, id), (state, key)) in &self.models[i] {
+            if *bank == Bank::Keys && *state == "accepted" {
+                assert!(
+                    self.events
+                        .iter()
+                        .any(|(x, e)| x == id && *e == Event::Accept(key.clone())),
+                    "peer {i}: {id} accepted with a key no operator accepted"
+                );
+            }
+        }
     }
 
     fn all_same(&self) -> bool {
         self.models.windows(2).all(|w| w[0] == w[1])
+    }
+
+    /// Peer 1 and peer 0 merge each other (until both joined one
+    /// cluster), every other peer merges peer 0, then peer 0 it.
+    fn join(&mut self, rng: &mut Rng) {
+        self.merge(1, 0, rng.one_in(2));
+        self.merge(0, 1, rng.one_in(2));
+        self.merge(1, 0, rng.one_in(2));
+        for k in 2..self.dirs.len() {
+            self.merge(k, 0, rng.one_in(2));
+            self.merge(0, k, rng.one_in(2));
+        }
     }
 
     /// Every ordered pair merges, in rounds, until the model says all peers
@@ -405,23 +485,15 @@ impl Peers {
         for k in keys {
             let vals: Vec<_> = self.models.iter().map(|m| short(m.get(k))).collect();
             if vals.windows(2).any(|w| w[0] != w[1]) {
-                let bases: Vec<Vec<_>> = self
-                    .bases
-                    .iter()
-                    .map(|row| {
-                        row.iter()
-                            .map(|b| b.as_ref().map(|b| short(b.get(k))))
-                            .collect()
-                    })
-                    .collect();
-                report.push_str(&format!("{k:?}: peers {vals:?}; bases {bases:?}\n"));
+                report.push_str(&format!("{k:?}: peers {vals:?}\n"));
             }
         }
         panic!("the peers did not converge in {rounds} rounds:\n{report}");
     }
 
     /// The end: every pair identical by `keycache diff`, equal to the
-    /// model, and no key accepted that no peer accepted.
+    /// model, and every accepted key accepted by an operator after the
+    /// last revocation of its id.
     fn check_end(&self) {
         for (i, d) in self.dirs.iter().enumerate() {
             assert_eq!(read(d), self.models[i], "peer {i}");
@@ -435,12 +507,29 @@ impl Peers {
                 );
             }
             for ((bank, id), (state, key)) in &self.models[i] {
-                if *bank == Bank::Keys && *state == "accepted" {
-                    assert!(
-                        self.accepted.contains(&(id.clone(), key.clone())),
-                        "peer {i}: {id} accepted with a key no peer accepted"
-                    );
+                if *bank != Bank::Keys || *state != "accepted" {
+                    continue;
                 }
+                let last_revoke = self
+                    .events
+                    .iter()
+                    .rposition(|(x, e)| x == id && *e == Event::Revoke);
+                let accepted_after = self.events.iter().enumerate().any(|(n, (x, e))| {
+                    x == id && *e == Event::Accept(key.clone()) && last_revoke.is_none_or(|r| n > r)
+                });
+                assert!(
+                    accepted_after,
+                    "peer {i}: {id} accepted with a key no operator accepted after the last \
+                     revocation of {id} (a revoked key came back); {id}'s events: {:#?}",
+                    self.events
+                        .iter()
+                        .filter(|(x, _)| x == id)
+                        .map(|(_, e)| match e {
+                            Event::Accept(k) => format!("accept {}", &k[27..45]),
+                            Event::Revoke => "revoke".into(),
+                        })
+                        .collect::<Vec<_>>()
+                );
             }
         }
     }
@@ -466,9 +555,14 @@ fn seeds(fixed: &[u64]) -> Vec<u64> {
         .collect()
 }
 
-fn run(peers: usize, seed: u64, phases: usize) -> (usize, usize) {
+/// One run: returns (merges, revocations that won, keys replaced).
+fn run(peers: usize, seed: u64, phases: usize) -> (usize, usize, usize) {
     let mut rng = Rng::new(seed);
     let mut p = Peers::new(peers);
+    for i in 0..peers {
+        p.random_ops(&mut rng, i, 8);
+    }
+    p.join(&mut rng);
     for phase in 0..phases {
         for i in 0..peers {
             p.random_ops(&mut rng, i, 8);
@@ -481,12 +575,13 @@ fn run(peers: usize, seed: u64, phases: usize) -> (usize, usize) {
         }
     }
     // Quiet: rounds of every ordered pair.
-    p.converge(&mut rng, 4);
+    p.converge(&mut rng, 3);
     p.check_end();
     // Local changes after convergence travel too, deletions included.
     let id = IDS[0];
     if p.models[0].contains_key(&(Bank::Keys, id.into())) {
         ok(&kc(&["delete", s(&p.dirs[0]), id]), "delete");
+        p.events.push((id.to_owned(), Event::Revoke));
         p.models[0].remove(&(Bank::Keys, id.into()));
         p.models[0].remove(&(Bank::Denied, id.into()));
         p.converge(&mut rng, 2);
@@ -496,49 +591,52 @@ fn run(peers: usize, seed: u64, phases: usize) -> (usize, usize) {
             .all(|m| !m.contains_key(&(Bank::Keys, id.into()))));
         p.check_end();
     }
-    (p.merges, p.mismatches)
+    (p.merges, p.revoked, p.rekeyed)
 }
 
 #[test]
 fn two_peers_converge_on_the_model() {
-    let (mut merges, mut mismatches) = (0, 0);
+    let mut merges = 0;
     for seed in seeds(&[1, 2]) {
-        let (m, k) = run(2, seed, 3);
-        merges += m;
-        mismatches += k;
+        merges += run(2, seed, 3).0;
     }
     assert!(merges >= 10, "{merges} merges");
-    eprintln!("two peers: {merges} merges, {mismatches} key mismatches");
 }
 
 #[test]
 fn three_peers_converge_on_the_model() {
-    let (mut merges, mut mismatches) = (0, 0);
+    let (mut merges, mut revoked, mut rekeyed) = (0, 0, 0);
     for seed in seeds(&[11, 12]) {
-        let (m, k) = run(3, seed, 3);
+        let (m, r, k) = run(3, seed, 3);
         merges += m;
-        mismatches += k;
+        revoked += r;
+        rekeyed += k;
     }
-    // The same ids get keys on several peers: mismatches must occur for
-    // the test to exercise the rule that holds them out of accepted.
-    assert!(mismatches > 0, "no key mismatch met in {merges} merges");
+    // The same ids get keys and revocations on several peers: merges must
+    // take accepted keys out of accepted, and replace keys, for the test
+    // to exercise the order of versions.
+    assert!(
+        revoked > 0 && rekeyed > 0,
+        "in {merges} merges: {revoked} revocations taken, {rekeyed} keys replaced"
+    );
 }
 
 #[test]
-fn a_new_peer_catches_up_by_a_union_then_three_way_merges() {
+fn a_new_peer_catches_up_then_merges_like_the_others() {
     let mut rng = Rng::new(99);
     let mut p = Peers::new(3);
     for i in 0..2 {
         p.random_ops(&mut rng, i, 10);
     }
     // Peers 0 and 1 agree first; peer 2 is new and empty.
+    p.merge(1, 0, false);
     p.merge(0, 1, false);
     p.merge(1, 0, false);
-    p.converge(&mut rng, 3);
-    // The new peer's first merge has no base: a union that takes it all.
+    assert!(p.models[0] == p.models[1]);
+    // The new peer's first merge takes everything.
     p.merge(2, 0, true);
     assert_eq!(p.models[2], p.models[0]);
     p.random_ops(&mut rng, 2, 6);
-    p.converge(&mut rng, 4);
+    p.converge(&mut rng, 3);
     p.check_end();
 }

@@ -13,8 +13,10 @@
 //! a value Salt wrote for that id in that bank (never torn, never another id's
 //! value); and the two banks together are exactly the store after some prefix
 //! of Salt's ops (a moment: no half of a move between banks, no state between
-//! two of Salt's writes). Salt kept writing while the snapshots ran (they show
-//! many distinct moments).
+//! two of Salt's writes). Its tombstones name only (bank, id) that Salt
+//! removed, no stamp is after the snapshot's generation, and generations
+//! grow from one snapshot to the next. Salt kept writing while the snapshots
+//! ran (they show many distinct moments, and carry tombstones).
 //!
 //! `KEYCACHE_SNAP_SECONDS` sets how long the snapshots run (default 8).
 
@@ -26,6 +28,7 @@ use std::io::{BufRead, BufReader};
 use std::time::{Duration, Instant};
 
 use common::Layout;
+use keycache::history::Kind;
 use keycache::snapshot::Snapshot;
 use serde_json::Value;
 
@@ -105,6 +108,9 @@ type State = BTreeMap<(String, String), (String, Vec<u8>)>;
 /// (removed).
 type Op = (String, String, Option<Stored>);
 
+/// A snapshot's tombstones: ((bank, id), stamp).
+type Tombstones = Vec<((String, String), u64)>;
+
 /// A stored value: (state, pem).
 type Stored = (String, Vec<u8>);
 
@@ -121,19 +127,32 @@ fn fingerprint(s: &State) -> u64 {
         .fold(0u64, |a, (k, v)| a.wrapping_add(entry_hash(k, v)))
 }
 
-/// A snapshot's entries as a [`State`], through the library's reader
-/// (magic, version, checksum, order).
-fn read_snapshot(bytes: &[u8], ctx: &str) -> State {
+/// A snapshot's live entries as a [`State`], with its generation and its
+/// tombstones ((bank, id) and stamp), through the library's reader (magic,
+/// version, checksum, order). Every stamp is at most the generation.
+fn read_snapshot(bytes: &[u8], ctx: &str) -> (State, u64, Tombstones) {
     let snap = Snapshot::read_from(&mut &bytes[..])
         .unwrap_or_else(|e| panic!("{ctx}: the snapshot does not read back: {e}"));
     let mut s = State::new();
+    let mut tombstones = Vec::new();
     for e in &snap.entries {
         let bank = e.bank.name().to_owned();
         assert!(
             bank == "keys" || bank == "denied_keys",
             "{ctx}: a snapshot entry of bank {bank:?}"
         );
-        let state = e.state.map_or("", |st| st.name()).to_owned();
+        assert!(
+            e.stamp <= snap.generation,
+            "{ctx}: {bank}/{} stamped {} after the snapshot's generation {}",
+            e.id,
+            e.stamp,
+            snap.generation
+        );
+        if e.kind == Kind::Absent {
+            tombstones.push(((bank, e.id.clone()), e.stamp));
+            continue;
+        }
+        let state = e.state().map_or("", |st| st.name()).to_owned();
         let prev = s.insert((bank.clone(), e.id.clone()), (state, e.pub_key.clone()));
         assert!(
             prev.is_none(),
@@ -141,7 +160,7 @@ fn read_snapshot(bytes: &[u8], ctx: &str) -> State {
             e.id
         );
     }
-    s
+    (s, snap.generation, tombstones)
 }
 
 #[test]
@@ -322,9 +341,33 @@ fn snapshots_taken_while_salt_writes_are_moments_of_the_store() {
         "the moment check refuted only {mixed_refuted} mixed states"
     );
 
+    // (bank, id) that Salt removed at some point: the only ones a
+    // tombstone may name.
+    let removed: std::collections::HashSet<(String, String)> = ops
+        .iter()
+        .filter(|(_, _, v)| v.is_none())
+        .map(|(b, id, _)| (b.clone(), id.clone()))
+        .collect();
     let mut moments = std::collections::BTreeSet::new();
+    let mut last_generation = 0u64;
+    let mut tombstones_seen = 0usize;
     for (ctx, bytes) in &snaps {
-        let got = read_snapshot(bytes, ctx);
+        let (got, generation, tombstones) = read_snapshot(bytes, ctx);
+        // Taken one after the other: each generation is later.
+        assert!(
+            generation > last_generation,
+            "{ctx}: generation {generation} not after the previous snapshot's {last_generation}"
+        );
+        last_generation = generation;
+        for (k, _) in &tombstones {
+            assert!(
+                removed.contains(k),
+                "{ctx}: a tombstone of {}/{}, which Salt never removed",
+                k.0,
+                k.1
+            );
+        }
+        tombstones_seen += tombstones.len();
         // Never torn: each entry is a value Salt wrote for it.
         for ((bank, id), v) in &got {
             let ok = written
@@ -380,6 +423,10 @@ fn snapshots_taken_while_salt_writes_are_moments_of_the_store() {
         elapsed.as_secs_f64(),
         ops.len(),
         moments.len()
+    );
+    assert!(
+        tombstones_seen > 0,
+        "no snapshot carried a tombstone of Salt's removals"
     );
     assert!(
         moments.len() >= snaps.len() / 2 && moments.len() >= 10,

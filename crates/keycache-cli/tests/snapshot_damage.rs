@@ -1,27 +1,31 @@
 //! A damaged snapshot changes nothing: `keycache merge` refuses a snapshot
-//! file (THEIRS, `--base`, or THEIRS on stdin) that is truncated (at several
-//! lengths: empty, inside the magic, the magic alone, the header alone, inside
-//! an entry, without its checksum, one byte short), has one byte flipped (in
-//! the magic, the version, the header, an entry's fields, an id, a key, the
-//! checksum), has bytes past its end, another format version (checksum made
-//! right) or another magic, or is not a snapshot at all; and a snapshot with
-//! a seen section (`keycache snapshot --seen`) truncated or flipped in that
-//! section. Each refusal exits 2 with a message naming the file and what is
-//! wrong, and every file of the store directory (banks, lock files, the
-//! localfs_key tree) is byte for byte and inode for inode what it was, with
-//! no file added or removed.
+//! file (THEIRS, or THEIRS on stdin) that is truncated (at several lengths:
+//! empty, inside the magic, the magic alone, the header alone, inside an
+//! entry, without its checksum, one byte short), has one byte flipped (in
+//! the magic, the version, the flags, the cluster, the store, the
+//! generation, the count, an entry's fields, an id, a key, the checksum),
+//! has bytes past its end, another format version (1, the old format,
+//! included; checksum made right) or another magic, is not a snapshot at
+//! all, or breaks what an entry promises with its checksum right (entries
+//! out of order or repeated, a kind the bank cannot hold, a tombstone with
+//! a key, an invalid id); and a merge base (`--base`, a `KCBASE` file) that
+//! is truncated, flipped, too long, of another version, or a snapshot. Each
+//! refusal exits 2 with a message naming the file and what is wrong, and
+//! every file of the store directory (banks, lock files, the localfs_key
+//! tree; no history file appears) is byte for byte and inode for inode what
+//! it was, with no file added or removed.
 //!
 //! Control: the intact snapshot merges (exit 0) and does change the store, so
 //! the comparison can fail.
 
 mod common;
 
-use std::collections::BTreeMap;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-use common::Layout;
+use common::{
+    files, files_changed as changes, reseal, snapshot_bytes, snapshot_parts, Layout, RawEntry,
+};
 use keycache::snapshot::{Snapshot, HEADER_LEN, MAGIC, TRAILER_LEN};
 use keycache::{KeyState, MinionId, Store};
 
@@ -29,55 +33,9 @@ fn layout() -> Layout {
     Layout::small(1009, 16 * 1024)
 }
 
-/// Every file under `dir`, recursively: path -> (kind, inode, bytes or
-/// link target).
-type Files = BTreeMap<PathBuf, (char, u64, Vec<u8>)>;
-
 /// How a damaged file is handed to `keycache merge`: (how, arguments,
 /// stdin, the name the message must give).
 type Case<'a> = (&'a str, Vec<std::ffi::OsString>, Option<&'a [u8]>, String);
-
-fn files(dir: &Path) -> Files {
-    let mut out = Files::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).unwrap() {
-            let p = e.unwrap().path();
-            let m = std::fs::symlink_metadata(&p).unwrap();
-            let rel = p.strip_prefix(dir).unwrap().to_path_buf();
-            if m.is_dir() {
-                out.insert(rel, ('d', m.ino(), Vec::new()));
-                stack.push(p);
-            } else if m.is_symlink() {
-                let t = std::fs::read_link(&p).unwrap();
-                out.insert(rel, ('l', m.ino(), t.into_os_string().into_encoded_bytes()));
-            } else {
-                out.insert(rel, ('f', m.ino(), std::fs::read(&p).unwrap()));
-            }
-        }
-    }
-    out
-}
-
-/// What differs between two listings, for a failure message.
-fn changes(a: &Files, b: &Files) -> Vec<String> {
-    let mut v = Vec::new();
-    for (p, x) in a {
-        match b.get(p) {
-            None => v.push(format!("{} removed", p.display())),
-            Some(y) if y.0 != x.0 => v.push(format!("{} changed kind", p.display())),
-            Some(y) if y.1 != x.1 => v.push(format!("{} replaced (inode)", p.display())),
-            Some(y) if y.2 != x.2 => v.push(format!("{} changed bytes", p.display())),
-            _ => {}
-        }
-    }
-    for p in b.keys() {
-        if !a.contains_key(p) {
-            v.push(format!("{} added", p.display()));
-        }
-    }
-    v
-}
 
 fn run(cmd: &mut Command, stdin: Option<&[u8]>) -> Output {
     cmd.stdin(Stdio::piped())
@@ -167,18 +125,14 @@ fn theirs_snapshot(root: &Path) -> Vec<u8> {
     b
 }
 
-/// The checksum made right again after an edit.
-fn reseal(b: &mut [u8]) {
-    let n = b.len() - TRAILER_LEN;
-    let sum = keycache::format::hash(&b[..n]);
-    b[n..].copy_from_slice(&sum.to_le_bytes());
-}
+/// A damaged variant: (what, bytes, words one of which the message must
+/// hold).
+type Variant = (String, Vec<u8>, Vec<&'static str>);
 
-/// The damaged variants of `good`: (name, bytes, words one of which the
-/// message must hold).
-fn variants(good: &[u8]) -> Vec<(String, Vec<u8>, Vec<&'static str>)> {
+/// The damaged variants of `good`, a version 2 snapshot.
+fn variants(good: &[u8]) -> Vec<Variant> {
     let n = good.len();
-    let mut v: Vec<(String, Vec<u8>, Vec<&'static str>)> = Vec::new();
+    let mut v: Vec<Variant> = Vec::new();
     let trunc = ["truncated", "empty"];
     // The first entry's head starts at HEADER_LEN; its id at +16.
     for len in [
@@ -210,6 +164,10 @@ fn variants(good: &[u8]) -> Vec<(String, Vec<u8>, Vec<&'static str>)> {
         "flags",
         "invalid",
         "utf-8",
+        "kind",
+        "tombstone",
+        "empty",
+        "more than",
     ];
     let sum = vec!["checksum"];
     for (pos, words, what) in [
@@ -217,13 +175,16 @@ fn variants(good: &[u8]) -> Vec<(String, Vec<u8>, Vec<&'static str>)> {
         (7, vec!["magic"], "magic"),
         (8, vec!["version"], "version"),
         (12, any.clone(), "flags"),
-        (16, sum.clone(), "taken time"),
-        (24, any.clone(), "entry count"),
+        (16, sum.clone(), "cluster"),
+        (31, sum.clone(), "cluster, last byte"),
+        (32, sum.clone(), "store"),
+        (48, sum.clone(), "generation"),
+        (56, any.clone(), "entry count"),
         (HEADER_LEN, any.clone(), "first entry's bank"),
-        (HEADER_LEN + 1, any.clone(), "first entry's state"),
+        (HEADER_LEN + 1, any.clone(), "first entry's kind"),
         (HEADER_LEN + 2, any.clone(), "first entry's id length"),
         (HEADER_LEN + 4, any.clone(), "first entry's key length"),
-        (HEADER_LEN + 8, sum.clone(), "first entry's mtime"),
+        (HEADER_LEN + 8, sum.clone(), "first entry's stamp"),
         (HEADER_LEN + 16 + 2, any.clone(), "first entry's id"),
         (HEADER_LEN + 16 + 40, sum.clone(), "first entry's key"),
         (n / 2, any.clone(), "middle"),
@@ -244,7 +205,7 @@ fn variants(good: &[u8]) -> Vec<(String, Vec<u8>, Vec<&'static str>)> {
     let mut b = good.to_vec();
     b.extend_from_slice(b"\0\0\0\0");
     v.push(("4 bytes past the checksum".into(), b, any.clone()));
-    for version in [0u32, 2, 0x0100_0000] {
+    for version in [0u32, 1, 3, 0x0100_0000] {
         let mut b = good.to_vec();
         b[8..12].copy_from_slice(&version.to_le_bytes());
         reseal(&mut b);
@@ -266,89 +227,118 @@ fn variants(good: &[u8]) -> Vec<(String, Vec<u8>, Vec<&'static str>)> {
     v
 }
 
-/// A snapshot with a seen section (`keycache snapshot --seen FILE`, FILE
-/// the intact snapshot itself), and its variants damaged in that section.
-fn seen_variants(root: &Path) -> Vec<(String, Vec<u8>, Vec<&'static str>)> {
-    let out = root.join("theirs-seen.snap");
-    let o = common::cli()
+/// Variants of `good` that break what an entry promises, their checksum
+/// right: the reader must check more than the checksum.
+fn promise_variants(good: &[u8]) -> Vec<Variant> {
+    let (h, entries) = snapshot_parts(good);
+    let keys = entries.iter().position(|e| e.bank == 1).unwrap();
+    let denied = entries.iter().position(|e| e.bank == 2).unwrap();
+    let mut v: Vec<Variant> = Vec::new();
+    let mut with = |what: &str, words: Vec<&'static str>, f: &dyn Fn(&mut Vec<RawEntry>)| {
+        let mut e = entries.clone();
+        f(&mut e);
+        v.push((
+            format!("{what} (checksum right)"),
+            snapshot_bytes(&h, &e),
+            words,
+        ));
+    };
+    with("two entries swapped", vec!["order"], &|e| e.swap(0, 1));
+    with("an entry twice", vec!["repeated"], &|e| {
+        let d = e[keys].clone();
+        e.insert(keys, d)
+    });
+    with("a keys entry of kind denied", vec!["kind denied"], &|e| {
+        e[keys].kind = 4
+    });
+    with(
+        "a denied_keys entry of kind accepted",
+        vec!["kind accepted"],
+        &|e| e[denied].kind = 1,
+    );
+    with("kind 9", vec!["unknown kind"], &|e| e[keys].kind = 9);
+    with("bank 3", vec!["unknown bank"], &|e| e[keys].bank = 3);
+    with(
+        "a tombstone with a key",
+        vec!["tombstone with a key"],
+        &|e| e[keys].kind = 0,
+    );
+    with("an empty id", vec!["id"], &|e| e[keys].id.clear());
+    with("an id with a slash", vec!["id"], &|e| {
+        e[keys].id = b"../etc".to_vec()
+    });
+    for (delta, what, words) in [
+        (-1i64, "one short", vec!["past the checksum", "checksum"]),
+        (1, "one more", vec!["truncated"]),
+    ] {
+        let mut b = good.to_vec();
+        let count = u64::from_le_bytes(b[56..64].try_into().unwrap());
+        b[56..64].copy_from_slice(&count.wrapping_add_signed(delta).to_le_bytes());
+        reseal(&mut b);
+        v.push((format!("the count {what} (checksum right)"), b, words));
+    }
+    v
+}
+
+/// A merge base `keycache merge --write-base` wrote for `good` (in a copy
+/// of the store), and its damaged variants.
+fn base_variants(root: &Path, pki: &Path, good_file: &Path) -> Vec<Variant> {
+    let copy = root.join("copy-for-base");
+    keycache_testkit::crash::copy_tree(pki, &copy);
+    let base = root.join("good.base");
+    let out = common::cli()
         .cmd()
-        .arg("snapshot")
-        .arg(root.join("theirs"))
-        .arg("--seen")
-        .arg(root.join("theirs.snap"))
-        .arg("-o")
-        .arg(&out)
+        .arg("merge")
+        .arg(&copy)
+        .arg(good_file)
+        .arg("--write-base")
+        .arg(&base)
         .args(layout().args())
         .output()
         .unwrap();
-    assert!(
-        o.status.success(),
-        "keycache snapshot --seen: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    let good = std::fs::read(&out).unwrap();
-    let snap = Snapshot::from_bytes(&good, "theirs-seen.snap").expect("it reads");
     assert_eq!(
-        u32::from_le_bytes(good[12..16].try_into().unwrap()),
-        keycache::snapshot::FLAG_SEEN
+        out.status.code(),
+        Some(0),
+        "merge --write-base: {}",
+        String::from_utf8_lossy(&out.stderr)
     );
-    let seen = snap.seen.as_ref().expect("a seen section");
-    assert_eq!(seen.len(), snap.entries.len());
-    // Where the seen section starts: after the entries.
-    let o = HEADER_LEN
-        + snap
-            .entries
-            .iter()
-            .map(|e| 16 + e.id.len() + e.pub_key.len())
-            .sum::<usize>();
-    assert_eq!(
-        u64::from_le_bytes(good[o..o + 8].try_into().unwrap()),
-        seen.len() as u64
-    );
+    let good = std::fs::read(&base).unwrap();
+    assert_eq!(&good[..8], b"KCBASE\r\n");
     let n = good.len();
-    let trunc = vec!["truncated"];
-    let any = vec![
-        "checksum",
-        "truncated",
-        "unknown",
-        "past",
-        "order",
-        "flags",
-        "invalid",
-        "utf-8",
-    ];
-    let mut v = Vec::new();
-    for len in [o, o + 4, o + 8, o + 8 + 10, n - TRAILER_LEN - 5] {
+    let words = vec!["merge base"];
+    let mut v: Vec<Variant> = Vec::new();
+    for len in [0, 4, 8, 12, n - 8, n - 1] {
         v.push((
-            format!("seen snapshot truncated to {len} of {n} bytes"),
+            format!("base truncated to {len} of {n} bytes"),
             good[..len].to_vec(),
-            trunc.clone(),
+            words.clone(),
         ));
     }
-    for (pos, words, what) in [
-        (12, any.clone(), "flags: the seen bit"),
-        (o, any.clone(), "seen count"),
-        (o + 8, any.clone(), "first seen entry's bank"),
-        (o + 8 + 16 + 3, any.clone(), "first seen entry's id"),
-        (
-            o + 8 + 16 + 19 + 30,
-            vec!["checksum"],
-            "first seen entry's key",
-        ),
-        (
-            n - TRAILER_LEN - 5,
-            vec!["checksum"],
-            "last seen entry's key",
-        ),
+    for (pos, what) in [
+        (0, "magic"),
+        (8, "version"),
+        (12, "cluster"),
+        (28, "store"),
+        (44, "generation"),
+        (n - 8, "checksum"),
     ] {
         let mut b = good.clone();
         b[pos] ^= 0x01;
-        v.push((
-            format!("seen snapshot byte {pos} ({what}) ^ 0x01"),
-            b,
-            words,
-        ));
+        v.push((format!("base byte {pos} ({what}) ^ 0x01"), b, words.clone()));
     }
+    let mut b = good.clone();
+    b.push(0);
+    v.push(("base with a byte past its end".into(), b, words.clone()));
+    let mut b = good.clone();
+    b[8..12].copy_from_slice(&2u32.to_le_bytes());
+    reseal(&mut b);
+    v.push((
+        "base of version 2 (checksum right)".into(),
+        b,
+        words.clone(),
+    ));
+    let snap = std::fs::read(good_file).unwrap();
+    v.push(("a version 2 snapshot as the base".into(), snap, words));
     v
 }
 
@@ -358,32 +348,46 @@ fn damaged_snapshots_are_refused_and_change_nothing() {
     let t = tempfile::tempdir().unwrap();
     let pki = make_store(t.path());
     let good = theirs_snapshot(t.path());
+    let good_file = t.path().join("theirs.snap");
     let before = files(&pki);
     let l = layout();
     let mut checked = 0;
     let mut failures = Vec::new();
-    let mut all = variants(&good);
-    all.extend(seen_variants(t.path()));
-    for (k, (what, bytes, words)) in all.into_iter().enumerate() {
-        let file = t.path().join(format!("damaged-{k}.snap"));
+    let mut all: Vec<(&str, Variant)> = Vec::new();
+    all.extend(variants(&good).into_iter().map(|v| ("THEIRS", v)));
+    all.extend(promise_variants(&good).into_iter().map(|v| ("THEIRS", v)));
+    all.extend(
+        base_variants(t.path(), &pki, &good_file)
+            .into_iter()
+            .map(|v| ("--base", v)),
+    );
+    for (k, (role, (what, bytes, words))) in all.into_iter().enumerate() {
+        let file = t.path().join(format!("damaged-{k}"));
         std::fs::write(&file, &bytes).unwrap();
-        let good_file = t.path().join("theirs.snap");
-        // THEIRS damaged; --base damaged (THEIRS intact); THEIRS on stdin.
-        let cases: Vec<Case> = vec![
-            (
-                "THEIRS",
-                vec![file.clone().into()],
-                None,
-                file.to_string_lossy().into_owned(),
-            ),
-            (
+        // THEIRS damaged (as a file and on stdin), or --base damaged
+        // (THEIRS intact).
+        let cases: Vec<Case> = if role == "THEIRS" {
+            vec![
+                (
+                    "THEIRS",
+                    vec![file.clone().into()],
+                    None,
+                    file.to_string_lossy().into_owned(),
+                ),
+                ("stdin", vec!["-".into()], Some(&bytes[..]), String::new()),
+            ]
+        } else {
+            vec![(
                 "--base",
-                vec![good_file.into(), "--base".into(), file.clone().into()],
+                vec![
+                    good_file.clone().into(),
+                    "--base".into(),
+                    file.clone().into(),
+                ],
                 None,
                 file.to_string_lossy().into_owned(),
-            ),
-            ("stdin", vec!["-".into()], Some(&bytes[..]), String::new()),
-        ];
+            )]
+        };
         for (how, args, stdin, name) in cases {
             if how == "stdin" && k % 3 != 0 {
                 continue;
@@ -433,7 +437,7 @@ fn damaged_snapshots_are_refused_and_change_nothing() {
         .cmd()
         .arg("merge")
         .arg(&pki)
-        .arg(t.path().join("theirs.snap"))
+        .arg(&good_file)
         .args(l.args())
         .output()
         .unwrap();
@@ -458,7 +462,6 @@ fn damaged_snapshots_are_refused_and_change_nothing() {
     eprintln!("snapshot_damage: {checked} refusals checked, the store unchanged by each");
 }
 
-/// A file cut inside the magic is a truncated snapshot, not "another file".
 #[test]
 fn a_snapshot_cut_inside_its_magic_is_reported_truncated() {
     let t = tempfile::tempdir().unwrap();

@@ -8,6 +8,7 @@ use std::process::{Command, Stdio};
 
 use serde_json::Value;
 
+pub use crate::peers::*;
 pub use crate::rng::Rng;
 
 /// The repository (workspace) root.
@@ -316,4 +317,33 @@ pub fn spawn_salt_writer(
         .stderr(Stdio::inherit())
         .spawn()
         .expect("start Salt's writer")
+}
+
+/// What differs between two dumps of [`kc_dump`]'s shape, one line per
+/// (bank, id), keys shortened: for failure messages.
+pub fn dump_diff(a: &Value, b: &Value) -> Vec<String> {
+    let short = |v: &Value| -> String {
+        let pem = v["pub"].as_str().or(v[0].as_str()).unwrap_or("");
+        let body: String = pem.lines().nth(1).unwrap_or("").chars().take(16).collect();
+        match v["state"].as_str() {
+            Some(s) => format!("{s} {body}"),
+            None if v.is_null() => "absent".into(),
+            None => format!("denied {body}"),
+        }
+    };
+    let mut out = Vec::new();
+    for bank in ["keys", "denied_keys"] {
+        let ids: std::collections::BTreeSet<&String> = [a, b]
+            .iter()
+            .filter_map(|d| d[bank].as_object())
+            .flat_map(|m| m.keys())
+            .collect();
+        for id in ids {
+            let (x, y) = (&a[bank][id], &b[bank][id]);
+            if x != y {
+                out.push(format!("{bank}/{id}: {} | {}", short(x), short(y)));
+            }
+        }
+    }
+    out
 }

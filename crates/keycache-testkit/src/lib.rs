@@ -2,6 +2,8 @@
 //! tests of every crate, the fuzz bodies, and the real Salt 3008.5 driver.
 //!
 //! - [`common`]: the Salt driver, layouts, PEM-like values, dumps;
+//! - [`peers`]: the snapshot and merge tests' masters, crafted snapshot
+//!   files and directory listings (re-exported by [`common`]);
 //! - [`rng`]: the tests' one seeded PRNG;
 //! - [`scratch`]: scratch directories (`tempfile`);
 //! - [`skip`]: tests that cannot run here say so, visibly and countably;
@@ -16,6 +18,7 @@ pub mod crash;
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
 pub mod disk;
 pub mod fuzzing;
+pub mod peers;
 pub mod rng;
 pub mod scratch;
 pub mod skip;
