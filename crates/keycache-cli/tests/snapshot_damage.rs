@@ -317,9 +317,8 @@ fn base_variants(root: &Path, pki: &Path, good_file: &Path) -> Vec<Variant> {
     for (pos, what) in [
         (0, "magic"),
         (8, "version"),
-        (12, "cluster"),
-        (28, "store"),
-        (44, "generation"),
+        (12, "store"),
+        (28, "generation"),
         (n - 8, "checksum"),
     ] {
         let mut b = good.clone();

@@ -245,6 +245,7 @@ pub fn pki_master(
     for (id, pem) in pending {
         std::fs::write(pki.join("minions_pre").join(id), pem).expect("write a key");
     }
+    std::fs::write(pki.join("cluster.pub"), cluster_pub(root)).expect("write cluster.pub");
     let out = kc
         .cmd()
         .arg("migrate")
@@ -259,6 +260,20 @@ pub fn pki_master(
         String::from_utf8_lossy(&out.stderr)
     );
     pki
+}
+
+/// The cluster key of the masters made under `root` (a Salt 3008
+/// cluster's `cluster.pub`: what names a store's cluster): one per root,
+/// so masters under other roots are another cluster.
+pub fn cluster_pub(root: &Path) -> String {
+    use std::os::unix::ffi::OsStrExt;
+    // FNV-1a of the root's path: distinct roots, distinct keys.
+    let h = root
+        .as_os_str()
+        .as_bytes()
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+    format!("-----BEGIN PUBLIC KEY-----\nMIIBcluster{h:016x}AQAB\n-----END PUBLIC KEY-----\n")
 }
 
 /// Where the timer recipe on `a` keeps its base for peer `b`:
