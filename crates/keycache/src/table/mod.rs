@@ -301,6 +301,13 @@ fn is_not_found(e: &Error) -> bool {
 impl Table {
     /// Opens the bank whose index file is `path`. Nothing is created until
     /// the first write; a bank without files reads as empty.
+    ///
+    /// A layout that the files do not fit, while they fit another one, is
+    /// refused with [`Error::LayoutMismatch`], which names the file and the
+    /// layout they look like (see [`crate::fit::check_for_reading`]); the
+    /// check waits while an interrupted rebuild's journal is there (the
+    /// files are then half old, half new until it is finished). Writers
+    /// check again, strictly, before their first write.
     pub fn open(path: impl Into<PathBuf>, opts: &OpenOptions) -> Result<Table> {
         let path: PathBuf = path.into();
         opts.params.validate()?;
@@ -313,6 +320,9 @@ impl Table {
             None => Ownership::for_dir(&dir)?,
         };
         let gen = load_generation(&path, &opts.params, None)?;
+        if gen.index.is_some() && !dir.join(crate::journal::JOURNAL).exists() {
+            crate::fit::check_for_reading(&path, &opts.params)?;
+        }
         let unmapped = std::sync::atomic::AtomicBool::new(gen.index.is_none());
         Ok(Table {
             unmapped,
