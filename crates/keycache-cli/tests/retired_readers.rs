@@ -196,3 +196,64 @@ fn a_marked_index_that_is_still_the_banks_is_read() {
     assert_eq!(salt_view["keys"][VICTIM]["state"], "accepted");
     assert_eq!(salt_view["keys"].as_object().unwrap().len(), 40);
 }
+
+#[test]
+fn a_journal_is_finished_by_a_user_who_may_not_write_the_old_index() {
+    // Marking the old index must not add a way for a roll-forward to fail:
+    // the Salt master's user finishes a journal whose old index it may read
+    // but not write (it renames the new one over it).
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    if !keycache_testkit::skip::needs_root(
+        "a_journal_is_finished_by_a_user_who_may_not_write_the_old_index",
+    ) {
+        return;
+    }
+    let t = keycache_testkit::scratch::public_dir();
+    let bin = t.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    let kc = common::cli().copied_to(&bin);
+    let dir = t.path().join("store");
+    std::fs::create_dir(&dir).unwrap();
+    populate(&dir, 1009);
+    let index = dir.join(keycache::store::KEYS_INDEX);
+    // The new index a killed rebuild left under its temporary name, and
+    // its journal.
+    let tmp = dir.join(".keycache-tmp..mmap_keys.idx.1.1");
+    std::fs::copy(&index, &tmp).unwrap();
+    std::fs::write(
+        dir.join(keycache::rebuild::JOURNAL),
+        format!(
+            "lock\t.mmap_keys.idx.lock\nrename\t{}\t.mmap_keys.idx\nend\n",
+            tmp.file_name().unwrap().to_string_lossy()
+        ),
+    )
+    .unwrap();
+    let (uid, gid) = (65534u32, 65534u32);
+    std::os::unix::fs::chown(&dir, Some(uid), Some(gid)).unwrap();
+    for e in std::fs::read_dir(&dir).unwrap().flatten() {
+        std::os::unix::fs::lchown(e.path(), Some(uid), Some(gid)).unwrap();
+        std::fs::set_permissions(e.path(), std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    // Root's, 0644 (as a Salt master run as root creates it under umask 022):
+    // readable by the master's user, not writable.
+    std::os::unix::fs::lchown(&index, Some(0), Some(0)).unwrap();
+    std::fs::set_permissions(&index, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let mut c = kc.cmd();
+    c.args(["list", dir.to_str().unwrap(), "--json"])
+        .args(layout(1009).args())
+        .uid(uid)
+        .gid(gid);
+    let out = c.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !dir.join(keycache::rebuild::JOURNAL).exists(),
+        "the journal was finished"
+    );
+    let listed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(listed["minions"].as_array().unwrap().len(), 40);
+}

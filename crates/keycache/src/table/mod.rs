@@ -188,11 +188,20 @@ impl Generation {
 /// Marks the index file `index` as retired ([`RETIRED_MAGIC`]), for a
 /// journal about to rename a new index over it; the caller holds the bank's
 /// lock. Readers that map it then look for the new files at their next
-/// lookup. No index file: nothing to mark.
+/// lookup. No index file: nothing to mark. An index this process may not
+/// write (a journal left by another user, finished by the master's) is not
+/// marked either: the journal must still be finished, and its readers then
+/// see the new files within their refresh interval.
 pub(crate) fn retire(index: &Path) -> Result<()> {
     let f = match files::open_regular(index, true) {
         Ok(f) => f,
         Err(e) if is_not_found(&e) => return Ok(()),
+        Err(Error::Io { source, .. })
+            if source.kind() == std::io::ErrorKind::PermissionDenied
+                || source.raw_os_error() == Some(libc::EROFS) =>
+        {
+            return Ok(())
+        }
         Err(e) => return Err(e),
     };
     if f.metadata().map_err(|e| Error::io(index, "stat", e))?.len() == 0 {
