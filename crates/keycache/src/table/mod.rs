@@ -411,8 +411,9 @@ impl Table {
 
     /// The view's index is marked retired: stat the path and map the new
     /// files when it names another file. When it still names the marked
-    /// one, the rebuild has not renamed yet (or failed before it did), so
-    /// the marked files are still the bank's. An error (the new files do
+    /// one, its journal has not renamed it yet (it is being finished, or a
+    /// crash left it to the next writer or open), so the marked files are
+    /// still the bank's. An error (the new files do
     /// not fit this handle's layout) is the lookup's: a reader never
     /// answers from files a rebuild replaced.
     #[cold]
