@@ -273,9 +273,10 @@ impl Layout {
                 static SAID: std::sync::Once = std::sync::Once::new();
                 SAID.call_once(|| {
                     errln!("keycache: {}", cfg.describe_choice(&choice));
-                    if !cfg.uses_mmap_key() {
+                    // mmap_key and the keycache driver read these banks.
+                    if !cfg.uses_mmap_key() && cfg.cache_driver() != Some("keycache") {
                         errln!(
-                            "keycache: warning: keys.cache_driver is {}, not mmap_key: a master with this config does not read these banks",
+                            "keycache: warning: keys.cache_driver is {}, not mmap_key or keycache: a master with this config does not read these banks",
                             cfg.cache_driver().unwrap_or("localfs_key")
                         );
                     }

@@ -8,9 +8,14 @@
 //! the layout of the files before a command reads, and above all before it
 //! writes: slot 0's reserved bytes are zero, the roster's live entries name
 //! occupied slots whose ids sit on their own probe chains, with zero padding
-//! after the id and after the pointer fields, and records that respect the
-//! segment cap. [`guess`] finds the layout the
+//! after the id and after the pointer fields. [`guess`] finds the layout the
 //! files do fit, to tell the user.
+//!
+//! The segment cap is not part of that check: it only decides where the
+//! next append goes. Salt rolls to a new segment whenever an append would
+//! take the active one past the cap, whatever the segments hold, so a cap
+//! lowered below the size of existing segments is Salt's own way of
+//! working (the next write starts a new segment), not a misfit.
 //!
 //! Damage is not a misfit: a store with a few damaged entries still fits
 //! its layout (and `verify` reports the damage), so the verdict is a
@@ -22,7 +27,7 @@ use std::path::Path;
 
 use crate::error::{Error, Result};
 use crate::files;
-use crate::format::{self, Params, SlotFields, DELETED, OCCUPIED, ROSTER_TOMBSTONE};
+use crate::format::{self, Params, DELETED, OCCUPIED, ROSTER_TOMBSTONE};
 
 /// Roster entries looked at, evenly spread over the roster.
 const SAMPLE: usize = 256;
@@ -73,6 +78,22 @@ pub fn check(index: &Path, p: &Params) -> Result<()> {
     })
 }
 
+/// [`check`] for a handle opening a bank to read it ([`crate::table::Table::open`]):
+/// the layout is refused when the files do not fit it and do fit another
+/// one, which the error names (a wrong `mmap_key_id_size` would otherwise
+/// read as an empty bank). Files that fit no layout at all, or that cannot
+/// be read for the check (a roster that is not a regular file), are
+/// damaged, not misread: they are left to the readers, which report the
+/// damage entry by entry, and to `verify`.
+pub fn check_for_reading(index: &Path, p: &Params) -> Result<()> {
+    match check(index, p) {
+        Err(e) if matches!(&e, Error::LayoutMismatch { looks_like, .. } if !looks_like.is_empty()) => {
+            Err(e)
+        }
+        _ => Ok(()),
+    }
+}
+
 /// The layout the bank's files fit, when exactly one slot size and id size
 /// that Salt accepts does (the segment cap cannot be told from the files:
 /// Salt's default, or the smallest cap the segments respect).
@@ -94,8 +115,6 @@ enum Verdict {
     /// Says nothing (a stale or damaged roster entry).
     Neutral,
     Misfit(String),
-    /// Proves the layout wrong on its own.
-    Decisive(String),
 }
 
 /// What the sampled entries say of a layout.
@@ -184,10 +203,6 @@ impl<'a> Bank<'a> {
                     ev.checked += 1;
                     ev.misfits.push(why);
                 }
-                Verdict::Decisive(why) => {
-                    ev.decisive = Some(why);
-                    return Ok(ev);
-                }
             }
         }
         Ok(ev)
@@ -228,22 +243,6 @@ impl<'a> Bank<'a> {
             return Ok(Verdict::Misfit(format!(
                 "slot {slot}: padding after its fields is not zero (the id size is not {}?)",
                 p.id_size
-            )));
-        }
-        // Pointers into missing or short segments are damage, which verify
-        // reports; only a record that is there can tell the segment cap.
-        let f = SlotFields::decode(p, &s);
-        let (seg, off) = format::unpack_offset(f.offset);
-        let end = off.saturating_add(format::record_len(f.len as usize));
-        let present = self
-            .segment_lens
-            .get(usize::from(seg))
-            .is_some_and(|&len| end <= len);
-        if present && off > 0 && end > p.max_segment_bytes {
-            return Ok(Verdict::Decisive(format!(
-                "slot {slot}'s record ends at byte {end} of heap segment {seg}, past the \
-                 segment cap {} (Salt would have started a new segment)",
-                p.max_segment_bytes
             )));
         }
         // The id's probe chain must reach this slot without an empty slot.

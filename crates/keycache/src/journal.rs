@@ -6,6 +6,8 @@
 //! before the first one; every keycache writer that takes a bank's lock, and
 //! every `Store::open`, finishes a journal it finds, so after a crash the
 //! store is the whole old state (no journal yet) or the whole new one.
+//! Finishing a journal starts by marking the indexes it replaces as retired,
+//! so that readers still mapping them move at their next lookup.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -141,6 +143,7 @@ fn finish(dir: &Path, steps: &[Step], settle: Duration) -> Result<()> {
             _ => None,
         })
         .collect();
+    retire_indexes(dir, steps)?;
     for s in steps {
         match s {
             Step::Rename(a, b) => {
@@ -158,6 +161,28 @@ fn finish(dir: &Path, steps: &[Step], settle: Duration) -> Result<()> {
     files::sync_dir(dir)?;
     if !replaced.is_empty() && mapped_elsewhere(&replaced) {
         std::thread::sleep(settle);
+    }
+    Ok(())
+}
+
+/// Marks the index of each bank the journal names (by its lock file) as
+/// retired when the journal still has to rename a new index over it (its
+/// temporary is still there): readers that map it move to the new files at
+/// their next lookup (see [`crate::table::RETIRED_MAGIC`]). After a crash
+/// the roll-forward marks what is left to replace, never a new index.
+fn retire_indexes(dir: &Path, steps: &[Step]) -> Result<()> {
+    for s in steps {
+        let Step::Lock(lock) = s else { continue };
+        let Some(index) = lock.strip_suffix(crate::format::LOCK_SUFFIX) else {
+            continue;
+        };
+        let pending = steps.iter().any(|t| {
+            matches!(t, Step::Rename(a, b)
+                if b == index && std::fs::symlink_metadata(dir.join(a)).is_ok())
+        });
+        if pending {
+            crate::table::retire(&dir.join(index))?;
+        }
     }
     Ok(())
 }

@@ -2,143 +2,18 @@
 //! the values and errors of `salt/cache/mmap_key.py` (see [`crate::values`]).
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use arc_swap::{ArcSwap, ArcSwapOption};
+use arc_swap::ArcSwap;
 use keycache::format::MASTER_INDEX;
-use keycache::table::Table;
-use keycache::tree::TreeSync;
-use keycache::{KeyState, MinionId, OpenOptions, Params, Store};
+use keycache::{KeyState, MinionId};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString};
 
 use crate::listing::{Keep, Walk};
+use crate::open::Open;
 use crate::values::{self, Bank};
 use crate::{error, fork_generation, DriverKey};
-
-/// The open files of one store, for one process (see [`Driver`]).
-pub(crate) struct Open {
-    generation: u64,
-    pid: u32,
-    dir: PathBuf,
-    opts: OpenOptions,
-    tree: bool,
-    store: ArcSwapOption<Store>,
-    master: ArcSwapOption<Table>,
-    opening: Mutex<()>,
-}
-
-impl Open {
-    /// Handles for `key`, opened on first use.
-    pub(crate) fn new(key: &DriverKey) -> Open {
-        let (size, slot_size, id_size, max_segment_bytes) = key.params;
-        Open {
-            generation: fork_generation(),
-            pid: std::process::id(),
-            dir: PathBuf::from(&key.dir),
-            opts: OpenOptions {
-                params: Params {
-                    size,
-                    slot_size,
-                    id_size,
-                    max_segment_bytes,
-                },
-                ..OpenOptions::default()
-            },
-            tree: key.tree,
-            store: ArcSwapOption::empty(),
-            master: ArcSwapOption::empty(),
-            opening: Mutex::new(()),
-        }
-    }
-
-    /// The `keys` and `denied_keys` banks.
-    fn store(&self) -> keycache::Result<Arc<Store>> {
-        if let Some(s) = self.store.load_full() {
-            return Ok(s);
-        }
-        let _g = self.opening.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(s) = self.store.load_full() {
-            return Ok(s);
-        }
-        make_dir(&self.dir)?;
-        let sync = if self.tree {
-            TreeSync::On
-        } else {
-            TreeSync::Off
-        };
-        let s = Arc::new(Store::open_with(&self.dir, &self.opts)?.with_tree(sync));
-        self.store.store(Some(s.clone()));
-        Ok(s)
-    }
-
-    /// The `master_keys` bank (its files mode 0600 or narrower).
-    fn master(&self) -> keycache::Result<Arc<Table>> {
-        if let Some(t) = self.master.load_full() {
-            return Ok(t);
-        }
-        let _g = self.opening.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(t) = self.master.load_full() {
-            return Ok(t);
-        }
-        make_dir(&self.dir)?;
-        let t = Arc::new(keycache::master_keys::open_bank(&self.dir, &self.opts)?);
-        self.master.store(Some(t.clone()));
-        Ok(t)
-    }
-
-    /// The table of `bank`.
-    fn table(&self, bank: Bank) -> keycache::Result<TableRef> {
-        Ok(match bank {
-            Bank::Keys => TableRef::Keys(self.store()?),
-            Bank::Denied => TableRef::Denied(self.store()?),
-            Bank::Master => TableRef::Master(self.master()?),
-        })
-    }
-
-    /// Forgets the handles of `bank`'s files (after they were removed).
-    fn forget(&self, bank: Bank) {
-        match bank {
-            Bank::Master => self.master.store(None),
-            _ => self.store.store(None),
-        }
-    }
-}
-
-/// A table of an [`Open`], kept alive by its owner.
-enum TableRef {
-    Keys(Arc<Store>),
-    Denied(Arc<Store>),
-    Master(Arc<Table>),
-}
-
-impl std::ops::Deref for TableRef {
-    type Target = Table;
-    fn deref(&self) -> &Table {
-        match self {
-            TableRef::Keys(s) => s.keys_table(),
-            TableRef::Denied(s) => s.denied_table(),
-            TableRef::Master(t) => t,
-        }
-    }
-}
-
-/// Creates the store directory, as mmap_key does (`os.makedirs`), mode 0700.
-fn make_dir(dir: &Path) -> keycache::Result<()> {
-    use std::os::unix::fs::DirBuilderExt;
-    if dir.is_dir() {
-        return Ok(());
-    }
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .map_err(|e| keycache::Error::Io {
-            path: dir.to_path_buf(),
-            op: "create directory",
-            source: e,
-        })
-}
 
 /// Salt's key cache functions on the store of one directory (a master's
 /// `pki_dir`, or `cluster_pki_dir`), with one layout. Values, absent
@@ -162,6 +37,14 @@ impl Driver {
         let fresh = Arc::new(Open::new(&self.key));
         self.open.store(fresh.clone());
         fresh
+    }
+
+    /// [`Driver::current`], after refusing a legacy tree beside no store:
+    /// what every function calls first.
+    fn ready(&self, py: Python<'_>, writing: bool) -> PyResult<Arc<Open>> {
+        let open = self.current(writing);
+        open.vet().map_err(|why| error(py, why))?;
+        Ok(open)
     }
 
     /// The bank named `bank`, or Salt's error for an unknown one.
@@ -225,6 +108,7 @@ impl Driver {
         bank: &str,
         key: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
+        let open = self.ready(py, false)?;
         let b = Bank::parse(bank);
         self.check_id(py, b, key)?;
         let b = Self::bank(py, bank)?;
@@ -232,7 +116,6 @@ impl Driver {
         if !self.fits(&name) {
             return Ok(values::absent(py, b));
         }
-        let open = self.current(false);
         let table = open.table(b).map_err(|e| fail(py, e))?;
         let mut buf = Vec::new();
         match table.get_into(&name, &mut buf).map_err(|e| fail(py, e))? {
@@ -249,6 +132,7 @@ impl Driver {
         key: &Bound<'_, PyAny>,
         data: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
+        let open = self.ready(py, true)?;
         let b = Bank::parse(bank);
         self.check_id(py, b, key)?;
         let b = Self::bank(py, bank)?;
@@ -315,7 +199,6 @@ impl Driver {
                 ),
             ));
         }
-        let open = self.current(true);
         py.detach(|| -> keycache::Result<()> {
             match put {
                 // Salt stores an empty key too (it then reads as absent); the
@@ -333,7 +216,10 @@ impl Driver {
                 }
                 Put::Key(state, p) => open.store()?.put(&minion(&name)?, state, &p),
                 Put::Denied(p) => open.store()?.deny(&minion(&name)?, &p),
-                Put::Master(v) => open.master()?.put(&name, &v).map(|_| ()),
+                Put::Master(v) => {
+                    open.master()?.put(&name, &v)?;
+                    open.sync_master_pub(&name)
+                }
             }
         })
         .map_err(|e| fail(py, e))
@@ -342,12 +228,12 @@ impl Driver {
     /// Salt's `flush(bank, key=None)`: removes `key`, or the whole bank.
     #[pyo3(signature = (bank, key=None))]
     fn flush(&self, py: Python<'_>, bank: &str, key: Option<&Bound<'_, PyAny>>) -> PyResult<bool> {
+        let open = self.ready(py, true)?;
         let b = Bank::parse(bank);
         if let Some(k) = key {
             self.check_id(py, b, k)?;
         }
         let b = Self::bank(py, bank)?;
-        let open = self.current(true);
         let Some(k) = key else {
             py.detach(|| wipe(&open, b)).map_err(|e| fail(py, e))?;
             return Ok(true);
@@ -360,7 +246,11 @@ impl Driver {
             match b {
                 Bank::Keys => open.store()?.remove(&minion(&name)?),
                 Bank::Denied => open.store()?.remove_denied(&minion(&name)?),
-                Bank::Master => open.master()?.remove(&name),
+                Bank::Master => {
+                    let was = open.master()?.remove(&name)?;
+                    open.sync_master_pub(&name)?;
+                    Ok(was)
+                }
             }
         })
         .map_err(|e| fail(py, e))
@@ -368,8 +258,8 @@ impl Driver {
 
     /// Salt's `list(bank)`: the bank's ids, in roster order.
     fn list<'py>(&self, py: Python<'py>, bank: &str) -> PyResult<Bound<'py, PyList>> {
+        let open = self.ready(py, false)?;
         let b = Self::bank(py, bank)?;
-        let open = self.current(false);
         let walk = py
             .detach(|| Walk::of(&*open.table(b)?, Keep::Ids))
             .map_err(|e| fail(py, e))?;
@@ -385,6 +275,7 @@ impl Driver {
         bank: &str,
         include_data: bool,
     ) -> PyResult<Bound<'py, PyDict>> {
+        let open = self.ready(py, false)?;
         let b = match Bank::parse(bank) {
             Some(b @ (Bank::Keys | Bank::Denied)) => b,
             _ => {
@@ -394,7 +285,6 @@ impl Driver {
                 ))
             }
         };
-        let open = self.current(false);
         let keep = Keep::Values {
             bank: b,
             data: include_data,
@@ -414,6 +304,7 @@ impl Driver {
         bank: &str,
         key: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<bool> {
+        let open = self.ready(py, false)?;
         let b = Bank::parse(bank);
         let Some(k) = key else {
             return Ok(b.is_some_and(|b| {
@@ -428,7 +319,6 @@ impl Driver {
         if !self.fits(&name) {
             return Ok(false);
         }
-        let open = self.current(false);
         let t = open.table(b).map_err(|e| fail(py, e))?;
         t.contains(&name).map_err(|e| fail(py, e))
     }
@@ -436,6 +326,7 @@ impl Driver {
     /// Salt's `updated(bank, key)`: the write time in whole seconds, or
     /// `None`.
     fn updated(&self, py: Python<'_>, bank: &str, key: &Bound<'_, PyAny>) -> PyResult<Option<i64>> {
+        let open = self.ready(py, false)?;
         let b = Bank::parse(bank);
         self.check_id(py, b, key)?;
         let b = Self::bank(py, bank)?;
@@ -443,7 +334,6 @@ impl Driver {
         if !self.fits(&name) {
             return Ok(None);
         }
-        let open = self.current(false);
         let t = open.table(b).map_err(|e| fail(py, e))?;
         let mut buf = Vec::new();
         Ok(t.get_into(&name, &mut buf)

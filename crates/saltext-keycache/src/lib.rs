@@ -19,6 +19,9 @@
 //! ```
 //!
 //! * Reads take no lock: they go straight to keycache's lock-free readers.
+//! * A `localfs_key` tree beside no store is refused by every function
+//!   until it is migrated (see `legacy`); `<pki_dir>/master.pub` is kept in
+//!   step with the bank (see `master_pub`).
 //! * Writes (with their fsyncs) and listings release the GIL.
 //! * Fork: a child never uses its parent's handles. `after_fork_in_child`
 //!   (registered with `os.register_at_fork` by the Python package) drops
@@ -29,7 +32,10 @@
 #![deny(clippy::unwrap_used)]
 
 mod driver;
+mod legacy;
 mod listing;
+mod master_pub;
+mod open;
 mod values;
 
 use std::collections::HashMap;
@@ -63,6 +69,12 @@ pub(crate) struct DriverKey {
     pub(crate) params: (u64, usize, usize, u64),
     pub(crate) tree: bool,
     pub(crate) pki_dir_is_abs: bool,
+    /// The master's `pki_dir`, when `dir` is the master's own store
+    /// directory: where `master.pub` is kept in step, and where the master's
+    /// legacy key files are looked for.
+    pub(crate) master_pki_dir: Option<String>,
+    /// The master's id without `_master` (Salt's `MasterKeys.master_id`).
+    pub(crate) master_id: String,
 }
 
 /// The drivers of this process. Looked up when a driver module is (re)loaded,
@@ -101,9 +113,12 @@ fn after_fork_in_child() {
 }
 
 /// The driver for the store in `dir` with these settings, opened once per
-/// process and shared by every `Cache()` that asks for it.
+/// process and shared by every `Cache()` that asks for it. `master_pki_dir`
+/// is the master's `pki_dir` when `dir` is the master's own store directory
+/// (`<master_pki_dir>/master.pub` is then kept in step with the bank), and
+/// `master_id` the master's id without `_master`.
 #[pyfunction(name = "driver")]
-#[pyo3(signature = (dir, *, size, slot_size, id_size, max_segment_bytes, tree, pki_dir_is_abs))]
+#[pyo3(signature = (dir, *, size, slot_size, id_size, max_segment_bytes, tree, pki_dir_is_abs, master_pki_dir=None, master_id=String::new()))]
 #[allow(clippy::too_many_arguments)]
 fn open_driver(
     py: Python<'_>,
@@ -114,12 +129,16 @@ fn open_driver(
     max_segment_bytes: u64,
     tree: bool,
     pki_dir_is_abs: bool,
+    master_pki_dir: Option<String>,
+    master_id: String,
 ) -> PyResult<Py<Driver>> {
     let key = DriverKey {
         dir,
         params: (size, slot_size, id_size, max_segment_bytes),
         tree,
         pki_dir_is_abs,
+        master_pki_dir,
+        master_id,
     };
     let mut g = DRIVERS.lock().unwrap_or_else(|e| e.into_inner());
     let map = g.get_or_insert_with(HashMap::new);
@@ -130,7 +149,7 @@ fn open_driver(
         py,
         Driver {
             key: key.clone(),
-            open: ArcSwap::new(Arc::new(driver::Open::new(&key))),
+            open: ArcSwap::new(Arc::new(open::Open::new(&key))),
         },
     )?;
     map.insert(key, d.clone_ref(py));

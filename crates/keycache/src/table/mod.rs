@@ -17,6 +17,14 @@
 //! the new files. In-place changes and heap growth need no refresh: the
 //! mappings are shared and reserve address space for growth.
 //!
+//! A keycache rebuild does not wait for that interval: before its renames
+//! (when its journal is finished) it marks the index it replaces as retired
+//! ([`RETIRED_MAGIC`] in byte 0, a byte Salt's readers never read), and a
+//! lookup that finds the mark in the index it maps stats the file at once
+//! and moves to the new files (or fails, when they do not match its
+//! layout). The check is a load of a byte already mapped: no system call
+//! per lookup.
+//!
 //! # Writers
 //!
 //! A write holds a mutex (against this process's other writers) and `flock`
@@ -89,6 +97,16 @@ impl Default for OpenOptions {
     }
 }
 
+/// Byte 0 of an index that a keycache rebuild replaced (or is about to
+/// replace: the mark is written when its journal is finished, right before
+/// the renames): readers that still map it stat the index path before their
+/// next lookup instead of waiting for [`OpenOptions::refresh`]. Salt's
+/// readers never read byte 0 (slot 0 is the header; probing covers slots
+/// 1 and up). Until the renames the marked index is still the bank's, and
+/// lookups cost a `stat` each; a writer finishes an interrupted journal
+/// before it writes, so no writer ever writes to a marked index.
+pub const RETIRED_MAGIC: u8 = 0x52;
+
 /// The value of an id, as a lookup returns it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Stored {
@@ -154,6 +172,43 @@ pub(crate) struct Generation {
     pub(crate) index: Option<Arc<Index>>,
     /// By segment number; a segment whose file is missing is a hole.
     pub(crate) segments: heap::Segments,
+}
+
+impl Generation {
+    /// Whether a rebuild marked this view's index as retired
+    /// ([`RETIRED_MAGIC`]): the path may name new files.
+    #[inline]
+    pub(crate) fn retired(&self) -> bool {
+        self.index
+            .as_ref()
+            .is_some_and(|ix| ix.map.load_u8(0) == Some(RETIRED_MAGIC))
+    }
+}
+
+/// Marks the index file `index` as retired ([`RETIRED_MAGIC`]), for a
+/// journal about to rename a new index over it; the caller holds the bank's
+/// lock. Readers that map it then look for the new files at their next
+/// lookup. No index file: nothing to mark. An index this process may not
+/// write (a journal left by another user, finished by the master's) is not
+/// marked either: the journal must still be finished, and its readers then
+/// see the new files within their refresh interval.
+pub(crate) fn retire(index: &Path) -> Result<()> {
+    let f = match files::open_regular(index, true) {
+        Ok(f) => f,
+        Err(e) if is_not_found(&e) => return Ok(()),
+        Err(Error::Io { source, .. })
+            if source.kind() == std::io::ErrorKind::PermissionDenied
+                || source.raw_os_error() == Some(libc::EROFS) =>
+        {
+            return Ok(())
+        }
+        Err(e) => return Err(e),
+    };
+    if f.metadata().map_err(|e| Error::io(index, "stat", e))?.len() == 0 {
+        return Ok(());
+    }
+    f.write_all_at(&[RETIRED_MAGIC], 0)
+        .map_err(|e| Error::io(index, "write", e))
 }
 
 /// A reader's own handle on a table's current [`Generation`]. Holding it
@@ -255,6 +310,13 @@ fn is_not_found(e: &Error) -> bool {
 impl Table {
     /// Opens the bank whose index file is `path`. Nothing is created until
     /// the first write; a bank without files reads as empty.
+    ///
+    /// A layout that the files do not fit, while they fit another one, is
+    /// refused with [`Error::LayoutMismatch`], which names the file and the
+    /// layout they look like (see [`crate::fit::check_for_reading`]); the
+    /// check waits while an interrupted rebuild's journal is there (the
+    /// files are then half old, half new until it is finished). Writers
+    /// check again, strictly, before their first write.
     pub fn open(path: impl Into<PathBuf>, opts: &OpenOptions) -> Result<Table> {
         let path: PathBuf = path.into();
         opts.params.validate()?;
@@ -267,6 +329,9 @@ impl Table {
             None => Ownership::for_dir(&dir)?,
         };
         let gen = load_generation(&path, &opts.params, None)?;
+        if gen.index.is_some() && !dir.join(crate::journal::JOURNAL).exists() {
+            crate::fit::check_for_reading(&path, &opts.params)?;
+        }
         let unmapped = std::sync::atomic::AtomicBool::new(gen.index.is_none());
         Ok(Table {
             unmapped,
@@ -331,10 +396,33 @@ impl Table {
     }
 
     /// The current view, refreshed when the refresh interval has passed and
-    /// the index file was replaced.
+    /// the index file was replaced, or at once when a rebuild marked the
+    /// mapped index as retired.
     fn current(&self) -> Result<arc_swap::Guard<Arc<Generation>>> {
         self.check_due()?;
+        let g = self.gen.load();
+        if !g.retired() {
+            return Ok(g);
+        }
+        drop(g);
+        self.refresh_retired()?;
         Ok(self.gen.load())
+    }
+
+    /// The view's index is marked retired: stat the path and map the new
+    /// files when it names another file. When it still names the marked
+    /// one, its journal has not renamed it yet (it is being finished, or a
+    /// crash left it to the next writer or open), so the marked files are
+    /// still the bank's. An error (the new files do
+    /// not fit this handle's layout) is the lookup's: a reader never
+    /// answers from files a rebuild replaced.
+    #[cold]
+    pub(crate) fn refresh_retired(&self) -> Result<()> {
+        self.next_check.store(
+            map::coarse_now_ns().saturating_add(self.refresh_ns),
+            Ordering::Relaxed,
+        );
+        self.refresh(false)
     }
 
     /// Re-stats the index when the refresh interval has passed, or on every

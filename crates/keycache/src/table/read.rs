@@ -109,6 +109,14 @@ impl Views for View {
             self.gen = t.gen.load_full();
             self.no = no;
         }
+        if self.gen.retired() {
+            t.refresh_retired()?;
+            let no = t.gen_no.load(Ordering::Acquire);
+            if no != self.no {
+                self.gen = t.gen.load_full();
+                self.no = no;
+            }
+        }
         Ok(&self.gen)
     }
 }

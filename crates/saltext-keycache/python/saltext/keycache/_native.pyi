@@ -31,6 +31,8 @@ def driver(
     max_segment_bytes: int,
     tree: bool,
     pki_dir_is_abs: bool,
+    master_pki_dir: Optional[str] = None,
+    master_id: str = "",
 ) -> Driver:
     """The process-wide driver of dir with this layout (opened once, kept across loader reloads)."""
 

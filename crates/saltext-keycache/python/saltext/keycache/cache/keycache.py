@@ -25,7 +25,16 @@ Differences from ``mmap_key``, all on the safe side:
 - an id longer than ``mmap_key_id_size`` is refused on ``store`` and never
   found by a read (``mmap_key`` truncates it, so two minions could share an
   entry);
-- writes are crash-safe and the ``master_keys`` bank's files are mode 0600.
+- writes are crash-safe and the ``master_keys`` bank's files are mode 0600;
+- a directory that holds a ``localfs_key`` key tree (``minions/<id>`` and
+  its siblings, ``master.pem``) and no store is refused by every function
+  (``SaltCacheError``: run ``keycache migrate`` first), so the tree is never
+  rewritten as if every minion were new;
+- a layout that does not fit the files (a wrong ``mmap_key_id_size``, say)
+  is refused, naming the file and the layout the files look like;
+- ``<pki_dir>/master.pub``, which Salt reads from disk (the cluster join),
+  is kept in step with the master's public key in the ``master_keys``
+  bank (mode 0644, written atomically, never a private key).
 
 This module is only the shim Salt's loader needs (it packs Python functions
 alone, and runs this body again for every new ``Cache``); the stores are kept
@@ -67,6 +76,11 @@ def _open(cachedir):
         ),
     )
     pki_dir = opts.get("pki_dir")
+    # The master's own store directory (as init_kwargs picks it when no
+    # pki_dir is passed): its driver keeps <pki_dir>/master.pub in step.
+    own = opts.get("cluster_pki_dir") if opts.get("cluster_id") else pki_dir
+    master_pki_dir = pki_dir if isinstance(pki_dir, str) and cachedir == own else None
+    master_id = str(opts.get("id") or "").removesuffix("_master")
     try:
         d = _native.driver(
             cachedir,
@@ -76,6 +90,8 @@ def _open(cachedir):
             max_segment_bytes=int(max_segment_bytes),
             tree=bool(opts.get("keycache_tree", True)),
             pki_dir_is_abs=isinstance(pki_dir, str) and os.path.isabs(pki_dir),
+            master_pki_dir=master_pki_dir,
+            master_id=master_id,
         )
     except (TypeError, ValueError, OverflowError) as exc:
         raise SaltCacheError(f"keycache: bad settings for {cachedir!r}: {exc}")

@@ -1,0 +1,184 @@
+//! [`Open`]: the open files of one store directory for one process (the
+//! `keys` and `denied_keys` banks, the `master_keys` bank), opened on first
+//! use, with the checks every function of the driver makes first (a legacy
+//! tree beside no store, see [`crate::legacy`]) and the master's public key
+//! file kept in step (see [`crate::master_pub`]).
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use arc_swap::ArcSwapOption;
+use keycache::table::Table;
+use keycache::tree::TreeSync;
+use keycache::{OpenOptions, Params, Store};
+
+use crate::master_pub::MasterPub;
+use crate::values::Bank;
+use crate::{fork_generation, DriverKey};
+
+/// The open files of one store, for one process (see [`crate::Driver`]).
+pub(crate) struct Open {
+    pub(crate) generation: u64,
+    pub(crate) pid: u32,
+    pub(crate) dir: PathBuf,
+    opts: OpenOptions,
+    pub(crate) tree: bool,
+    store: ArcSwapOption<Store>,
+    master: ArcSwapOption<Table>,
+    opening: Mutex<()>,
+    /// The master's `pki_dir` when this is its own store directory.
+    master_pki_dir: Option<PathBuf>,
+    master_id: String,
+    /// `<pki_dir>/master.pub`, kept in step with the bank.
+    master_pub: Option<MasterPub>,
+    /// A bank file was seen, or no legacy key tree (see `crate::legacy`).
+    vetted: AtomicBool,
+}
+
+impl Open {
+    /// Handles for `key`, opened on first use.
+    pub(crate) fn new(key: &DriverKey) -> Open {
+        let (size, slot_size, id_size, max_segment_bytes) = key.params;
+        Open {
+            generation: fork_generation(),
+            pid: std::process::id(),
+            dir: PathBuf::from(&key.dir),
+            opts: OpenOptions {
+                params: Params {
+                    size,
+                    slot_size,
+                    id_size,
+                    max_segment_bytes,
+                },
+                ..OpenOptions::default()
+            },
+            tree: key.tree,
+            store: ArcSwapOption::empty(),
+            master: ArcSwapOption::empty(),
+            opening: Mutex::new(()),
+            master_pki_dir: key.master_pki_dir.as_ref().map(PathBuf::from),
+            master_id: key.master_id.clone(),
+            master_pub: key
+                .master_pki_dir
+                .as_ref()
+                .map(|d| MasterPub::new(Path::new(d), &key.master_id)),
+            vetted: AtomicBool::new(false),
+        }
+    }
+
+    /// Refuses a `localfs_key` tree beside no store (see `crate::legacy`):
+    /// checked until a bank file is seen or the directory has no legacy
+    /// key, then never again.
+    pub(crate) fn vet(&self) -> Result<(), String> {
+        if self.vetted.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        if let Some(why) =
+            crate::legacy::refusal(&self.dir, self.master_pki_dir.as_deref(), &self.master_id)
+        {
+            return Err(why);
+        }
+        self.vetted.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// Brings `<pki_dir>/master.pub` in step with the bank after a write
+    /// of `name` (when it is the master's public key).
+    pub(crate) fn sync_master_pub(&self, name: &[u8]) -> keycache::Result<()> {
+        match &self.master_pub {
+            Some(mp) if mp.concerns(name) => mp.sync(&*self.master()?),
+            _ => Ok(()),
+        }
+    }
+
+    /// The `keys` and `denied_keys` banks.
+    pub(crate) fn store(&self) -> keycache::Result<Arc<Store>> {
+        if let Some(s) = self.store.load_full() {
+            return Ok(s);
+        }
+        let _g = self.opening.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = self.store.load_full() {
+            return Ok(s);
+        }
+        make_dir(&self.dir)?;
+        let sync = if self.tree {
+            TreeSync::On
+        } else {
+            TreeSync::Off
+        };
+        let s = Arc::new(Store::open_with(&self.dir, &self.opts)?.with_tree(sync));
+        self.store.store(Some(s.clone()));
+        Ok(s)
+    }
+
+    /// The `master_keys` bank (its files mode 0600 or narrower).
+    pub(crate) fn master(&self) -> keycache::Result<Arc<Table>> {
+        if let Some(t) = self.master.load_full() {
+            return Ok(t);
+        }
+        let _g = self.opening.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(t) = self.master.load_full() {
+            return Ok(t);
+        }
+        make_dir(&self.dir)?;
+        let t = Arc::new(keycache::master_keys::open_bank(&self.dir, &self.opts)?);
+        if let Some(mp) = &self.master_pub {
+            mp.sync(&t)?;
+        }
+        self.master.store(Some(t.clone()));
+        Ok(t)
+    }
+
+    /// The table of `bank`.
+    pub(crate) fn table(&self, bank: Bank) -> keycache::Result<TableRef> {
+        Ok(match bank {
+            Bank::Keys => TableRef::Keys(self.store()?),
+            Bank::Denied => TableRef::Denied(self.store()?),
+            Bank::Master => TableRef::Master(self.master()?),
+        })
+    }
+
+    /// Forgets the handles of `bank`'s files (after they were removed).
+    pub(crate) fn forget(&self, bank: Bank) {
+        match bank {
+            Bank::Master => self.master.store(None),
+            _ => self.store.store(None),
+        }
+    }
+}
+
+/// A table of an [`Open`], kept alive by its owner.
+pub(crate) enum TableRef {
+    Keys(Arc<Store>),
+    Denied(Arc<Store>),
+    Master(Arc<Table>),
+}
+
+impl std::ops::Deref for TableRef {
+    type Target = Table;
+    fn deref(&self) -> &Table {
+        match self {
+            TableRef::Keys(s) => s.keys_table(),
+            TableRef::Denied(s) => s.denied_table(),
+            TableRef::Master(t) => t,
+        }
+    }
+}
+
+/// Creates the store directory, as mmap_key does (`os.makedirs`), mode 0700.
+fn make_dir(dir: &Path) -> keycache::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    if dir.is_dir() {
+        return Ok(());
+    }
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| keycache::Error::Io {
+            path: dir.to_path_buf(),
+            op: "create directory",
+            source: e,
+        })
+}
