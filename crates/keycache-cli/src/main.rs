@@ -5,7 +5,7 @@
 //! colour, JSON and the error a command fails with.
 mod args;
 mod cmd;
-mod master_config;
+use keycache_config as master_config;
 mod output;
 
 use clap::Parser;

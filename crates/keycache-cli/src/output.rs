@@ -226,6 +226,12 @@ pub(crate) fn fmt_time(ns: u64) -> String {
     }
 }
 
+impl From<keycache_config::ConfigError> for CmdError {
+    fn from(e: keycache_config::ConfigError) -> CmdError {
+        CmdError::usage(e.to_string())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

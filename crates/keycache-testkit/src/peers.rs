@@ -272,7 +272,9 @@ pub fn cluster_pub(root: &Path) -> String {
         .as_os_str()
         .as_bytes()
         .iter()
-        .fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+            (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+        });
     format!("-----BEGIN PUBLIC KEY-----\nMIIBcluster{h:016x}AQAB\n-----END PUBLIC KEY-----\n")
 }
 

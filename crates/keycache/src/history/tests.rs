@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::*;
-use crate::MinionId;
 use crate::test_util::{pem, small_store};
+use crate::MinionId;
 
 fn id(s: &str) -> MinionId {
     MinionId::new(s).expect("id")

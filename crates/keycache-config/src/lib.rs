@@ -1,6 +1,19 @@
 //! The Salt master config, read as Salt 3008.5 reads it, for the store
 //! directory and layout a command works on.
 //!
+//! ```
+//! use keycache_config::{MasterConfig, Source};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let etc = tempfile::tempdir()?;
+//! std::fs::write(etc.path().join("master"), "pki_dir: /srv/pki\nmmap_key_size: 10007\n")?;
+//! let config = MasterConfig::load(&Source::config_dir(etc.path()))?;
+//! assert_eq!(config.store_dir().value, std::path::Path::new("/srv/pki"));
+//! assert_eq!(config.layout().size.value, 10007);
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! [`Source`] says which file (`-c/--config-dir DIR` as salt-key has it,
 //! `--master-config FILE`, or the default `/etc/salt/master`);
 //! [`MasterConfig::load`] reads it with its includes and gives the options
@@ -75,38 +88,38 @@ use std::path::{Path, PathBuf};
 use keycache::format::{self, Params};
 use serde::Serialize;
 
-pub(crate) use error::ConfigError;
+pub use error::ConfigError;
 use paths::{abspath, expanduser, prepend_root_dir};
 
 /// Salt's `CONFIG_DIR` on Linux (`salt.syspaths`).
-pub(crate) const DEFAULT_CONFIG_DIR: &str = "/etc/salt";
+pub const DEFAULT_CONFIG_DIR: &str = "/etc/salt";
 /// Salt's default `pki_dir` for a master (`LIB_STATE_DIR/pki/master`).
-pub(crate) const DEFAULT_PKI_DIR: &str = "/etc/salt/pki/master";
+pub const DEFAULT_PKI_DIR: &str = "/etc/salt/pki/master";
 /// Salt's default `root_dir` (`salt.syspaths.ROOT_DIR`).
-pub(crate) const DEFAULT_ROOT_DIR: &str = "/";
+pub const DEFAULT_ROOT_DIR: &str = "/";
 /// Salt's default `default_include` for a master.
-pub(crate) const DEFAULT_INCLUDE: &str = "master.d/*.conf";
+pub const DEFAULT_INCLUDE: &str = "master.d/*.conf";
 /// Salt's default `keys.cache_driver`.
-pub(crate) const DEFAULT_CACHE_DRIVER: &str = "localfs_key";
+pub const DEFAULT_CACHE_DRIVER: &str = "localfs_key";
 
 /// Which master config to read.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Source {
+pub struct Source {
     /// The file read.
-    pub(crate) file: PathBuf,
+    pub file: PathBuf,
     /// The path includes are relative to (Salt's `path` argument; differs
     /// from `file` only with `SALT_MASTER_CONFIG`).
-    pub(crate) include_base: PathBuf,
+    pub include_base: PathBuf,
     /// Whether an absent `file` is an error (else Salt's defaults apply).
-    pub(crate) required: bool,
+    pub required: bool,
     /// How it was chosen, for messages: `--master-config`,
     /// `-c/--config-dir`, `SALT_CONFIG_DIR`, `SALT_MASTER_CONFIG`, `default`.
-    pub(crate) how: &'static str,
+    pub how: &'static str,
 }
 
 impl Source {
     /// `DIR/master`, as `salt-key -c DIR` reads it; an error when absent.
-    pub(crate) fn config_dir(dir: &Path) -> Source {
+    pub fn config_dir(dir: &Path) -> Source {
         let file = Path::new(&abspath(&expanduser(&dir.to_string_lossy()))).join("master");
         Source {
             include_base: file.clone(),
@@ -117,7 +130,7 @@ impl Source {
     }
 
     /// One explicit file (`--master-config FILE`); an error when absent.
-    pub(crate) fn file(file: &Path) -> Source {
+    pub fn file(file: &Path) -> Source {
         let file = PathBuf::from(abspath(&expanduser(&file.to_string_lossy())));
         Source {
             include_base: file.clone(),
@@ -128,7 +141,7 @@ impl Source {
     }
 
     /// `/etc/salt/master`; when absent, Salt's defaults.
-    pub(crate) fn default_path() -> Source {
+    pub fn default_path() -> Source {
         let file = Path::new(DEFAULT_CONFIG_DIR).join("master");
         Source {
             include_base: file.clone(),
@@ -139,7 +152,7 @@ impl Source {
     }
 
     /// The source the flags and the process environment select.
-    pub(crate) fn from_flags(config_dir: Option<&Path>, master_config: Option<&Path>) -> Source {
+    pub fn from_flags(config_dir: Option<&Path>, master_config: Option<&Path>) -> Source {
         Source::from_flags_env(config_dir, master_config, &|k| std::env::var_os(k))
     }
 
@@ -148,7 +161,7 @@ impl Source {
     /// `-c`), then `SALT_MASTER_CONFIG` when it names a file (read in place
     /// of `/etc/salt/master`, includes still relative to `/etc/salt`, as
     /// Salt's `load_config` and `master_config` do), then the default.
-    pub(crate) fn from_flags_env(
+    pub fn from_flags_env(
         config_dir: Option<&Path>,
         master_config: Option<&Path>,
         env: &dyn Fn(&str) -> Option<OsString>,
@@ -181,7 +194,7 @@ impl Source {
 /// Where a value came from.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
-pub(crate) enum Origin {
+pub enum Origin {
     /// Set in a file, at a line.
     File {
         /// The file.
@@ -213,53 +226,53 @@ impl fmt::Display for Origin {
 
 /// A value and where it came from.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub(crate) struct Setting<T> {
+pub struct Setting<T> {
     /// The value.
-    pub(crate) value: T,
+    pub value: T,
     /// Where it came from.
-    pub(crate) from: Origin,
+    pub from: Origin,
 }
 
 /// The options of a Salt master config that keycache uses.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct MasterConfig {
+pub struct MasterConfig {
     /// The main file (Salt's `conf_file`).
-    pub(crate) conf_file: PathBuf,
+    pub conf_file: PathBuf,
     /// How it was chosen ([`Source::how`]).
-    pub(crate) how: &'static str,
+    pub how: &'static str,
     /// Whether it exists (absent at the default path: Salt's defaults).
-    pub(crate) found: bool,
+    pub found: bool,
     /// The files read, in the order Salt reads them.
-    pub(crate) files: Vec<PathBuf>,
+    pub files: Vec<PathBuf>,
     /// What Salt would warn about, and what keycache assumed.
-    pub(crate) notes: Vec<String>,
+    pub notes: Vec<String>,
     /// `root_dir`.
-    pub(crate) root_dir: Option<Setting<String>>,
+    pub root_dir: Option<Setting<String>>,
     /// `pki_dir`, as written.
-    pub(crate) pki_dir: Option<Setting<String>>,
+    pub pki_dir: Option<Setting<String>>,
     /// `cluster_id` (an integer is kept as its decimal string).
-    pub(crate) cluster_id: Option<Setting<String>>,
+    pub cluster_id: Option<Setting<String>>,
     /// Whether `cluster_id` is true to Python (what `init_kwargs` tests).
-    pub(crate) clustered: bool,
+    pub clustered: bool,
     /// `cluster_pki_dir`, as written.
-    pub(crate) cluster_pki_dir: Option<Setting<String>>,
+    pub cluster_pki_dir: Option<Setting<String>>,
     /// `mmap_key_size`.
-    pub(crate) mmap_key_size: Option<Setting<u64>>,
+    pub mmap_key_size: Option<Setting<u64>>,
     /// `mmap_key_slot_size`.
-    pub(crate) mmap_key_slot_size: Option<Setting<usize>>,
+    pub mmap_key_slot_size: Option<Setting<usize>>,
     /// `mmap_key_id_size`.
-    pub(crate) mmap_key_id_size: Option<Setting<usize>>,
+    pub mmap_key_id_size: Option<Setting<usize>>,
     /// `mmap_key_max_segment_bytes`, or `mmap_cache_max_segment_bytes`.
-    pub(crate) mmap_key_max_segment_bytes: Option<Setting<u64>>,
+    pub mmap_key_max_segment_bytes: Option<Setting<u64>>,
     /// `user`.
-    pub(crate) user: Option<Setting<String>>,
+    pub user: Option<Setting<String>>,
     /// `keys.cache_driver` (`None` inside: set to null).
-    pub(crate) cache_driver: Option<Setting<Option<String>>>,
+    pub cache_driver: Option<Setting<Option<String>>>,
 }
 
 impl MasterConfig {
     /// `root_dir` as Salt uses it: `os.path.abspath` of the option.
-    pub(crate) fn root_dir(&self) -> String {
+    pub fn root_dir(&self) -> String {
         let raw = self
             .root_dir
             .as_ref()
@@ -268,7 +281,7 @@ impl MasterConfig {
     }
 
     /// `pki_dir` as Salt uses it: `root_dir` prefixed, normalised.
-    pub(crate) fn pki_dir(&self) -> Setting<PathBuf> {
+    pub fn pki_dir(&self) -> Setting<PathBuf> {
         let (raw, from) = match &self.pki_dir {
             Some(s) => (s.value.as_str(), s.from.clone()),
             None => (DEFAULT_PKI_DIR, Origin::Default),
@@ -285,17 +298,14 @@ impl MasterConfig {
     /// directory, as salt-key and salt-run resolve it (Salt keeps it
     /// relative, so each process resolves it against its own working
     /// directory; the config's notes say so).
-    pub(crate) fn cluster_pki_dir(&self) -> Option<Setting<PathBuf>> {
+    pub fn cluster_pki_dir(&self) -> Option<Setting<PathBuf>> {
         self.cluster_pki_dir_for(self.pki_dir())
     }
 
     /// [`MasterConfig::cluster_pki_dir`] with `pki_dir` standing for the
     /// config's `pki_dir` (a `PKI_DIR` given on the command line): Salt's
     /// fallback to `pki_dir` follows it.
-    pub(crate) fn cluster_pki_dir_for(
-        &self,
-        pki_dir: Setting<PathBuf>,
-    ) -> Option<Setting<PathBuf>> {
+    pub fn cluster_pki_dir_for(&self, pki_dir: Setting<PathBuf>) -> Option<Setting<PathBuf>> {
         self.cluster_id.as_ref()?;
         match &self.cluster_pki_dir {
             Some(s) if !s.value.is_empty() => Some(Setting {
@@ -308,7 +318,7 @@ impl MasterConfig {
 
     /// The store directory Salt's mmap_key uses (`init_kwargs`):
     /// `cluster_pki_dir` when `cluster_id` is true, else `pki_dir`.
-    pub(crate) fn store_dir(&self) -> Setting<PathBuf> {
+    pub fn store_dir(&self) -> Setting<PathBuf> {
         if self.clustered {
             if let Some(c) = self.cluster_pki_dir() {
                 return c;
@@ -319,7 +329,7 @@ impl MasterConfig {
 
     /// The layout, each value with its origin (Salt's defaults for unset
     /// options).
-    pub(crate) fn layout(&self) -> Layout {
+    pub fn layout(&self) -> Layout {
         fn or<T: Clone>(s: &Option<Setting<T>>, d: T) -> Setting<T> {
             s.clone().unwrap_or(Setting {
                 value: d,
@@ -339,7 +349,7 @@ impl MasterConfig {
 
     /// The layout as [`Params`] (not validated: [`Params::validate`]).
     #[cfg(test)]
-    pub(crate) fn params(&self) -> Params {
+    pub fn params(&self) -> Params {
         let l = self.layout();
         Params {
             size: l.size.value,
@@ -351,7 +361,7 @@ impl MasterConfig {
 
     /// `keys.cache_driver` as Salt uses it: `localfs_key` when unset,
     /// `None` when set to null (Salt then uses the `cache` option).
-    pub(crate) fn cache_driver(&self) -> Option<&str> {
+    pub fn cache_driver(&self) -> Option<&str> {
         match &self.cache_driver {
             None => Some(DEFAULT_CACHE_DRIVER),
             Some(s) => s.value.as_deref(),
@@ -359,55 +369,55 @@ impl MasterConfig {
     }
 
     /// Whether the master keeps its keys in mmap_key stores.
-    pub(crate) fn uses_mmap_key(&self) -> bool {
+    pub fn uses_mmap_key(&self) -> bool {
         self.cache_driver() == Some("mmap_key")
     }
 }
 
 /// The four layout options, each with its origin.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub(crate) struct Layout {
+pub struct Layout {
     /// `mmap_key_size`.
-    pub(crate) size: Setting<u64>,
+    pub size: Setting<u64>,
     /// `mmap_key_slot_size`.
-    pub(crate) slot_size: Setting<usize>,
+    pub slot_size: Setting<usize>,
     /// `mmap_key_id_size`.
-    pub(crate) id_size: Setting<usize>,
+    pub id_size: Setting<usize>,
     /// `mmap_key_max_segment_bytes`.
-    pub(crate) max_segment_bytes: Setting<u64>,
+    pub max_segment_bytes: Setting<u64>,
 }
 
 /// What the command line gives explicitly: each overrides the master
 /// config.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct Explicit {
+pub struct Explicit {
     /// The store directory (the commands' `DIR`).
-    pub(crate) dir: Option<PathBuf>,
+    pub dir: Option<PathBuf>,
     /// The argument that gave `dir`, for messages (None: `DIR`).
-    pub(crate) dir_flag: Option<&'static str>,
+    pub dir_flag: Option<&'static str>,
     /// `--size`.
-    pub(crate) size: Option<u64>,
+    pub size: Option<u64>,
     /// `--slot-size`.
-    pub(crate) slot_size: Option<usize>,
+    pub slot_size: Option<usize>,
     /// `--id-size`.
-    pub(crate) id_size: Option<usize>,
+    pub id_size: Option<usize>,
     /// `--max-segment-bytes`.
-    pub(crate) max_segment_bytes: Option<u64>,
+    pub max_segment_bytes: Option<u64>,
 }
 
 /// The store directory and layout a command uses, each with its origin:
 /// a flag, else the master config, else Salt's default.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub(crate) struct Choice {
+pub struct Choice {
     /// The store directory.
-    pub(crate) store_dir: Setting<PathBuf>,
+    pub store_dir: Setting<PathBuf>,
     /// The layout.
-    pub(crate) layout: Layout,
+    pub layout: Layout,
 }
 
 impl Choice {
     /// The layout as [`Params`].
-    pub(crate) fn params(&self) -> Params {
+    pub fn params(&self) -> Params {
         Params {
             size: self.layout.size.value,
             slot_size: self.layout.slot_size.value,
@@ -419,14 +429,14 @@ impl Choice {
     /// Whether neither a flag nor the config gave the size: the caller may
     /// read it from the store's index files instead (what `--size` does
     /// when absent), where Salt would use its default.
-    pub(crate) fn size_is_default(&self) -> bool {
+    pub fn size_is_default(&self) -> bool {
         self.layout.size.from == Origin::Default
     }
 }
 
 impl MasterConfig {
     /// The flags over this config ([`Choice`]).
-    pub(crate) fn choose(&self, e: &Explicit) -> Choice {
+    pub fn choose(&self, e: &Explicit) -> Choice {
         fn pick<T: Clone>(flag: Option<&T>, name: &str, s: Setting<T>) -> Setting<T> {
             match flag {
                 Some(v) => Setting {

@@ -28,18 +28,18 @@ use scalars::{construct_int, parse_float, resolve_plain};
 
 /// A constructed YAML value with the position of its node.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Node {
+pub struct Node {
     /// The value.
-    pub(crate) kind: Kind,
+    pub kind: Kind,
     /// Where the node starts: line (1-based).
-    pub(crate) line: usize,
+    pub line: usize,
     /// Where the node starts: column (1-based).
-    pub(crate) col: usize,
+    pub col: usize,
 }
 
 /// The Python value a node constructs to.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) enum Kind {
+pub enum Kind {
     /// `None`.
     Null,
     /// `bool`.
@@ -62,7 +62,7 @@ pub(crate) enum Kind {
 
 impl Kind {
     /// The Python type name, for messages.
-    pub(crate) fn type_name(&self) -> &'static str {
+    pub fn type_name(&self) -> &'static str {
         match self {
             Kind::Null => "null",
             Kind::Bool(_) => "a boolean",
@@ -76,7 +76,7 @@ impl Kind {
     }
 
     /// Python's truth value of the constructed object.
-    pub(crate) fn truthy(&self) -> bool {
+    pub fn truthy(&self) -> bool {
         match self {
             Kind::Null => false,
             Kind::Bool(b) => *b,
@@ -93,13 +93,13 @@ impl Kind {
 
 /// A YAML error: a message and where (1-based line and column).
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) struct YamlError {
+pub struct YamlError {
     /// What is wrong.
-    pub(crate) message: String,
+    pub message: String,
     /// Line, 1-based.
-    pub(crate) line: usize,
+    pub line: usize,
     /// Column, 1-based.
-    pub(crate) col: usize,
+    pub col: usize,
 }
 
 fn err_at(span: &Span, message: impl Into<String>) -> YamlError {
@@ -166,7 +166,7 @@ fn tag_string(tag: &Tag) -> String {
 
 /// Parses one YAML stream as `SaltYamlSafeLoader` would: `Ok(None)` for an
 /// empty stream, else the one document's value.
-pub(crate) fn load(text: &str) -> Result<Option<Node>, YamlError> {
+pub fn load(text: &str) -> Result<Option<Node>, YamlError> {
     // PyYAML skips a byte order mark.
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let mut events = Vec::new();

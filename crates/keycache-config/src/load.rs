@@ -182,7 +182,7 @@ fn patterns_of(opts: &Opts, key: &str) -> Result<Vec<String>, ConfigError> {
 impl MasterConfig {
     /// Reads the master config of `source` with its includes, as Salt's
     /// `master_config` does.
-    pub(crate) fn load(source: &Source) -> Result<MasterConfig, ConfigError> {
+    pub fn load(source: &Source) -> Result<MasterConfig, ConfigError> {
         let mut loader = Loader {
             files: Vec::new(),
             notes: Vec::new(),

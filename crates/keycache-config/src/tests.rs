@@ -1,5 +1,5 @@
 //! The master config reader against Salt 3008.5's rules: fixtures under
-//! `tests/fixtures/master_config` and configs written to scratch
+//! `tests/fixtures` and configs written to scratch
 //! directories.
 
 use std::path::{Path, PathBuf};
@@ -9,7 +9,7 @@ use super::*;
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/master_config")
+        .join("tests/fixtures")
         .join(name)
 }
 

@@ -120,7 +120,7 @@ fn iglob(path: &[u8], dironly: bool) -> Vec<Vec<u8>> {
 }
 
 /// `sorted(glob.glob(pattern))`.
-pub(crate) fn glob_sorted(pattern: &Path) -> Vec<PathBuf> {
+pub fn glob_sorted(pattern: &Path) -> Vec<PathBuf> {
     let mut v = iglob(pattern.as_os_str().as_bytes(), false);
     v.sort();
     v.into_iter()
@@ -129,7 +129,7 @@ pub(crate) fn glob_sorted(pattern: &Path) -> Vec<PathBuf> {
 }
 
 /// `fnmatch.fnmatchcase(name, pattern)`.
-pub(crate) fn fnmatch(name: &[u8], pat: &[u8]) -> bool {
+pub fn fnmatch(name: &[u8], pat: &[u8]) -> bool {
     match pat.first() {
         None => name.is_empty(),
         Some(b'*') => {

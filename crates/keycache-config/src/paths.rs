@@ -1,7 +1,7 @@
 //! Python's and Salt's path functions, as Salt applies them to `pki_dir`.
 
 /// `os.path.expanduser` for `~` and `~/...` (`~user` is left as is).
-pub(crate) fn expanduser(p: &str) -> String {
+pub fn expanduser(p: &str) -> String {
     if p == "~" || p.starts_with("~/") {
         if let Some(home) = std::env::var_os("HOME") {
             let home = home.to_string_lossy().trim_end_matches('/').to_string();
@@ -13,7 +13,7 @@ pub(crate) fn expanduser(p: &str) -> String {
 }
 
 /// `posixpath.normpath`.
-pub(crate) fn normpath(path: &str) -> String {
+pub fn normpath(path: &str) -> String {
     if path.is_empty() {
         return ".".into();
     }
@@ -42,7 +42,7 @@ pub(crate) fn normpath(path: &str) -> String {
 }
 
 /// `posixpath.abspath`.
-pub(crate) fn abspath(p: &str) -> String {
+pub fn abspath(p: &str) -> String {
     if p.starts_with('/') {
         normpath(p)
     } else {
@@ -54,7 +54,7 @@ pub(crate) fn abspath(p: &str) -> String {
 }
 
 /// `salt.utils.path.join(root, path)` on POSIX.
-pub(crate) fn salt_path_join(root: &str, path: &str) -> String {
+pub fn salt_path_join(root: &str, path: &str) -> String {
     let root = normpath(root);
     let p = normpath(path);
     let stripped = p.trim_start_matches('/');
@@ -69,7 +69,7 @@ pub(crate) fn salt_path_join(root: &str, path: &str) -> String {
 /// Salt's `prepend_root_dir` for one path option, `root_dir` already
 /// `abspath`ed; `salt.syspaths.ROOT_DIR` is `/`, so its stripped form is
 /// empty and every absolute path "starts with" it.
-pub(crate) fn prepend_root_dir(root_dir: &str, path: &str) -> String {
+pub fn prepend_root_dir(root_dir: &str, path: &str) -> String {
     let def_root = "";
     let tmp_def = (path == def_root || path.starts_with(&format!("{def_root}/")))
         .then(|| &path[def_root.len()..])

@@ -22,7 +22,7 @@ impl MasterConfig {
     /// Where a value came from, for humans: `FILE:LINE` (FILE relative to
     /// the main file's directory), `default`, `--flag`; with the option's
     /// name when it is not `name`.
-    pub(crate) fn origin_text(&self, name: &str, o: &Origin) -> String {
+    pub fn origin_text(&self, name: &str, o: &Origin) -> String {
         match o {
             Origin::Default => "default".into(),
             Origin::Flag { flag } => flag.clone(),
@@ -36,13 +36,13 @@ impl MasterConfig {
     /// What was read and what it gives, for humans: the files, the store
     /// directory, the layout, each with where it came from, and the notes.
     #[cfg(test)]
-    pub(crate) fn describe(&self) -> String {
+    pub fn describe(&self) -> String {
         self.describe_choice(&self.choose(&Explicit::default()))
     }
 
     /// [`MasterConfig::describe`] for the directory and layout a command
     /// chose ([`MasterConfig::choose`]): flags shown as such.
-    pub(crate) fn describe_choice(&self, c: &Choice) -> String {
+    pub fn describe_choice(&self, c: &Choice) -> String {
         let mut s = String::new();
         if self.found {
             s += &format!("master config: {}", self.conf_file.display());

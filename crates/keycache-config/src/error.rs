@@ -3,11 +3,9 @@
 use std::fmt;
 use std::path::PathBuf;
 
-use crate::output::CmdError;
-
 /// A master config that cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum ConfigError {
+pub enum ConfigError {
     /// An explicit config file that does not exist.
     Missing {
         /// The file.
@@ -105,9 +103,3 @@ impl fmt::Display for ConfigError {
 }
 
 impl std::error::Error for ConfigError {}
-
-impl From<ConfigError> for CmdError {
-    fn from(e: ConfigError) -> CmdError {
-        CmdError::usage(e.to_string())
-    }
-}
