@@ -539,6 +539,39 @@ pub fn open_bank(dir: &Path, opts: &OpenOptions) -> Result<Table> {
     Table::open(index, &private_options(dir, opts)?)
 }
 
+/// The `master_keys` bank beside the key bank `keys` (in its directory),
+/// for a rebuild of every bank Salt opens with one `mmap_key_size`: `None`
+/// when it has no index file. It is opened with `keys`' layout but for the
+/// table size, which is read off its own index (a compaction made before
+/// keycache moved `master_keys` along left it at the old size), so that it
+/// can be rebuilt into the size of the key banks; its new files are 0600 or
+/// narrower (the rebuild keeps them so, [`crate::rebuild`]).
+pub(crate) fn bank_beside(keys: &Table) -> Result<Option<Table>> {
+    let dir = keys.path().parent().unwrap_or(Path::new("."));
+    let index = dir.join(MASTER_INDEX);
+    let meta = match std::fs::symlink_metadata(&index) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Error::io(&index, "lstat", e)),
+    };
+    let mut params = *keys.params();
+    let slot = params.slot_size as u64;
+    if meta.is_file() && slot > 0 && meta.len() > 0 && meta.len() % slot == 0 {
+        params.size = meta.len() / slot;
+    }
+    let own = keys.ownership();
+    let opts = OpenOptions {
+        params,
+        ownership: Some(Ownership {
+            mode: own.mode & 0o600,
+            ..own
+        }),
+        rebuild_settle: keys.rebuild_settle(),
+        ..OpenOptions::default()
+    };
+    Table::open(index, &opts).map(Some)
+}
+
 /// `opts` with the owner of new files kept and their mode never wider than
 /// 0600.
 fn private_options(dir: &Path, opts: &OpenOptions) -> Result<OpenOptions> {
