@@ -253,6 +253,10 @@ pub(crate) struct MasterConfig {
     pub(crate) mmap_key_max_segment_bytes: Option<Setting<u64>>,
     /// `user`.
     pub(crate) user: Option<Setting<String>>,
+    /// `id`, as written (an integer as its decimal string, as Salt's
+    /// `_read_conf_file` makes it); unset or empty, Salt uses the host's id
+    /// with `_master` appended.
+    pub(crate) id: Option<Setting<String>>,
     /// `keys.cache_driver` (`None` inside: set to null).
     pub(crate) cache_driver: Option<Setting<Option<String>>>,
 }

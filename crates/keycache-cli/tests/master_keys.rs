@@ -18,7 +18,7 @@ use common::salt_master::{
 };
 use common::Layout;
 use keycache::master_keys::{
-    self, Collected, MasterKeyOptions, MasterKeySkipReason, MasterKeysReport,
+    self, Collected, MasterKeyOptions, MasterKeySkipReason, MasterKeysReport, OnDiffer,
 };
 use keycache::table::Table;
 use serde_json::{json, Value};
@@ -91,7 +91,7 @@ fn standalone_master_keeps_its_identity() {
         ]
     );
 
-    let r = master_keys::write(m.store_dir(), &c, &layout().options()).unwrap();
+    let r = master_keys::write(m.store_dir(), &c, &layout().options(), OnDiffer::Refuse).unwrap();
     assert_eq!(r.written, names(&c));
     assert!(r.replaced.is_empty() && r.unchanged.is_empty() && r.kept.is_empty());
     assert_no_key_material(&c, &r);
@@ -102,7 +102,8 @@ fn standalone_master_keeps_its_identity() {
     assert_bank_private(m.store_dir());
 
     // Again: nothing changes.
-    let again = master_keys::write(m.store_dir(), &c, &layout().options()).unwrap();
+    let again =
+        master_keys::write(m.store_dir(), &c, &layout().options(), OnDiffer::Refuse).unwrap();
     assert_eq!(again.unchanged, names(&c));
     assert!(again.written.is_empty() && again.replaced.is_empty());
 }
@@ -168,7 +169,7 @@ fn cluster_peer_keeps_master_and_cluster_keys() {
     assert!(by_name["m1_master_pubkey_signature"].starts_with(&cluster));
 
     assert_eq!(m1.store_dir(), cluster.as_path());
-    let r = master_keys::write(m1.store_dir(), &c, &layout().options()).unwrap();
+    let r = master_keys::write(m1.store_dir(), &c, &layout().options(), OnDiffer::Refuse).unwrap();
     assert_eq!(r.written, names(&c));
     assert_no_key_material(&c, &r);
     assert!(assert_bank_private(&cluster) >= 4);
@@ -181,8 +182,9 @@ fn cluster_peer_keeps_master_and_cluster_keys() {
 
 /// The failure this module fixes, reproduced: with an empty bank Salt's
 /// MasterKeys generates a new key pair (and writes the bank with its umask);
-/// keycache's write then puts the tree's keys back, replacing the generated
-/// ones, and narrows the files Salt created.
+/// keycache's write refuses to replace it by default (it could be a newer
+/// key), and with `OnDiffer::Replace` puts the tree's keys back, replacing
+/// the generated ones, and narrows the files Salt created.
 #[test]
 fn empty_bank_makes_salt_generate_and_write_restores() {
     if !salt_crypto("empty_bank_makes_salt_generate_and_write_restores") {
@@ -203,13 +205,28 @@ fn empty_bank_makes_salt_generate_and_write_restores() {
     assert_ne!(served["keys"]["master_pub"], before["master_pub"]);
 
     let c = master_keys::collect(&m.pki, None, &MasterKeyOptions::new("m1_master")).unwrap();
-    let plan = master_keys::plan(m.store_dir(), &c, &layout().options()).unwrap();
+    // By default, a bank value that differs refuses the write (a plan too).
+    for dry in [true, false] {
+        let run = if dry {
+            master_keys::plan
+        } else {
+            master_keys::write
+        };
+        match run(m.store_dir(), &c, &layout().options(), OnDiffer::Refuse) {
+            Err(keycache::Error::MasterKeysDiffer { names, .. }) => {
+                assert_eq!(names, "m1.pem, m1.pub")
+            }
+            other => panic!("expected MasterKeysDiffer, got {other:?}"),
+        }
+    }
+    let plan =
+        master_keys::plan(m.store_dir(), &c, &layout().options(), OnDiffer::Replace).unwrap();
     assert!(plan.dry_run);
     assert_eq!(plan.replaced, ["m1.pem", "m1.pub"]);
     // Salt created the bank with its umask (0644 under root's 022).
     let heap = m.pki.join(".mmap_master.idx.heap");
     let salt_mode = std::fs::metadata(&heap).unwrap().permissions().mode() & 0o777;
-    let r = master_keys::write(m.store_dir(), &c, &layout().options()).unwrap();
+    let r = master_keys::write(m.store_dir(), &c, &layout().options(), OnDiffer::Replace).unwrap();
     assert_eq!(r.replaced, ["m1.pem", "m1.pub"]);
     assert!(r.written.is_empty());
     assert_eq!(r.tightened.contains(&heap), salt_mode & !0o600 != 0);
@@ -334,7 +351,7 @@ fn collect_and_write_skip_what_salt_cannot_serve() {
 
     // A bank that Salt's umask made 0644 is narrowed; new files are 0600.
     let store = t.path().join("store");
-    let r = master_keys::write(&store, &c, &layout().options()).unwrap();
+    let r = master_keys::write(&store, &c, &layout().options(), OnDiffer::Refuse).unwrap();
     assert_eq!(
         r.written,
         ["cluster.pub", "m1.pem", "m1.pub", "peers/m2.pub"]
@@ -350,7 +367,7 @@ fn collect_and_write_skip_what_salt_cannot_serve() {
     assert!(assert_bank_private(&store) >= 4);
     let heap = store.join(".mmap_master.idx.heap");
     std::fs::set_permissions(&heap, std::fs::Permissions::from_mode(0o644)).unwrap();
-    let again = master_keys::write(&store, &c, &layout().options()).unwrap();
+    let again = master_keys::write(&store, &c, &layout().options(), OnDiffer::Refuse).unwrap();
     assert_eq!(again.tightened, [heap]);
     assert_bank_private(&store);
 
@@ -364,14 +381,15 @@ fn collect_and_write_skip_what_salt_cannot_serve() {
         ..layout().options()
     };
     let store2 = t.path().join("store2");
-    master_keys::write(&store2, &c, &wide).unwrap();
+    master_keys::write(&store2, &c, &wide, OnDiffer::Refuse).unwrap();
     assert!(assert_bank_private(&store2) >= 4);
 }
 
 /// A tree from before Salt 3008 (regular master.pem/master.pub, no id-named
 /// pair), migrated after Salt already ran under mmap_key and generated a new
 /// pair into the bank: the tree's pair is stored under both names, so the
-/// generated `m1.pem` is replaced and Salt serves the tree's key.
+/// generated `m1.pem` is replaced (when replacing is asked for) and Salt
+/// serves the tree's key.
 #[test]
 fn pre_3008_tree_wins_over_a_generated_pair() {
     if !salt_crypto("pre_3008_tree_wins_over_a_generated_pair") {
@@ -399,7 +417,7 @@ fn pre_3008_tree_wins_over_a_generated_pair() {
     let c = master_keys::collect(&m.pki, None, &MasterKeyOptions::new("m1_master")).unwrap();
     assert_eq!(names(&c), ["m1.pem", "m1.pub", "master.pem", "master.pub"]);
     assert!(c.files[0].path.ends_with("master.pem"));
-    let r = master_keys::write(m.store_dir(), &c, &layout().options()).unwrap();
+    let r = master_keys::write(m.store_dir(), &c, &layout().options(), OnDiffer::Replace).unwrap();
     assert_eq!(r.replaced, ["m1.pem", "m1.pub"]);
     assert_eq!(r.written, ["master.pem", "master.pub"]);
 
