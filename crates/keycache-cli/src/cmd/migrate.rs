@@ -371,6 +371,21 @@ fn print_text(report: &MigrateReport) {
             .unwrap_or_default();
         outln!("skipped: {} ({reason}: {})", esc(&s.path), esc(&s.detail));
     }
+    if let Some(dir) = &report.tree_dir {
+        if report.dry_run {
+            outln!(
+                "would write the key tree (minions/, ...) into {}: Salt's validate_token reads it there",
+                esc_path(dir)
+            );
+        } else {
+            outln!(
+                "key tree (minions/, ...) written into {}: {} files written, {} removed",
+                esc_path(dir),
+                report.tree_written,
+                report.tree_removed
+            );
+        }
+    }
     outln!(
         "table size {} ({:.2}% full), {:.3} s",
         report.size,

@@ -16,7 +16,7 @@ use crate::error::{Error, Result};
 /// symlink to `<master_id>.pem` since), and every other regular `*.pem`
 /// file but the signing key's (`<master_sign_key_name>.pem`). When there
 /// are some, a migration that stores none of them under the names
-/// `MasterKeys` looks for ([`MasterKeysReport::holds_master_pair`]) would
+/// `MasterKeys` looks for ([`super::MasterKeysReport::holds_master_pair`]) would
 /// have Salt replace the master's identity by a new pair. Nothing is
 /// followed or read.
 pub fn own_key_files(pki_dir: &Path, opts: &MasterKeyOptions) -> Result<Vec<PathBuf>> {

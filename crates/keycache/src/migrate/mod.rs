@@ -7,9 +7,12 @@
 //! accepted). Both banks are then built in memory, merged with what the
 //! target banks already hold (unless `replace`), written under temporary
 //! names and renamed into place through [`crate::rebuild`]'s journal, under
-//! the banks' locks.
+//! the banks' locks. When the banks go to another directory than the tree
+//! (`out`), the tree is written there too, in the same commit (see
+//! `tree.rs`): Salt's `validate_token` reads it there.
 
-use std::collections::HashMap;
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsString;
 use std::io::Read;
 use std::os::unix::ffi::OsStrExt;
@@ -25,6 +28,7 @@ use crate::store::{KeyState, Store, DENIED_INDEX, KEYS_INDEX};
 use crate::table::OpenOptions;
 
 mod scan;
+mod tree;
 use scan::{scan_tree, state_bytes, Span, SUM};
 
 /// The highest share of data slots a migration fills before it refuses and
@@ -174,6 +178,14 @@ pub struct Report {
     pub load_factor: f64,
     /// Seconds spent.
     pub seconds: f64,
+    /// Where the `localfs_key` tree of the migrated store was written (or,
+    /// dry, would be): the target, when it is not the tree migrated (Salt's
+    /// `validate_token` reads `minions/<id>` there); `None` otherwise.
+    pub tree_dir: Option<PathBuf>,
+    /// Key files written into that tree.
+    pub tree_written: u64,
+    /// Key files removed from it.
+    pub tree_removed: u64,
 }
 
 /// A key of the tree that is migrated.
@@ -555,7 +567,12 @@ pub fn migrate(
         size: opts.params.size,
         load_factor: 0.0,
         seconds: 0.0,
+        tree_dir: None,
+        tree_written: 0,
+        tree_removed: 0,
     };
+    // The banks go elsewhere than the tree: the tree goes with them.
+    let write_tree = !tree::same_dir(pki_dir, &target);
     let topts = OpenOptions {
         params: opts.params,
         ownership: opts.ownership,
@@ -575,6 +592,12 @@ pub fn migrate(
     // or directory: a refused migration leaves no trace; the images are
     // built once, under the locks.
     let mut plan = tree.plan(store.as_ref(), &target, opts)?;
+    if write_tree {
+        if store.is_some() {
+            tree.wants(&plan, &target, opts.replace)?;
+        }
+        report.tree_dir = Some(target.clone());
+    }
     let store = match (store, opts.dry_run) {
         (Some(s), _) => Some(s),
         (None, true) => None,
@@ -586,11 +609,35 @@ pub fn migrate(
     if let (Some(store), false) = (&store, opts.dry_run) {
         let kt = store.keys_table();
         let dt = store.denied_table();
-        rebuild::replace(&[kt, dt], || {
-            plan = tree.plan(Some(store), &target, opts)?;
-            let (kimg, dimg) = tree.images(&plan, &target, opts.params)?;
-            Ok(vec![kimg, dimg])
-        })?;
+        let sync = RefCell::new(None);
+        let changes = RefCell::new(crate::tree::TreeChanges::default());
+        let done = rebuild::replace_then(
+            &[kt, dt],
+            || {
+                plan = tree.plan(Some(store), &target, opts)?;
+                if write_tree {
+                    let wants = tree.wants(&plan, &target, opts.replace)?;
+                    *sync.borrow_mut() = Some((tree::before(store, &wants)?, wants));
+                }
+                let (kimg, dimg) = tree.images(&plan, &target, opts.params)?;
+                Ok(vec![kimg, dimg])
+            },
+            || {
+                if let Some((s, wants)) = sync.borrow_mut().take() {
+                    *changes.borrow_mut() = tree::after(store, s, &wants)?;
+                }
+                Ok(())
+            },
+        );
+        if let Err(e) = done {
+            if let Some((s, wants)) = sync.borrow_mut().take() {
+                tree::restore(store, s, &wants);
+            }
+            return Err(e);
+        }
+        let changes = changes.into_inner();
+        report.tree_written = changes.written.len() as u64;
+        report.tree_removed = changes.removed.len() as u64;
     }
     report.kept = plan.kept;
     report.dropped = plan.dropped;
