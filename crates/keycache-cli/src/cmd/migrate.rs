@@ -21,7 +21,8 @@ use crate::output::{esc, esc_path, outln, print_json, CmdError, CmdResult};
 pub(crate) struct Args {
     /// The master's pki_dir. Default: the master config's (see -c).
     pki_dir: Option<PathBuf>,
-    /// Write the banks here (the cluster_pki_dir) instead of PKI_DIR.
+    /// Write the banks here (the cluster_pki_dir) instead of PKI_DIR, with
+    /// the key tree (minions/, ...) that Salt's validate_token reads there.
     /// Default: the master config's cluster_pki_dir when it sets
     /// cluster_id, else PKI_DIR.
     #[arg(long, value_name = "DIR")]
@@ -43,7 +44,8 @@ pub(crate) struct Args {
     /// Count and report, write nothing.
     #[arg(long)]
     dry_run: bool,
-    /// Drop entries of the target banks that the tree does not have.
+    /// Drop entries of the target banks (and key files of the target's key
+    /// tree, with --out) that the tree does not have.
     #[arg(long)]
     replace: bool,
     /// Skip ids longer than --id-size instead of refusing the tree.
