@@ -484,11 +484,15 @@ fn list_get_state_changes_stats_like_salt_key() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("invalid minion id"));
 
     // accept / reject / delete.
+    // The migration wrote the key tree into the store's directory (it is
+    // not the tree migrated): accept keeps it in step.
     let out = keycache(&["accept", d, "laptop-jdoe"]);
     assert!(out.status.success());
     assert_eq!(
         String::from_utf8_lossy(&out.stdout),
-        "Key for minion laptop-jdoe accepted.\n"
+        "Key for minion laptop-jdoe accepted.\n\
+         Key tree: wrote minions/laptop-jdoe.\n\
+         Key tree: removed minions_pre/laptop-jdoe.\n"
     );
     assert_eq!(
         keycache(&["accept", d, "laptop-jdoe"]).status.code(),

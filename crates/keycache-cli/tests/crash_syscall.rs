@@ -177,7 +177,12 @@ fn compact_to_size_killed_at_every_step() {
             // The CLI, told no size, finishes a pending journal (which may
             // change the size) before it reads the size off the index.
             let l = layout();
-            let mut a = vec!["verify".to_string(), dir.to_string_lossy().into_owned()];
+            let mut a = vec![
+                "verify".to_string(),
+                dir.to_string_lossy().into_owned(),
+                "--tree".into(),
+                "never".into(),
+            ];
             a.extend(l.args().into_iter().skip(2));
             let out = kc.cmd().args(&a).output().unwrap();
             assert!(

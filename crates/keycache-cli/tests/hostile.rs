@@ -272,6 +272,10 @@ fn strace() -> Option<PathBuf> {
 /// Paths a traced run touched: (syscall, path, flags text).
 fn traced_paths(log: &str) -> Vec<(String, String, String)> {
     let mut out = Vec::new();
+    // The directory each descriptor was last opened on: the key tree's
+    // writer reaches its files as `/proc/self/fd/N/NAME`, relative to the
+    // directory it opened, which is where the check must place them.
+    let mut fds: BTreeMap<String, String> = BTreeMap::new();
     for line in log.lines() {
         let line = line.split_once(' ').map(|x| x.1).unwrap_or(line).trim();
         let Some((call, rest)) = line.split_once('(') else {
@@ -281,8 +285,27 @@ fn traced_paths(log: &str) -> Vec<(String, String, String)> {
         let mut it = rest.split('"');
         it.next();
         while let Some(q) = it.next() {
-            quoted.push(q.to_owned());
+            let q = match q.strip_prefix("/proc/self/fd/") {
+                Some(tail) => {
+                    let (fd, name) = tail.split_once('/').unwrap_or((tail, ""));
+                    match fds.get(fd) {
+                        Some(dir) if name.is_empty() => dir.clone(),
+                        Some(dir) => format!("{dir}/{name}"),
+                        None => q.to_owned(),
+                    }
+                }
+                None => q.to_owned(),
+            };
+            quoted.push(q);
             it.next();
+        }
+        if call.starts_with("open") {
+            if let (Some(path), Some((_, ret))) = (quoted.last(), rest.rsplit_once("= ")) {
+                let fd = ret.split_whitespace().next().unwrap_or("");
+                if fd.bytes().all(|b| b.is_ascii_digit()) && !fd.is_empty() {
+                    fds.insert(fd.to_owned(), path.clone());
+                }
+            }
         }
         for q in quoted {
             out.push((call.to_owned(), q, rest.to_owned()));

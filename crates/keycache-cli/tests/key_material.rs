@@ -127,8 +127,17 @@ fn migrate_keeps_public_keys_byte_for_byte_and_skips_everything_else() {
             Some(_) => assert_eq!(stored, None, "{name}: stored"),
         }
     }
-    // Nothing of a private block anywhere in the banks' files.
+    // Nothing of a private block anywhere in the banks' files, nor in the
+    // key tree the migration wrote beside them.
+    let mut files = Vec::new();
     for e in std::fs::read_dir(&out).unwrap().flatten() {
+        if e.file_type().unwrap().is_dir() {
+            files.extend(std::fs::read_dir(e.path()).unwrap().flatten());
+        } else {
+            files.push(e);
+        }
+    }
+    for e in files {
         let bytes = std::fs::read(e.path()).unwrap();
         assert!(
             !bytes.windows(11).any(|w| w == b"PRIVATE KEY"),

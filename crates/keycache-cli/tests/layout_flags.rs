@@ -53,7 +53,12 @@ fn files(dir: &Path) -> BTreeMap<String, Vec<u8>> {
 fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
     for e in std::fs::read_dir(from).unwrap().flatten() {
-        std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+        if e.file_type().unwrap().is_dir() {
+            // The key tree a migration with --out writes beside the banks.
+            copy_dir(&e.path(), &to.join(e.file_name()));
+        } else {
+            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+        }
     }
 }
 

@@ -12,11 +12,13 @@ mod common;
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
-use common::{py_dir, python, Layout};
+use common::salt_master::{
+    assert_bank_private, check_served, private_dir, salt_crypto, state_dirs, Master,
+};
+use common::Layout;
 use keycache::master_keys::{
-    self, Collected, MasterKeyOptions, MasterKeySkipReason, MasterKeysReport,
+    self, Collected, MasterKeyOptions, MasterKeySkipReason, MasterKeysReport, OnDiffer,
 };
 use keycache::table::Table;
 use serde_json::{json, Value};
@@ -25,96 +27,6 @@ const SIZE: u64 = 1009;
 
 fn layout() -> Layout {
     Layout::small(SIZE, 1 << 30)
-}
-
-/// One master as the driver sees it.
-struct Master<'a> {
-    root: &'a Path,
-    pki: PathBuf,
-    cluster: Option<(&'a str, PathBuf)>,
-    id: &'a str,
-    sign: bool,
-}
-
-impl Master<'_> {
-    fn run(&self, driver: &str, args: &[&str]) -> Value {
-        let mut cmd = Command::new(python());
-        cmd.arg(py_dir().join("master_keys.py"))
-            .arg("--root")
-            .arg(self.root)
-            .arg("--pki-dir")
-            .arg(&self.pki)
-            .args(["--id", self.id, "--driver", driver])
-            .args(layout().args());
-        if let Some((cid, dir)) = &self.cluster {
-            cmd.args(["--cluster-id", cid])
-                .arg("--cluster-pki-dir")
-                .arg(dir);
-        }
-        if self.sign {
-            cmd.arg("--sign");
-        }
-        let out = cmd.args(args).output().expect("run master_keys.py");
-        assert!(
-            out.status.success(),
-            "master_keys.py {args:?} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).expect("master_keys.py prints JSON")
-    }
-
-    /// Salt's MasterKeys under localfs_key: creates the keys in the tree.
-    fn setup(&self, signature: bool) -> Value {
-        let mut args = vec!["setup"];
-        if signature {
-            args.push("--signature");
-        }
-        let v = self.run("localfs_key", &args);
-        assert!(!v["generated"].as_array().unwrap().is_empty(), "{v}");
-        v["keys"].clone()
-    }
-
-    /// Salt's MasterKeys under mmap_key, and Cache.fetch of each name
-    /// compared with its file.
-    fn serve(&self, files: &[(String, PathBuf)]) -> Value {
-        let expect: BTreeMap<&str, String> = files
-            .iter()
-            .map(|(n, p)| (n.as_str(), p.display().to_string()))
-            .collect();
-        let expect = serde_json::to_string(&expect).unwrap();
-        self.run("mmap_key", &["serve", "--expect", &expect])
-    }
-
-    fn store_dir(&self) -> &Path {
-        master_keys::store_dir(&self.pki, self.cluster.as_ref().map(|c| c.1.as_path()))
-    }
-}
-
-/// Whether the venv's Salt can run MasterKeys (it needs `cryptography` and
-/// `cffi`); reports the test skipped when not.
-fn salt_crypto(what: &str) -> bool {
-    let ok = Command::new(python())
-        .args([
-            "-c",
-            "from cryptography.hazmat.primitives.asymmetric import rsa; import salt.crypt",
-        ])
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    if !ok {
-        keycache_testkit::skip::skip(
-            what,
-            "the venv's Salt cannot import cryptography (tools/setup-venv.sh must install \
-             cryptography and cffi for salt.crypt.MasterKeys)",
-        );
-    }
-    ok
-}
-
-fn private_dir(path: &Path) -> PathBuf {
-    std::fs::create_dir_all(path).unwrap();
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700)).unwrap();
-    path.to_path_buf()
 }
 
 fn names(c: &Collected) -> Vec<&str> {
@@ -128,54 +40,11 @@ fn file_list(c: &Collected) -> Vec<(String, PathBuf)> {
         .collect()
 }
 
-/// Every file of the bank is 0600 or narrower; returns how many there are.
-fn assert_bank_private(dir: &Path) -> usize {
-    let mut n = 0;
-    for e in std::fs::read_dir(dir).unwrap() {
-        let e = e.unwrap();
-        let name = e.file_name().to_string_lossy().into_owned();
-        if name.starts_with(".mmap_master.idx") {
-            let mode = e.metadata().unwrap().permissions().mode() & 0o7777;
-            assert_eq!(mode & !0o600, 0, "{name} is mode {mode:o}");
-            n += 1;
-        }
-    }
-    n
-}
-
 /// Nothing in the report, nor in a collected file's Debug, shows a key.
 fn assert_no_key_material(c: &Collected, r: &MasterKeysReport) {
     for text in [format!("{c:?}"), format!("{r:?}")] {
         assert!(!text.contains("BEGIN"), "key material in {text}");
         assert!(!text.contains("MII"), "key material in {text}");
-    }
-}
-
-fn check_served(served: &Value, before: &Value, files: &[(String, PathBuf)]) {
-    assert_eq!(
-        served["generated"],
-        json!([]),
-        "Salt generated new keys: {}",
-        served["generated"]
-    );
-    for k in ["pub_str", "master_pub", "cluster_pub", "sign_pub"] {
-        assert_eq!(served["keys"][k], before[k], "{k} differs");
-    }
-    for (name, _) in files {
-        let f = &served["fetch"][name];
-        assert_eq!(f["equal"], json!(true), "fetch(master_keys, {name}): {f}");
-    }
-    let listed: Vec<&str> = served["list"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_str().unwrap())
-        .collect();
-    for (name, _) in files {
-        assert!(
-            listed.contains(&name.as_str()),
-            "{name} not listed: {listed:?}"
-        );
     }
 }
 
@@ -186,11 +55,12 @@ fn standalone_master_keeps_its_identity() {
     }
     let t = tempfile::tempdir().unwrap();
     let m = Master {
-        root: t.path(),
+        root: t.path().to_path_buf(),
         pki: private_dir(&t.path().join("pki")),
         cluster: None,
-        id: "m1_master",
+        id: "m1_master".into(),
         sign: true,
+        layout: layout(),
     };
     let before = m.setup(true);
     assert!(before["sign_pub"].is_string());
@@ -221,7 +91,7 @@ fn standalone_master_keeps_its_identity() {
         ]
     );
 
-    let r = master_keys::write(m.store_dir(), &c, &layout().options()).unwrap();
+    let r = master_keys::write(m.store_dir(), &c, &layout().options(), OnDiffer::Refuse).unwrap();
     assert_eq!(r.written, names(&c));
     assert!(r.replaced.is_empty() && r.unchanged.is_empty() && r.kept.is_empty());
     assert_no_key_material(&c, &r);
@@ -232,7 +102,8 @@ fn standalone_master_keeps_its_identity() {
     assert_bank_private(m.store_dir());
 
     // Again: nothing changes.
-    let again = master_keys::write(m.store_dir(), &c, &layout().options()).unwrap();
+    let again =
+        master_keys::write(m.store_dir(), &c, &layout().options(), OnDiffer::Refuse).unwrap();
     assert_eq!(again.unchanged, names(&c));
     assert!(again.written.is_empty() && again.replaced.is_empty());
 }
@@ -245,20 +116,22 @@ fn cluster_peer_keeps_master_and_cluster_keys() {
     let t = tempfile::tempdir().unwrap();
     let cluster = private_dir(&t.path().join("cluster"));
     let m1 = Master {
-        root: t.path(),
+        root: t.path().to_path_buf(),
         pki: private_dir(&t.path().join("pki1")),
-        cluster: Some(("c1", cluster.clone())),
-        id: "m1_master",
+        cluster: Some(("c1".into(), cluster.clone())),
+        id: "m1_master".into(),
         sign: true,
+        layout: layout(),
     };
     let before = m1.setup(true);
     // A second peer sharing the cluster pki dir adds peers/m2.pub.
     let m2 = Master {
-        root: t.path(),
+        root: t.path().to_path_buf(),
         pki: private_dir(&t.path().join("pki2")),
-        cluster: Some(("c1", cluster.clone())),
-        id: "m2_master",
+        cluster: Some(("c1".into(), cluster.clone())),
+        id: "m2_master".into(),
         sign: false,
+        layout: layout(),
     };
     m2.setup(false);
     assert!(before["cluster_pub"].is_string());
@@ -296,7 +169,7 @@ fn cluster_peer_keeps_master_and_cluster_keys() {
     assert!(by_name["m1_master_pubkey_signature"].starts_with(&cluster));
 
     assert_eq!(m1.store_dir(), cluster.as_path());
-    let r = master_keys::write(m1.store_dir(), &c, &layout().options()).unwrap();
+    let r = master_keys::write(m1.store_dir(), &c, &layout().options(), OnDiffer::Refuse).unwrap();
     assert_eq!(r.written, names(&c));
     assert_no_key_material(&c, &r);
     assert!(assert_bank_private(&cluster) >= 4);
@@ -309,8 +182,9 @@ fn cluster_peer_keeps_master_and_cluster_keys() {
 
 /// The failure this module fixes, reproduced: with an empty bank Salt's
 /// MasterKeys generates a new key pair (and writes the bank with its umask);
-/// keycache's write then puts the tree's keys back, replacing the generated
-/// ones, and narrows the files Salt created.
+/// keycache's write refuses to replace it by default (it could be a newer
+/// key), and with `OnDiffer::Replace` puts the tree's keys back, replacing
+/// the generated ones, and narrows the files Salt created.
 #[test]
 fn empty_bank_makes_salt_generate_and_write_restores() {
     if !salt_crypto("empty_bank_makes_salt_generate_and_write_restores") {
@@ -318,11 +192,12 @@ fn empty_bank_makes_salt_generate_and_write_restores() {
     }
     let t = tempfile::tempdir().unwrap();
     let m = Master {
-        root: t.path(),
+        root: t.path().to_path_buf(),
         pki: private_dir(&t.path().join("pki")),
         cluster: None,
-        id: "m1_master",
+        id: "m1_master".into(),
         sign: false,
+        layout: layout(),
     };
     let before = m.setup(false);
     let served = m.serve(&[]);
@@ -330,13 +205,28 @@ fn empty_bank_makes_salt_generate_and_write_restores() {
     assert_ne!(served["keys"]["master_pub"], before["master_pub"]);
 
     let c = master_keys::collect(&m.pki, None, &MasterKeyOptions::new("m1_master")).unwrap();
-    let plan = master_keys::plan(m.store_dir(), &c, &layout().options()).unwrap();
+    // By default, a bank value that differs refuses the write (a plan too).
+    for dry in [true, false] {
+        let run = if dry {
+            master_keys::plan
+        } else {
+            master_keys::write
+        };
+        match run(m.store_dir(), &c, &layout().options(), OnDiffer::Refuse) {
+            Err(keycache::Error::MasterKeysDiffer { names, .. }) => {
+                assert_eq!(names, "m1.pem, m1.pub")
+            }
+            other => panic!("expected MasterKeysDiffer, got {other:?}"),
+        }
+    }
+    let plan =
+        master_keys::plan(m.store_dir(), &c, &layout().options(), OnDiffer::Replace).unwrap();
     assert!(plan.dry_run);
     assert_eq!(plan.replaced, ["m1.pem", "m1.pub"]);
     // Salt created the bank with its umask (0644 under root's 022).
     let heap = m.pki.join(".mmap_master.idx.heap");
     let salt_mode = std::fs::metadata(&heap).unwrap().permissions().mode() & 0o777;
-    let r = master_keys::write(m.store_dir(), &c, &layout().options()).unwrap();
+    let r = master_keys::write(m.store_dir(), &c, &layout().options(), OnDiffer::Replace).unwrap();
     assert_eq!(r.replaced, ["m1.pem", "m1.pub"]);
     assert!(r.written.is_empty());
     assert_eq!(r.tightened.contains(&heap), salt_mode & !0o600 != 0);
@@ -353,11 +243,12 @@ fn value_encoding_is_the_raw_bytes() {
     // Cache.store needs no cryptography: this runs in the plain venv too.
     let t = tempfile::tempdir().unwrap();
     let m = Master {
-        root: t.path(),
+        root: t.path().to_path_buf(),
         pki: private_dir(&t.path().join("pki")),
         cluster: None,
-        id: "m1_master",
+        id: "m1_master".into(),
         sign: false,
+        layout: layout(),
     };
     let value = "-----BEGIN PUBLIC KEY-----\nnœud\n-----END PUBLIC KEY-----\n";
     let hex: String = value.bytes().map(|b| format!("{b:02x}")).collect();
@@ -460,7 +351,7 @@ fn collect_and_write_skip_what_salt_cannot_serve() {
 
     // A bank that Salt's umask made 0644 is narrowed; new files are 0600.
     let store = t.path().join("store");
-    let r = master_keys::write(&store, &c, &layout().options()).unwrap();
+    let r = master_keys::write(&store, &c, &layout().options(), OnDiffer::Refuse).unwrap();
     assert_eq!(
         r.written,
         ["cluster.pub", "m1.pem", "m1.pub", "peers/m2.pub"]
@@ -476,7 +367,7 @@ fn collect_and_write_skip_what_salt_cannot_serve() {
     assert!(assert_bank_private(&store) >= 4);
     let heap = store.join(".mmap_master.idx.heap");
     std::fs::set_permissions(&heap, std::fs::Permissions::from_mode(0o644)).unwrap();
-    let again = master_keys::write(&store, &c, &layout().options()).unwrap();
+    let again = master_keys::write(&store, &c, &layout().options(), OnDiffer::Refuse).unwrap();
     assert_eq!(again.tightened, [heap]);
     assert_bank_private(&store);
 
@@ -490,14 +381,15 @@ fn collect_and_write_skip_what_salt_cannot_serve() {
         ..layout().options()
     };
     let store2 = t.path().join("store2");
-    master_keys::write(&store2, &c, &wide).unwrap();
+    master_keys::write(&store2, &c, &wide, OnDiffer::Refuse).unwrap();
     assert!(assert_bank_private(&store2) >= 4);
 }
 
 /// A tree from before Salt 3008 (regular master.pem/master.pub, no id-named
 /// pair), migrated after Salt already ran under mmap_key and generated a new
 /// pair into the bank: the tree's pair is stored under both names, so the
-/// generated `m1.pem` is replaced and Salt serves the tree's key.
+/// generated `m1.pem` is replaced (when replacing is asked for) and Salt
+/// serves the tree's key.
 #[test]
 fn pre_3008_tree_wins_over_a_generated_pair() {
     if !salt_crypto("pre_3008_tree_wins_over_a_generated_pair") {
@@ -505,11 +397,12 @@ fn pre_3008_tree_wins_over_a_generated_pair() {
     }
     let t = tempfile::tempdir().unwrap();
     let m = Master {
-        root: t.path(),
+        root: t.path().to_path_buf(),
         pki: private_dir(&t.path().join("pki")),
         cluster: None,
-        id: "m1_master",
+        id: "m1_master".into(),
         sign: false,
+        layout: layout(),
     };
     let before = m.setup(false);
     for ext in ["pem", "pub"] {
@@ -524,24 +417,12 @@ fn pre_3008_tree_wins_over_a_generated_pair() {
     let c = master_keys::collect(&m.pki, None, &MasterKeyOptions::new("m1_master")).unwrap();
     assert_eq!(names(&c), ["m1.pem", "m1.pub", "master.pem", "master.pub"]);
     assert!(c.files[0].path.ends_with("master.pem"));
-    let r = master_keys::write(m.store_dir(), &c, &layout().options()).unwrap();
+    let r = master_keys::write(m.store_dir(), &c, &layout().options(), OnDiffer::Replace).unwrap();
     assert_eq!(r.replaced, ["m1.pem", "m1.pub"]);
     assert_eq!(r.written, ["master.pem", "master.pub"]);
 
     let files = file_list(&c);
     check_served(&m.serve(&files), &before, &files);
-}
-
-/// The state directories a Salt master creates at start-up (empty).
-fn state_dirs(pki: &Path) {
-    for d in [
-        "minions",
-        "minions_pre",
-        "minions_rejected",
-        "minions_denied",
-    ] {
-        std::fs::create_dir_all(pki.join(d)).unwrap();
-    }
 }
 
 /// Runs the keycache binary, which must succeed; returns stdout and stderr.
@@ -567,11 +448,12 @@ fn keycache_migrate_keeps_the_masters_identity() {
     }
     let t = tempfile::tempdir().unwrap();
     let m = Master {
-        root: t.path(),
+        root: t.path().to_path_buf(),
         pki: private_dir(&t.path().join("pki")),
         cluster: None,
-        id: "m1_master",
+        id: "m1_master".into(),
         sign: true,
+        layout: layout(),
     };
     let before = m.setup(true);
     state_dirs(&m.pki);
@@ -618,11 +500,12 @@ fn keycache_migrate_with_the_master_config_of_a_cluster_peer() {
     let t = tempfile::tempdir().unwrap();
     let cluster = private_dir(&t.path().join("cluster"));
     let m = Master {
-        root: t.path(),
+        root: t.path().to_path_buf(),
         pki: private_dir(&t.path().join("pki")),
-        cluster: Some(("c1", cluster.clone())),
-        id: "m1_master",
+        cluster: Some(("c1".into(), cluster.clone())),
+        id: "m1_master".into(),
         sign: false,
+        layout: layout(),
     };
     let before = m.setup(false);
     state_dirs(&m.pki);

@@ -29,6 +29,11 @@ fn layout() -> Layout {
 
 fn args<'a>(cmd: &'a str, dir: &'a str, extra: &[&'a str], l: &'a [String]) -> Vec<&'a str> {
     let mut v = vec![cmd, dir];
+    if cmd == "verify" {
+        // The banks: the stores here are made without a key tree, which
+        // verify would report on its own.
+        v.extend(["--tree", "never"]);
+    }
     v.extend(extra);
     v.extend(l.iter().map(String::as_str));
     v

@@ -218,7 +218,14 @@ fn salt_and_keycache_writers_alternate() {
         }
         assert_same(d.path(), &layout, &ids, &format!("round {round}"));
     }
-    let v = common::keycache(&["verify", d.path().to_str().unwrap(), "--size", "29"]);
+    let v = common::keycache(&[
+        "verify",
+        d.path().to_str().unwrap(),
+        "--size",
+        "29",
+        "--tree",
+        "never",
+    ]);
     assert!(v.status.success(), "{}", String::from_utf8_lossy(&v.stdout));
 }
 

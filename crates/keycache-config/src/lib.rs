@@ -266,6 +266,10 @@ pub struct MasterConfig {
     pub mmap_key_max_segment_bytes: Option<Setting<u64>>,
     /// `user`.
     pub user: Option<Setting<String>>,
+    /// `id`, as written (an integer as its decimal string, as Salt's
+    /// `_read_conf_file` makes it); unset or empty, Salt uses the host's id
+    /// with `_master` appended.
+    pub id: Option<Setting<String>>,
     /// `keys.cache_driver` (`None` inside: set to null).
     pub cache_driver: Option<Setting<Option<String>>>,
 }

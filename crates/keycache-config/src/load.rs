@@ -286,6 +286,15 @@ impl MasterConfig {
                 _ => return Err(type_err(e, "keys.cache_driver", "a string or null")),
             },
         };
+        let id = match o.get("id") {
+            None => None,
+            Some(e) => match &e.node.kind {
+                Kind::Null => None,
+                Kind::Str(s) => Some(setting(e, "id", s.clone())),
+                Kind::Int(i) => Some(setting(e, "id", i.to_string())),
+                _ => return Err(type_err(e, "id", "a string")),
+            },
+        };
         let cfg = MasterConfig {
             conf_file: source.file.clone(),
             how: source.how,
@@ -302,6 +311,7 @@ impl MasterConfig {
             mmap_key_id_size: to_usize(opt_int(o, "mmap_key_id_size")?),
             mmap_key_max_segment_bytes: max_segment,
             user: opt_str(o, "user", false)?,
+            id,
             cache_driver,
         };
         Ok(cfg)

@@ -1477,8 +1477,20 @@ pub fn migrate_tree(data: &[u8]) {
     assert_eq!(denied, final_denied, "denied bank");
     let f = verify::verify_store(&s).expect("verify");
     assert!(f.is_empty(), "verify: {f:?}");
+    // The target is not the tree migrated: the migrated store's key tree
+    // is written beside the banks (Salt's validate_token reads it there),
+    // equal to the store.
+    assert_eq!(
+        keycache::tree::check(&s).expect("check the key tree"),
+        Vec::new(),
+        "the key tree differs from the store"
+    );
     for e in std::fs::read_dir(&out).expect("list").flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
+        if migrate::TREE_DIRS.contains(&name.as_str()) {
+            assert!(e.file_type().expect("stat").is_dir(), "{name}");
+            continue;
+        }
         assert!(
             name.starts_with(".mmap_keys.idx") || name.starts_with(".mmap_denied.idx"),
             "unexpected file {name} in the target"

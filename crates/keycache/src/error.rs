@@ -205,6 +205,24 @@ pub enum Error {
         why: String,
     },
 
+    /// The `master_keys` bank holds other bytes under a name than the file
+    /// a migration would store there (a key pair Salt wrote into the bank
+    /// since, or generated when it found the bank empty): replacing it
+    /// would lose that key, so nothing was written.
+    #[error(
+        "{path}: the master_keys bank holds other bytes under {names} than the files of the \
+         tree: a key Salt wrote into the bank (newer than the files, or generated when it found \
+         the bank empty); nothing was written. Keep the bank's keys (keycache migrate \
+         --no-master-keys), or, once sure the files hold the keys the minions and peers trust, \
+         replace the bank's (--replace-master-keys)"
+    )]
+    MasterKeysDiffer {
+        /// The bank's index file.
+        path: PathBuf,
+        /// The names that differ, comma-separated.
+        names: String,
+    },
+
     /// A key-bank value with a state byte Salt does not know.
     #[error("unknown key state {0:?} (expected accepted, pending or rejected)")]
     UnknownState(String),

@@ -48,22 +48,40 @@
 //!   travels under `<master_id>.pem`/`.pub`, which `_setup_keys` prefers.
 //!   A tree from before 3008 has regular `master.pem`/`master.pub` and no
 //!   id-named pair; they are stored under both names, as `_setup_keys`
-//!   would copy them on its first start (so a `<master_id>.pem` that Salt
-//!   generated into the bank earlier is replaced, not preferred).
+//!   would copy them on its first start.
+//! - **Which pair Salt uses** (crypt.py `MasterKeys._setup_keys`): the
+//!   master id is `opts["id"]` minus one trailing `_master`, where
+//!   `opts["id"]` is the config's `id`, else the host's id with `_master`
+//!   appended (salt/config `apply_master_config`); Salt uses
+//!   `<master_id>.pem` when the bank holds it, else `master.pem`, else it
+//!   generates a new pair (and a cluster peer then stops: its
+//!   `peers/<master_id>.pub` no longer matches).
+//!   [`MasterKeysReport::holds_master_pair`] says whether a write leaves the
+//!   bank with the pair; [`own_key_files`] whether the tree has one to lose.
+//! - **A bank value that differs from its file** is never replaced unless
+//!   asked ([`OnDiffer`]): it may be a key Salt wrote into the bank since (a
+//!   pair it generated, a newer one), and the only copy of it. By default
+//!   the whole write is refused before anything is written.
 //! - Salt's own `MmapCache` creates the bank's files with the process umask
 //!   (0644 under root's 022), private keys included; [`write()`] narrows the
 //!   files of the bank it writes to 0600 or less.
 
 use std::collections::BTreeSet;
-use std::fs::File;
-use std::io::Read;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
 use crate::files::Ownership;
-use crate::format::{self, MASTER_INDEX};
+use crate::format::MASTER_INDEX;
 use crate::table::{OpenOptions, Table};
+
+mod bank;
+mod collect;
+pub(crate) use bank::bank_beside;
+pub use bank::open_bank;
+use bank::{private_options, tighten};
+use collect::skip;
+pub use collect::{collect, own_key_files};
 
 /// The largest file [`collect`] takes (a 16384-bit RSA private key PEM is
 /// about 12 KiB).
@@ -265,317 +283,70 @@ pub struct MasterKeysReport {
     pub tightened: Vec<PathBuf>,
 }
 
-/// Reads the files Salt 3008.5's localfs_key serves under `master_keys`
-/// names: the `pki_dir` names of [`MasterKeyOptions::pki_dir_names`] from
-/// `pki_dir`, and every other name from `cluster_pki_dir` (a master with a
-/// `cluster_id`) or else `pki_dir`: its `.pem`/`.pub` files, the signature
-/// and `peers/*.pub`. Symlinks are never followed (files are opened with
-/// `O_NOFOLLOW`); dot-files and directories other than `peers` are ignored.
-pub fn collect(
-    pki_dir: &Path,
-    cluster_pki_dir: Option<&Path>,
-    opts: &MasterKeyOptions,
-) -> Result<Collected> {
-    let pinned = opts.pki_dir_names();
-    let signature = opts.signature_name();
-    let cachedir = store_dir(pki_dir, cluster_pki_dir);
-    let same_dir = cachedir == pki_dir;
-    let mut out = Collected::default();
-
-    for name in &pinned {
-        take(&mut out, name, &pki_dir.join(name), opts);
-    }
-
-    for (name, path) in entries(cachedir)? {
-        let Some(name) = name else {
-            out.skipped.push(skip(
-                &path.to_string_lossy(),
-                &path,
-                MasterKeySkipReason::NonUtf8Name,
-            ));
-            continue;
-        };
-        if name.starts_with('.') {
-            continue;
-        }
-        let meta = std::fs::symlink_metadata(&path).map_err(|e| Error::io(&path, "lstat", e))?;
-        if meta.is_dir() {
-            if name == "peers" {
-                peers(&mut out, &path, opts)?;
-            }
-            continue;
-        }
-        if pinned.contains(&name) {
-            if !same_dir {
-                out.skipped
-                    .push(skip(&name, &path, MasterKeySkipReason::WrongDir));
-            }
-            continue;
-        }
-        if name.ends_with(".pem") || name.ends_with(".pub") || name == signature {
-            take(&mut out, &name, &path, opts);
-        } else if meta.file_type().is_symlink() {
-            out.skipped
-                .push(skip(&name, &path, MasterKeySkipReason::Symlink));
-        } else {
-            out.skipped
-                .push(skip(&name, &path, MasterKeySkipReason::NotAKeyName));
-        }
-    }
-
-    legacy_pair(&mut out, opts);
-    out.files.sort_by(|a, b| a.name.cmp(&b.name));
-    out.skipped.sort_by(|a, b| a.name.cmp(&b.name));
-    Ok(out)
-}
-
-/// A tree from before Salt 3008 holds the master's pair as regular
-/// `master.pem`/`master.pub` and no `<master_id>.pem`/`.pub`. On its first
-/// start Salt's `_setup_keys` copies them to the id-named entries and serves
-/// those from then on (crypt.py `MasterKeys._setup_keys`). Store them under
-/// both names, so that a `<master_id>.pem` already in the bank (one that
-/// Salt generated when it found the bank empty) cannot take their place.
-fn legacy_pair(out: &mut Collected, opts: &MasterKeyOptions) {
-    let mid = opts.master_id();
-    if mid == "master" {
-        return;
-    }
-    let has = |out: &Collected, n: &str| {
-        out.files.iter().any(|f| f.name == n) || out.skipped.iter().any(|s| s.name == n)
-    };
-    if has(out, &format!("{mid}.pem")) || has(out, &format!("{mid}.pub")) {
-        return;
-    }
-    let pair: Vec<MasterKeyFile> = ["pem", "pub"]
-        .iter()
-        .filter_map(|ext| {
-            let f = out
-                .files
-                .iter()
-                .find(|f| f.name == format!("master.{ext}"))?;
-            Some(MasterKeyFile {
-                name: format!("{mid}.{ext}"),
-                ..f.clone()
-            })
-        })
-        .collect();
-    if pair.len() == 2 {
-        out.files.extend(pair);
+impl MasterKeysReport {
+    /// Whether the bank, once this report's write is done, holds the
+    /// master's own pair where Salt's `MasterKeys._setup_keys` (crypt.py)
+    /// looks for it: `<master_id>.pem`, else `master.pem` (which Salt then
+    /// copies under the id's names). With neither, Salt generates a new
+    /// pair, and minions (and a cluster's peers, through
+    /// `peers/<master_id>.pub`) refuse the master.
+    pub fn holds_master_pair(&self, opts: &MasterKeyOptions) -> bool {
+        let own = format!("{}.pem", opts.master_id());
+        [&self.written, &self.replaced, &self.unchanged, &self.kept]
+            .iter()
+            .any(|v| v.iter().any(|n| *n == own || n == "master.pem"))
     }
 }
 
-/// `peers/*.pub` of the cluster pki dir.
-fn peers(out: &mut Collected, dir: &Path, opts: &MasterKeyOptions) -> Result<()> {
-    for (name, path) in entries(dir)? {
-        let Some(name) = name else {
-            out.skipped.push(skip(
-                &format!("peers/{}", path.to_string_lossy()),
-                &path,
-                MasterKeySkipReason::NonUtf8Name,
-            ));
-            continue;
-        };
-        if name.starts_with('.') {
-            continue;
-        }
-        let full = format!("peers/{name}");
-        if name.ends_with(".pub") {
-            take(out, &full, &path, opts);
-        } else {
-            out.skipped
-                .push(skip(&full, &path, MasterKeySkipReason::NotAKeyName));
-        }
-    }
-    Ok(())
-}
-
-/// The entries of a directory (absent: none), names decoded when UTF-8.
-fn entries(dir: &Path) -> Result<Vec<(Option<String>, PathBuf)>> {
-    let rd = match std::fs::read_dir(dir) {
-        Ok(rd) => rd,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(Error::io(dir, "read_dir", e)),
-    };
-    let mut v = Vec::new();
-    for e in rd {
-        let e = e.map_err(|e| Error::io(dir, "read_dir", e))?;
-        v.push((e.file_name().to_str().map(str::to_string), e.path()));
-    }
-    v.sort();
-    Ok(v)
-}
-
-fn skip(name: &str, path: &Path, reason: MasterKeySkipReason) -> MasterKeySkip {
-    MasterKeySkip {
-        name: name.to_string(),
-        path: path.to_path_buf(),
-        reason,
-        detail: None,
-    }
-}
-
-/// Reads `path` for `name` into `out`, or records why not. An absent file
-/// is neither.
-fn take(out: &mut Collected, name: &str, path: &Path, opts: &MasterKeyOptions) {
-    match read_key_file(path, opts.max_file_bytes) {
-        Ok(Some(bytes)) => out.files.push(MasterKeyFile {
-            name: name.to_string(),
-            path: path.to_path_buf(),
-            bytes,
-        }),
-        Ok(None) => {}
-        Err((reason, detail)) => out.skipped.push(MasterKeySkip {
-            name: name.to_string(),
-            path: path.to_path_buf(),
-            reason,
-            detail,
-        }),
-    }
-}
-
-type Refusal = (MasterKeySkipReason, Option<String>);
-
-/// Opens `path` without following a symlink and reads it whole; `Ok(None)`
-/// when it does not exist.
-fn read_key_file(path: &Path, max: u64) -> std::result::Result<Option<Vec<u8>>, Refusal> {
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
-        .open(path);
-    let f: File = match f {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
-            return Err((MasterKeySkipReason::Symlink, None))
-        }
-        Err(e) if matches!(e.raw_os_error(), Some(libc::EISDIR) | Some(libc::ENXIO)) => {
-            return Err((MasterKeySkipReason::NotARegularFile, None))
-        }
-        Err(e) => return Err((MasterKeySkipReason::Unreadable, Some(e.to_string()))),
-    };
-    let meta = f
-        .metadata()
-        .map_err(|e| (MasterKeySkipReason::Unreadable, Some(e.to_string())))?;
-    if !meta.is_file() {
-        return Err((MasterKeySkipReason::NotARegularFile, None));
-    }
-    if meta.len() > max {
-        return Err((MasterKeySkipReason::TooLarge, None));
-    }
-    let mut bytes = Vec::with_capacity(meta.len() as usize);
-    f.take(max + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| (MasterKeySkipReason::Unreadable, Some(e.to_string())))?;
-    if bytes.len() as u64 > max {
-        return Err((MasterKeySkipReason::TooLarge, None));
-    }
-    if bytes.is_empty() {
-        return Err((MasterKeySkipReason::Empty, None));
-    }
-    if std::str::from_utf8(&bytes).is_err() || bytes.last() == Some(&0) {
-        return Err((MasterKeySkipReason::NotText, None));
-    }
-    Ok(Some(bytes))
-}
-
-/// The bank's files that exist: index, heap segments, roster, lock.
-fn bank_files(index: &Path) -> Vec<PathBuf> {
-    let with = |s: &str| {
-        let mut p = index.as_os_str().to_owned();
-        p.push(s);
-        PathBuf::from(p)
-    };
-    let mut v = vec![
-        index.to_path_buf(),
-        with(format::ROSTER_SUFFIX),
-        with(format::LOCK_SUFFIX),
-    ];
-    let heap = with(format::HEAP_SUFFIX);
-    v.push(heap.clone());
-    for n in 1u32.. {
-        let seg = with(&format!("{}.{n}", format::HEAP_SUFFIX));
-        if std::fs::symlink_metadata(&seg).is_err() {
-            break;
-        }
-        v.push(seg);
-    }
-    v.retain(|p| std::fs::symlink_metadata(p).is_ok());
-    v
-}
-
-/// Narrows every regular bank file wider than 0600 to `mode & 0600`;
-/// returns the files changed. Symlinks are not followed (the table refuses
-/// them anyway).
-fn tighten(index: &Path) -> Result<Vec<PathBuf>> {
-    let mut changed = Vec::new();
-    for p in bank_files(index) {
-        let f = match std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
-            .open(&p)
-        {
-            Ok(f) => f,
-            Err(_) => continue,
-        };
-        let meta = f.metadata().map_err(|e| Error::io(&p, "stat", e))?;
-        let mode = meta.permissions().mode() & 0o7777;
-        if meta.is_file() && mode & !0o600 != 0 {
-            f.set_permissions(std::fs::Permissions::from_mode(mode & 0o600))
-                .map_err(|e| Error::io(&p, "chmod", e))?;
-            changed.push(p);
-        }
-    }
-    Ok(changed)
-}
-
-/// Opens the `master_keys` bank of `dir` for a driver that reads and
-/// writes it entry by entry (Salt's `master_keys` bank: private keys
-/// among the values): files it creates are mode 0600 or narrower (owner
-/// from `opts.ownership`, else `dir`'s), and existing bank files wider than
-/// that (Salt's mmap_key creates them with its umask) are narrowed first.
-pub fn open_bank(dir: &Path, opts: &OpenOptions) -> Result<Table> {
-    let index = dir.join(MASTER_INDEX);
-    tighten(&index)?;
-    Table::open(index, &private_options(dir, opts)?)
-}
-
-/// `opts` with the owner of new files kept and their mode never wider than
-/// 0600.
-fn private_options(dir: &Path, opts: &OpenOptions) -> Result<OpenOptions> {
-    let own = match opts.ownership {
-        Some(o) => o,
-        None => Ownership::for_dir(dir)?,
-    };
-    Ok(OpenOptions {
-        ownership: Some(Ownership {
-            mode: own.mode & 0o600,
-            ..own
-        }),
-        ..opts.clone()
-    })
+/// What [`write()`] and [`plan`] do with a name whose value in the bank
+/// differs from its file.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum OnDiffer {
+    /// Refuse the whole write ([`Error::MasterKeysDiffer`]), writing
+    /// nothing: the bank's value may be a key Salt wrote there since the
+    /// files were, and the only copy of it.
+    #[default]
+    Refuse,
+    /// Replace the bank's value with the file's (what an operator asks for
+    /// once sure the files hold the keys the minions and peers trust).
+    Replace,
 }
 
 /// Stores `collected.files` in the `master_keys` bank of `dir` (see
 /// [`store_dir`]) as Salt's mmap_key stores them (the file's bytes as the
 /// value, under its name), in one transaction under the bank's lock: a
-/// failure writes nothing. Values equal to the file are left alone; others
-/// are replaced. Creates `dir` (mode 0700) when missing. The bank's files
-/// end mode 0600 or narrower: new ones are created so (the owner from
-/// `opts.ownership`, else `dir`'s), existing wider ones (Salt creates them
-/// with its umask) are narrowed, before and after the write.
-pub fn write(dir: &Path, collected: &Collected, opts: &OpenOptions) -> Result<MasterKeysReport> {
-    run(dir, collected, opts, false)
+/// failure writes nothing. Values equal to the file are left alone; a value
+/// that differs refuses the whole write ([`Error::MasterKeysDiffer`]) unless
+/// `on_differ` is [`OnDiffer::Replace`]. Creates `dir` (mode 0700) when
+/// missing. The bank's files end mode 0600 or narrower: new ones are
+/// created so (the owner from `opts.ownership`, else `dir`'s), existing
+/// wider ones (Salt creates them with its umask) are narrowed, before and
+/// after the write.
+pub fn write(
+    dir: &Path,
+    collected: &Collected,
+    opts: &OpenOptions,
+    on_differ: OnDiffer,
+) -> Result<MasterKeysReport> {
+    run(dir, collected, opts, on_differ, false)
 }
 
-/// What [`write()`] would do, writing and creating nothing.
-pub fn plan(dir: &Path, collected: &Collected, opts: &OpenOptions) -> Result<MasterKeysReport> {
-    run(dir, collected, opts, true)
+/// What [`write()`] would do (and its refusal), writing and creating
+/// nothing.
+pub fn plan(
+    dir: &Path,
+    collected: &Collected,
+    opts: &OpenOptions,
+    on_differ: OnDiffer,
+) -> Result<MasterKeysReport> {
+    run(dir, collected, opts, on_differ, true)
 }
 
 fn run(
     dir: &Path,
     collected: &Collected,
     opts: &OpenOptions,
+    on_differ: OnDiffer,
     dry_run: bool,
 ) -> Result<MasterKeysReport> {
     let index = dir.join(MASTER_INDEX);
@@ -623,42 +394,55 @@ fn run(
     }
     let names: BTreeSet<&str> = todo.iter().map(|f| f.name.as_str()).collect();
 
-    let classify =
-        |report: &mut MasterKeysReport, old: Option<Vec<u8>>, f: &MasterKeyFile| match old {
-            None => report.written.push(f.name.clone()),
-            Some(v) if v == f.bytes => report.unchanged.push(f.name.clone()),
-            Some(_) => report.replaced.push(f.name.clone()),
-        };
-    if dry_run || todo.is_empty() {
-        for f in &todo {
-            classify(
-                &mut report,
-                table.get(f.name.as_bytes())?.map(|s| s.value),
-                f,
-            );
+    // The bank's values, sorted into the report; refused when one differs
+    // and replacing was not asked for.
+    let classify = |olds: Vec<Option<Vec<u8>>>| -> Result<MasterKeysReport> {
+        let mut r = MasterKeysReport::default();
+        for (f, old) in todo.iter().zip(olds) {
+            match old {
+                None => r.written.push(f.name.clone()),
+                Some(v) if v == f.bytes => r.unchanged.push(f.name.clone()),
+                Some(_) => r.replaced.push(f.name.clone()),
+            }
         }
+        if on_differ == OnDiffer::Refuse && !r.replaced.is_empty() {
+            return Err(Error::MasterKeysDiffer {
+                path: index.clone(),
+                names: r.replaced.join(", "),
+            });
+        }
+        Ok(r)
+    };
+    let r = if dry_run || todo.is_empty() {
+        let olds = todo
+            .iter()
+            .map(|f| Ok(table.get(f.name.as_bytes())?.map(|s| s.value)))
+            .collect::<Result<Vec<_>>>()?;
+        classify(olds)?
     } else {
         let (r, _) = table.transaction(|tx| {
-            let mut r = MasterKeysReport::default();
+            let olds = todo
+                .iter()
+                .map(|f| tx.get(f.name.as_bytes()))
+                .collect::<Result<Vec<_>>>()?;
+            let r = classify(olds)?;
             for f in &todo {
-                let old = tx.get(f.name.as_bytes())?;
-                let same = old.as_deref() == Some(&f.bytes[..]);
-                classify(&mut r, old, f);
-                if !same {
+                if !r.unchanged.contains(&f.name) {
                     tx.put(f.name.as_bytes(), &f.bytes)?;
                 }
             }
             Ok(r)
         })?;
-        report.written = r.written;
-        report.replaced = r.replaced;
-        report.unchanged = r.unchanged;
         for p in tighten(&index)? {
             if !report.tightened.contains(&p) {
                 report.tightened.push(p);
             }
         }
-    }
+        r
+    };
+    report.written = r.written;
+    report.replaced = r.replaced;
+    report.unchanged = r.unchanged;
     report.kept = names_in(&table)?
         .into_iter()
         .filter(|n| !names.contains(n.as_str()))

@@ -158,17 +158,20 @@ fn write_all(jobs: &[(PathBuf, File, Body<'_>)]) -> Result<()> {
 }
 
 impl Commit {
-    /// Writes the images of several banks (index path, image) under
-    /// temporary names, all of them written and fsynced together, to be
-    /// renamed into place by [`Commit::apply`].
-    fn stage_all(&mut self, banks: Vec<(PathBuf, Image)>, own: &Ownership) -> Result<()> {
+    /// Writes the images of several banks (index path, image, owner and
+    /// mode of the bank's new files) under temporary names, all of them
+    /// written and fsynced together, to be renamed into place by
+    /// [`Commit::apply`]. A file that replaces another keeps its owner and
+    /// mode ([`Ownership::replacing`]); the files of the `master_keys` bank
+    /// (private keys) are never wider than 0600, whatever they replace.
+    fn stage_all(&mut self, banks: Vec<(PathBuf, Image, Ownership)>) -> Result<()> {
         let rosters: Vec<Vec<u8>> = banks
             .iter()
-            .map(|(_, image)| roster::encode(&image.roster))
+            .map(|(_, image, _)| roster::encode(&image.roster))
             .collect();
         // Per bank: (temporary, final name, contents), in rename order.
         let mut plans: Vec<Vec<(PathBuf, PathBuf, Body<'_>)>> = Vec::new();
-        for ((index, image), roster_bytes) in banks.iter().zip(&rosters) {
+        for ((index, image, _), roster_bytes) in banks.iter().zip(&rosters) {
             let dir = index.parent().unwrap_or(Path::new("."));
             let name = index
                 .file_name()
@@ -199,10 +202,15 @@ impl Commit {
         // Created one by one, in order; written and fsynced together.
         let mut jobs = Vec::new();
         let mut renames: Vec<Vec<(PathBuf, PathBuf)>> = Vec::new();
-        for plan in plans {
+        for (plan, (index, _, own)) in plans.into_iter().zip(&banks) {
+            let private = index.file_name() == Some(std::ffi::OsStr::new(format::MASTER_INDEX));
             let mut r = Vec::with_capacity(plan.len());
             for (t, final_path, body) in plan {
-                let f = files::create_new_unsynced(&t, &own.replacing(&final_path))?;
+                let mut o = own.replacing(&final_path);
+                if private {
+                    o.mode &= 0o600;
+                }
+                let f = files::create_new_unsynced(&t, &o)?;
                 jobs.push((t.clone(), f, body));
                 r.push((t, final_path));
             }
@@ -210,7 +218,7 @@ impl Commit {
         }
         write_all(&jobs)?;
         drop(jobs);
-        for ((index, image), r) in banks.iter().zip(renames) {
+        for ((index, image, _), r) in banks.iter().zip(renames) {
             // Segments of the old bank past the new image's last one.
             for old in heap::discover(index).into_iter().skip(image.segments.len()) {
                 self.removals.push(old);
@@ -251,8 +259,8 @@ pub fn compact(table: &Table, size: Option<u64>) -> Result<()> {
     replace(&[table], || Ok(vec![compacted(table, size)?]))
 }
 
-/// Replaces the banks of `tables` (one or two banks of one directory, locked
-/// in the order given) by the images that `build` makes under their locks,
+/// Replaces the banks of `tables` (banks of one directory, locked in the
+/// order given) by the images that `build` makes under their locks,
 /// in one atomic rebuild: leftovers of killed rebuilds are removed first,
 /// then the images are staged under temporary names and renamed into place
 /// through one journal. A failure of `build` (or a crash) changes nothing.
@@ -312,19 +320,27 @@ pub(crate) fn replace_then(
         let banks = tables
             .iter()
             .zip(images)
-            .map(|(t, image)| (t.path().to_path_buf(), image))
+            .map(|(t, image)| (t.path().to_path_buf(), image, t.ownership()))
             .collect();
         let mut c = Commit::default();
-        c.stage_all(banks, &first.ownership())?;
+        c.stage_all(banks)?;
         c.apply(first.rebuild_settle())?;
         after()
     };
-    match tables {
-        [t] => t.exclusive(run),
-        [k, d] => k.exclusive(|| d.exclusive(run)),
-        _ => Err(Error::InvalidParams(
-            "a rebuild replaces one or two banks".into(),
-        )),
+    let dir = first.path().parent();
+    if tables.iter().any(|t| t.path().parent() != dir) {
+        return Err(Error::InvalidParams(
+            "a rebuild replaces banks of one directory (one journal)".into(),
+        ));
+    }
+    locked(tables, run)
+}
+
+/// Runs `run` holding the locks of `tables`, taken in the order given.
+fn locked<T>(tables: &[&Table], run: impl FnOnce() -> Result<T>) -> Result<T> {
+    match tables.split_first() {
+        None => run(),
+        Some((t, rest)) => t.exclusive(|| locked(rest, run)),
     }
 }
 

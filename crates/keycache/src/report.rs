@@ -150,10 +150,14 @@ pub struct CompactReport {
     pub after: HeapNumbers,
     /// The Salt master config line for the table size now.
     pub config: String,
+    /// Whether the directory's `master_keys` bank was rebuilt with the key
+    /// banks (into the same size).
+    pub master_keys: bool,
 }
 
-/// Refuses a compaction into a table of `size` slots that either bank's
-/// live entries would fill past [`crate::migrate::MAX_LOAD_FACTOR`], as a
+/// Refuses a compaction into a table of `size` slots that the live entries
+/// of a bank (`keys`, `denied_keys`, or the `master_keys` bank, which moves
+/// with them) would fill past [`crate::migrate::MAX_LOAD_FACTOR`], as a
 /// migration refuses it ([`Error::Overfull`], which names a size that fits:
 /// [`crate::migrate::suggest_size`]).
 pub fn check_compact_size(store: &Store, size: u64) -> Result<()> {
@@ -163,10 +167,15 @@ pub fn check_compact_size(store: &Store, size: u64) -> Result<()> {
     };
     params.validate()?;
     let s = store.stats()?;
-    for (t, occupied) in [
+    let master = crate::master_keys::bank_beside(store.keys_table())?;
+    let mut banks = vec![
         (store.keys_table(), s.keys.occupied),
         (store.denied_table(), s.denied_keys.occupied),
-    ] {
+    ];
+    if let Some(m) = &master {
+        banks.push((m, m.stats()?.occupied));
+    }
+    for (t, occupied) in banks {
         let load = occupied as f64 / params.capacity() as f64;
         if load > crate::migrate::MAX_LOAD_FACTOR {
             return Err(Error::Overfull {
@@ -185,7 +194,8 @@ pub fn check_compact_size(store: &Store, size: u64) -> Result<()> {
 /// Opens the store in `dir` with `opts`, checks that `opts.params` is the
 /// layout of its files ([`Store::check_layout`]) and, with `to_size`, that
 /// the entries fit a table of that size ([`check_compact_size`]); then
-/// rebuilds both banks without garbage and tombstones ([`Store::compact`]),
+/// rebuilds both banks (and the `master_keys` bank, into the same size)
+/// without garbage and tombstones ([`Store::compact`]),
 /// into a table of `to_size` slots when given, and reports the heap before
 /// and after (the numbers after read from the store opened anew with the
 /// new size, and without `opts.ownership`). A refusal writes nothing.
@@ -196,6 +206,7 @@ pub fn compact(dir: &Path, opts: &OpenOptions, to_size: Option<u64>) -> Result<C
         check_compact_size(&store, size)?;
     }
     let before = HeapNumbers::of(&store)?;
+    let master_keys = crate::master_keys::bank_beside(store.keys_table())?.is_some();
     store.compact(to_size)?;
     let size = to_size.unwrap_or(store.keys_table().params().size);
     let reopened = OpenOptions {
@@ -212,6 +223,7 @@ pub fn compact(dir: &Path, opts: &OpenOptions, to_size: Option<u64>) -> Result<C
         before,
         after,
         config: format!("mmap_key_size: {size}"),
+        master_keys,
     })
 }
 

@@ -86,6 +86,21 @@ impl Driver {
     fn fits(&self, name: &[u8]) -> bool {
         name.len() <= self.key.params.2 && !name.is_empty() && !name.contains(&0)
     }
+
+    /// Why [`Driver::fits`] refuses `name`, in words.
+    fn misfit(&self, name: &[u8]) -> String {
+        if name.is_empty() {
+            "the name is empty".into()
+        } else if name.contains(&0) {
+            "the name contains a NUL byte".into()
+        } else {
+            format!(
+                "the name is {} bytes, more than mmap_key_id_size ({})",
+                name.len(),
+                self.key.params.2
+            )
+        }
+    }
 }
 
 /// keycache's error as the driver's exception.
@@ -191,11 +206,9 @@ impl Driver {
             return Err(error(
                 py,
                 format!(
-                    "keycache: failed to write bank={bank:?} key={}: the name is {} bytes, \
-                     more than mmap_key_id_size ({})",
+                    "keycache: failed to write bank={bank:?} key={}: {}",
                     key.repr()?,
-                    name.len(),
-                    self.key.params.2
+                    self.misfit(&name)
                 ),
             ));
         }

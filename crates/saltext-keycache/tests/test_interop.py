@@ -404,7 +404,8 @@ def test_mmap_key_writes_keycache_reads(salt_opts, keycache_bin):
     if made:
         problems = tree_problems(salt_opts, model)
         assert not problems, f"reads through keycache made {made}, unlike the banks:\n" + "\n".join(problems[:12])
-    assert_cli_agrees(keycache_bin, salt_opts, model)
+    # the banks: `verify` reports a store with accepted keys and no key tree
+    assert_cli_agrees(keycache_bin, salt_opts, model, tree="never")
 
 
 def test_interleaved_writes(salt_opts, keycache_bin):

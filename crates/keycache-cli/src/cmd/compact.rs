@@ -1,4 +1,6 @@
-//! `keycache compact`: both banks rebuilt without garbage and tombstones.
+//! `keycache compact`: both banks rebuilt without garbage and tombstones,
+//! with the `master_keys` bank beside them (Salt opens all three with one
+//! `mmap_key_size`).
 
 use std::process::ExitCode;
 
@@ -14,8 +16,9 @@ use crate::output::{esc_path, outln, print_json, CmdError, CmdResult};
 pub(crate) struct Args {
     #[command(flatten)]
     store: ConfiguredStore,
-    /// New table size; the Salt master config then needs `mmap_key_size: N`.
-    /// Refused when the keys would fill more than 80% of it.
+    /// New table size of every bank (keys, denied_keys, master_keys); the
+    /// Salt master config then needs `mmap_key_size: N`. Refused when the
+    /// entries of a bank would fill more than 80% of it.
     #[arg(long = "to-size", value_name = "N")]
     to_size: Option<u64>,
     #[command(flatten)]
@@ -71,8 +74,13 @@ pub(crate) fn run(a: Args) -> CmdResult {
         print_json(&r);
     } else {
         outln!(
-            "compacted {}: heap {} -> {} bytes, {} -> 0 deleted slots",
+            "compacted {}{}: heap {} -> {} bytes, {} -> 0 deleted slots",
             esc_path(dir),
+            if r.master_keys {
+                " (keys, denied_keys and master_keys)"
+            } else {
+                ""
+            },
             r.before.heap_total_bytes,
             r.after.heap_total_bytes,
             r.before.deleted

@@ -4,12 +4,12 @@ use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use keycache::master_keys::{self, MasterKeyOptions, MasterKeysReport};
+use keycache::master_keys::{self, MasterKeyOptions, MasterKeysReport, OnDiffer};
 use keycache::migrate::{self, MigrateOptions, Report as MigrateReport};
 use keycache::table::OpenOptions;
 
 use crate::args::{announce_lock_wait, Json, Layout, User};
-use crate::master_config::{Origin, Setting};
+use crate::master_config::{MasterConfig, Origin, Setting};
 use crate::output::{errln, esc, esc_path, outln, print_json, CmdError, CmdResult};
 
 /// The arguments of `keycache migrate`.
@@ -21,23 +21,31 @@ use crate::output::{errln, esc, esc_path, outln, print_json, CmdError, CmdResult
 pub(crate) struct Args {
     /// The master's pki_dir. Default: the master config's (see -c).
     pki_dir: Option<PathBuf>,
-    /// Write the banks here (the cluster_pki_dir) instead of PKI_DIR.
+    /// Write the banks here (the cluster_pki_dir) instead of PKI_DIR, with
+    /// the key tree (minions/, ...) that Salt's validate_token reads there.
     /// Default: the master config's cluster_pki_dir when it sets
     /// cluster_id, else PKI_DIR.
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
-    /// The master's id as Salt's opts hold it (`<host>_master`), which
-    /// names its key pair in the master_keys bank. Default: read off the
-    /// `master.pem` symlink of a Salt 3008 pki_dir.
+    /// The master's id as Salt's opts hold it (the config's `id`, else
+    /// `<host>_master`), which names its key pair in the master_keys bank.
+    /// Default: the master config's `id` (with -c or --master-config), else
+    /// read off the `master.pem` symlink of a Salt 3008 pki_dir.
     #[arg(long, value_name = "ID")]
     master_id: Option<String>,
     /// Leave the master_keys bank (the master's own keys) alone.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "replace_master_keys")]
     no_master_keys: bool,
+    /// Replace master_keys entries whose bytes differ from the files (by
+    /// default the migration refuses, writing nothing: the bank's may be a
+    /// newer key that Salt wrote there).
+    #[arg(long)]
+    replace_master_keys: bool,
     /// Count and report, write nothing.
     #[arg(long)]
     dry_run: bool,
-    /// Drop entries of the target banks that the tree does not have.
+    /// Drop entries of the target banks (and key files of the target's key
+    /// tree, with --out) that the tree does not have.
     #[arg(long)]
     replace: bool,
     /// Skip ids longer than --id-size instead of refusing the tree.
@@ -57,6 +65,25 @@ struct Out<'a> {
     #[serde(flatten)]
     report: &'a MigrateReport,
     master_keys: Option<MasterKeysReport>,
+    /// The master id the master_keys names were derived from, and where it
+    /// came from.
+    master_id: Option<&'a MasterId>,
+}
+
+/// The master's id as Salt's opts hold it, and where keycache found it.
+#[derive(Debug, Clone, serde::Serialize)]
+struct MasterId {
+    id: String,
+    from: String,
+}
+
+/// The master's own keys, collected and checked before anything is
+/// written.
+struct MasterPlan {
+    id: MasterId,
+    dir: PathBuf,
+    collected: master_keys::Collected,
+    plan: MasterKeysReport,
 }
 
 /// Runs `keycache migrate`.
@@ -134,87 +161,159 @@ pub(crate) fn run(a: Args) -> CmdResult {
         skip_long_ids: a.skip_long_ids,
         ownership,
     };
-    let report = migrate_with_progress(&tree, &opts)?;
-    let master_keys = if a.no_master_keys {
+    let on_differ = if a.replace_master_keys {
+        OnDiffer::Replace
+    } else {
+        OnDiffer::Refuse
+    };
+    // The master's keys are found and checked first: a refusal leaves the
+    // key banks untouched too.
+    let master = if a.no_master_keys {
         None
     } else {
-        migrate_master_keys(
-            &pki_dir,
-            cluster_dir.as_deref(),
-            a.master_id,
-            a.dry_run,
-            &open,
-        )?
+        let id = master_id(a.master_id.clone(), config.as_ref(), &pki_dir);
+        plan_master_keys(&pki_dir, cluster_dir.as_deref(), id, on_differ, &open)?
+    };
+    let report = migrate_with_progress(&tree, &opts)?;
+    let master_keys = match &master {
+        Some(m) if !a.dry_run => Some(master_keys::write(&m.dir, &m.collected, &open, on_differ)?),
+        Some(m) => Some(m.plan.clone()),
+        None => None,
     };
     if a.json.json {
         print_json(&Out {
             report: &report,
             master_keys,
+            master_id: master.as_ref().map(|m| &m.id),
         });
     } else {
         print_text(&report);
-        if let Some(m) = &master_keys {
-            print_master_keys(m);
+        if let (Some(r), Some(m)) = (&master_keys, &master) {
+            print_master_keys(r, &m.id);
         }
     }
     Ok(ExitCode::SUCCESS)
 }
 
-/// The master's id off a Salt 3008 pki_dir: `master.pem` is a symlink to
-/// `<master_id>.pem` there (crypt.py `_setup_keys`), and the id is that
-/// with `_master`.
-fn master_id_of(pki_dir: &Path) -> Option<String> {
-    let target = std::fs::read_link(pki_dir.join("master.pem")).ok()?;
-    let name = target.file_name()?.to_str()?;
-    let stem = name.strip_suffix(".pem")?;
-    (target
-        .parent()
-        .is_none_or(|p| p.as_os_str().is_empty() || p == pki_dir)
-        && !stem.is_empty())
-    .then(|| format!("{stem}_master"))
+/// The master's id as Salt's opts hold it: `--master-id`, else the master
+/// config's `id` (what Salt's `apply_master_config` keeps), else the one
+/// read off the `master.pem` symlink of a Salt 3008 pki_dir, else
+/// `master` (the names of a tree from before Salt 3008).
+fn master_id(flag: Option<String>, config: Option<&MasterConfig>, pki_dir: &Path) -> MasterId {
+    if let Some(id) = flag {
+        return MasterId {
+            id,
+            from: "--master-id".into(),
+        };
+    }
+    if let Some(s) = config.and_then(|c| c.id.as_ref()) {
+        if !s.value.is_empty() {
+            return MasterId {
+                id: s.value.clone(),
+                from: s.from.to_string(),
+            };
+        }
+    }
+    if let Some((id, target)) = master_id_of(pki_dir) {
+        return MasterId {
+            id,
+            from: format!("the master.pem symlink (-> {})", esc_path(&target)),
+        };
+    }
+    MasterId {
+        id: "master".into(),
+        from: "no --master-id, no `id` in a master config (-c), no master.pem symlink into \
+               PKI_DIR"
+            .into(),
+    }
 }
 
-/// Copies the master's own keys into the `master_keys` bank (a plan only
-/// with `dry_run`); `None` when the tree holds none of them.
-fn migrate_master_keys(
+/// The master's id off a Salt 3008 pki_dir: `master.pem` is a symlink to
+/// `<master_id>.pem` there (crypt.py `_setup_keys`), and the id is that
+/// with `_master`. The link's directory and `pki_dir` are compared
+/// resolved (canonical): Salt writes the link with the configured, absolute
+/// `pki_dir`, which a relative PKI_DIR given here does not spell alike.
+/// Returns the id and the link's target.
+fn master_id_of(pki_dir: &Path) -> Option<(String, PathBuf)> {
+    let target = std::fs::read_link(pki_dir.join("master.pem")).ok()?;
+    let name = target.file_name()?.to_str()?;
+    let stem = name.strip_suffix(".pem")?.to_owned();
+    if stem.is_empty() || stem == "master" {
+        return None;
+    }
+    let parent = match target.parent() {
+        Some(p) if !p.as_os_str().is_empty() => pki_dir.join(p),
+        _ => pki_dir.to_path_buf(),
+    };
+    let here = std::fs::canonicalize(pki_dir).ok()?;
+    (std::fs::canonicalize(parent).ok()? == here).then(|| (format!("{stem}_master"), target))
+}
+
+/// Collects the master's own keys and plans their write (a plan only: the
+/// write comes after the key banks'); `None` when the tree holds none of
+/// them. Refuses, writing nothing, when the bank holds other bytes under a
+/// name (unless `on_differ` replaces), and when the master has key files
+/// but the bank would not hold its pair under the names Salt's
+/// `MasterKeys` looks for (Salt would then generate a new one).
+fn plan_master_keys(
     pki_dir: &Path,
     cluster_dir: Option<&Path>,
-    master_id: Option<String>,
-    dry_run: bool,
+    id: MasterId,
+    on_differ: OnDiffer,
     open: &OpenOptions,
-) -> Result<Option<MasterKeysReport>, CmdError> {
-    // Without an id, "master": its pair is `master.pem`/`.pub`, which Salt
-    // renames to its id's own names when it first starts.
-    let id = master_id
-        .or_else(|| master_id_of(pki_dir))
-        .unwrap_or_else(|| "master".into());
-    let collected = master_keys::collect(pki_dir, cluster_dir, &MasterKeyOptions::new(id))?;
-    if collected.files.is_empty() {
+) -> Result<Option<MasterPlan>, CmdError> {
+    if !pki_dir.is_dir() {
+        // The migration refuses it, with its own message.
         return Ok(None);
     }
-    let dir = master_keys::store_dir(pki_dir, cluster_dir);
-    let report = if dry_run {
-        master_keys::plan(dir, &collected, open)?
-    } else {
-        master_keys::write(dir, &collected, open)?
-    };
-    Ok(Some(report))
+    let mopts = MasterKeyOptions::new(id.id.clone());
+    let collected = master_keys::collect(pki_dir, cluster_dir, &mopts)?;
+    let own = master_keys::own_key_files(pki_dir, &mopts)?;
+    if collected.files.is_empty() && own.is_empty() {
+        return Ok(None);
+    }
+    let dir = master_keys::store_dir(pki_dir, cluster_dir).to_path_buf();
+    let plan = master_keys::plan(&dir, &collected, open, on_differ)?;
+    if !own.is_empty() && !plan.holds_master_pair(&mopts) {
+        let mid = mopts.master_id();
+        let files: Vec<String> = own.iter().map(|p| esc_path(p)).collect();
+        return Err(CmdError::usage(format!(
+            "{}: the master's key pair is not where Salt's MasterKeys looks for it \
+             ({mid}.pem, else master.pem, for the master id {} from {}), but the directory \
+             holds master key files ({}): migrated so, the master would generate a new pair \
+             and its minions (and cluster peers) would refuse it. Give the master's id as \
+             Salt's opts hold it (`id` in the master config read with -c, or --master-id ID), \
+             or leave the master_keys bank alone with --no-master-keys; nothing was written",
+            esc_path(pki_dir),
+            esc(&id.id),
+            id.from,
+            files.join(", ")
+        )));
+    }
+    Ok(Some(MasterPlan {
+        id,
+        dir,
+        collected,
+        plan,
+    }))
 }
 
 /// The master keys part of the text report: names only.
-fn print_master_keys(r: &MasterKeysReport) {
+fn print_master_keys(r: &MasterKeysReport, id: &MasterId) {
     let names = |v: &[String]| v.iter().map(|n| esc(n)).collect::<Vec<_>>().join(", ");
     outln!(
-        "master_keys: {} written, {} unchanged",
+        "master_keys: {} written, {} unchanged (master id {}, from {})",
         r.written.len(),
-        r.unchanged.len()
+        r.unchanged.len(),
+        esc(&id.id),
+        esc(&id.from)
     );
     if !r.written.is_empty() {
         outln!("  written: {}", names(&r.written));
     }
     if !r.replaced.is_empty() {
         outln!(
-            "  replaced (the bank held other bytes): {}",
+            "  replaced (--replace-master-keys; the bank held other bytes): {}",
             names(&r.replaced)
         );
     }
@@ -305,6 +404,21 @@ fn print_text(report: &MigrateReport) {
             .and_then(|v| v.as_str().map(str::to_owned))
             .unwrap_or_default();
         outln!("skipped: {} ({reason}: {})", esc(&s.path), esc(&s.detail));
+    }
+    if let Some(dir) = &report.tree_dir {
+        if report.dry_run {
+            outln!(
+                "would write the key tree (minions/, ...) into {}: Salt's validate_token reads it there",
+                esc_path(dir)
+            );
+        } else {
+            outln!(
+                "key tree (minions/, ...) written into {}: {} files written, {} removed",
+                esc_path(dir),
+                report.tree_written,
+                report.tree_removed
+            );
+        }
     }
     outln!(
         "table size {} ({:.2}% full), {:.3} s",

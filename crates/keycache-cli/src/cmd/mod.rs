@@ -42,6 +42,14 @@ pub(crate) enum Command {
     /// ids, non-UTF-8 names, unreadable, empty and non-PEM files are skipped
     /// and reported. A tree that would fill the table past 80% or hold an id
     /// longer than --id-size is refused before anything is written.
+    ///
+    /// The master's own key files go into the master_keys bank, under the
+    /// names Salt's MasterKeys reads for the master id (the config's `id`).
+    /// Refused, before anything is written: a pki_dir whose master key pair
+    /// is not found under those names, and a master_keys entry holding other
+    /// bytes than its file (--replace-master-keys replaces it). Banks written
+    /// into another directory than the tree (--out) get the key tree there
+    /// too, where Salt's validate_token reads it.
     Migrate(migrate::Args),
     /// List keys like `salt-key -L` (with --json, like `salt-key --out json`).
     /// Exits 2 when entries cannot be read (after listing the others) or a

@@ -1,7 +1,7 @@
 //! `keycache verify [--repair]`: the consistency check of both banks.
 
 use keycache::tree::{TreeDisagreement, TreeRepair};
-use keycache::verify::{check_store, BankFinding, VerifyReport};
+use keycache::verify::{check_store, missing_key_tree, BankFinding, VerifyReport};
 
 use crate::args::{ConfiguredStore, Json, Layout};
 use crate::cmd::state::TreeMode;
@@ -21,7 +21,9 @@ pub(crate) struct Args {
     /// the store, which Salt's validate_token reads on every request
     /// (`--repair` makes it equal to the store, and refuses a directory
     /// without a store: run `keycache migrate` first): always, never, or
-    /// auto, when the store's directory holds a `minions` entry.
+    /// auto, when the store's directory holds a `minions` entry (auto
+    /// reports a store with accepted keys and no `minions` as a finding,
+    /// which `--repair` mends by writing the tree).
     #[arg(long, value_enum, value_name = "WHEN", default_value_t = TreeMode::Auto)]
     tree: TreeMode,
     #[command(flatten)]
@@ -60,21 +62,40 @@ pub(crate) fn run(a: Args) -> CmdResult {
         // every key file.
         keycache::tree::require_store(&store)?;
     }
-    let report = check_store(&store, a.repair)?;
-    let tree = if tree_on {
+    let mut report = check_store(&store, a.repair)?;
+    // A store with accepted keys and no tree at all (auto finds none to
+    // compare): Salt's validate_token refuses every accepted minion.
+    let no_tree = if a.tree == TreeMode::Auto && !tree_on {
+        missing_key_tree(&store)?
+    } else {
+        None
+    };
+    let tree = if tree_on || (a.repair && no_tree.is_some()) {
         let repaired = if a.repair {
             Some(keycache::tree::mend(&store)?)
         } else {
             None
         };
-        let disagreements = keycache::tree::check(&store)?;
-        Some(TreeOut {
-            disagreements,
-            repaired,
-        })
+        match keycache::tree::check(&store) {
+            Ok(disagreements) => Some(TreeOut {
+                disagreements,
+                repaired,
+            }),
+            // An entry of the damaged banks cannot be read: they are
+            // reported; the tree is compared once they are repaired.
+            Err(e) if e.is_corrupt() && !report.clean && !a.repair => None,
+            Err(e) => return Err(e.into()),
+        }
     } else {
         None
     };
+    if let (Some(finding), false) = (no_tree, a.repair) {
+        report.findings.push(BankFinding {
+            bank: "keys",
+            finding,
+        });
+        report.clean = false;
+    }
     let tree_ok = tree.as_ref().is_none_or(|t| t.disagreements.is_empty());
     if a.json.json {
         print_json(&Out {

@@ -7,6 +7,8 @@ pub use keycache_testkit::common::*;
 use keycache_testkit::crash::Cli;
 use serde_json::Value;
 
+pub mod salt_master;
+
 /// The keycache binary of this crate, for the test kit's crash checks.
 pub fn cli() -> Cli {
     Cli::new(env!("CARGO_BIN_EXE_keycache"))

@@ -7,9 +7,12 @@
 //! accepted). Both banks are then built in memory, merged with what the
 //! target banks already hold (unless `replace`), written under temporary
 //! names and renamed into place through [`crate::rebuild`]'s journal, under
-//! the banks' locks.
+//! the banks' locks. When the banks go to another directory than the tree
+//! (`out`), the tree is written there too, in the same commit (see
+//! `tree.rs`): Salt's `validate_token` reads it there.
 
-use std::collections::HashMap;
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsString;
 use std::io::Read;
 use std::os::unix::ffi::OsStrExt;
@@ -24,7 +27,9 @@ use crate::rebuild::{self, Image};
 use crate::store::{KeyState, Store, DENIED_INDEX, KEYS_INDEX};
 use crate::table::OpenOptions;
 
+mod plan;
 mod scan;
+mod tree;
 use scan::{scan_tree, state_bytes, Span, SUM};
 
 /// The highest share of data slots a migration fills before it refuses and
@@ -174,6 +179,14 @@ pub struct Report {
     pub load_factor: f64,
     /// Seconds spent.
     pub seconds: f64,
+    /// Where the `localfs_key` tree of the migrated store was written (or,
+    /// dry, would be): the target, when it is not the tree migrated (Salt's
+    /// `validate_token` reads `minions/<id>` there); `None` otherwise.
+    pub tree_dir: Option<PathBuf>,
+    /// Key files written into that tree.
+    pub tree_written: u64,
+    /// Key files removed from it.
+    pub tree_removed: u64,
 }
 
 /// A key of the tree that is migrated.
@@ -253,170 +266,6 @@ impl Tree {
 
     fn state(&self, i: usize) -> KeyState {
         KeyState::ALL[self.found[i].dir]
-    }
-
-    /// Merges the tree with what the target banks hold (unless `replace`)
-    /// and checks the load factor.
-    fn plan(
-        &self,
-        store: Option<&Store>,
-        target: &Path,
-        opts: &MigrateOptions,
-    ) -> Result<MigrationPlan> {
-        let kpath = target.join(KEYS_INDEX);
-        let dpath = target.join(DENIED_INDEX);
-        let mut plan = MigrationPlan::default();
-        let mut placed = vec![false; self.keys.len()];
-        let mut dplaced = vec![false; self.denied.len()];
-        if let Some(store) = store {
-            // Position in `keys` / `denied` of each tree key, by id.
-            let kpos: Vec<usize> = (0..self.keys.len()).collect();
-            let mut by_id: Option<Vec<usize>> = None;
-            for r in store.keys_table().iter()? {
-                let r = r?;
-                let id = String::from_utf8_lossy(&r.id).into_owned();
-                let sorted = by_id.get_or_insert_with(|| {
-                    let mut v = kpos.clone();
-                    v.sort_unstable_by(|&a, &b| self.id(self.keys[a]).cmp(self.id(self.keys[b])));
-                    v
-                });
-                let hit = sorted
-                    .binary_search_by(|&p| self.id(self.keys[p]).cmp(&id))
-                    .ok()
-                    .map(|x| sorted[x]);
-                if let Some(p) = hit {
-                    placed[p] = true;
-                    plan.keys.push(Src::Tree(self.keys[p]));
-                } else if opts.replace {
-                    plan.dropped += 1;
-                    plan.dropped_keys.push(id);
-                } else {
-                    let (state, _) = crate::store::decode_key_value(&r.value).ok_or_else(|| Error::Corrupt {
-                        path: kpath.clone(),
-                        id: Some(id.clone()),
-                        why: "existing value is not [state][public key]; run keycache verify --repair".into(),
-                    })?;
-                    bump(&mut plan.kept, state as usize);
-                    plan.keys.push(Src::Kept(plan.kept_keys.len()));
-                    plan.kept_keys.push((id, r.value, r.mtime));
-                }
-            }
-            let mut by_id: Option<Vec<usize>> = None;
-            for r in store.denied_table().iter()? {
-                let r = r?;
-                let id = String::from_utf8_lossy(&r.id).into_owned();
-                let sorted = by_id.get_or_insert_with(|| {
-                    let mut v: Vec<usize> = (0..self.denied.len()).collect();
-                    v.sort_unstable_by(|&a, &b| {
-                        self.id(self.denied[a]).cmp(self.id(self.denied[b]))
-                    });
-                    v
-                });
-                let hit = sorted
-                    .binary_search_by(|&p| self.id(self.denied[p]).cmp(&id))
-                    .ok()
-                    .map(|x| sorted[x]);
-                if let Some(p) = hit {
-                    dplaced[p] = true;
-                    plan.denied.push(Src::Tree(self.denied[p]));
-                } else if opts.replace {
-                    plan.dropped += 1;
-                    plan.dropped_denied.push(id);
-                } else {
-                    plan.kept.denied += 1;
-                    plan.denied.push(Src::Kept(plan.kept_denied.len()));
-                    plan.kept_denied.push((id, r.value, r.mtime));
-                }
-            }
-        }
-        plan.keys.extend(
-            self.keys
-                .iter()
-                .zip(&placed)
-                .filter(|(_, p)| !**p)
-                .map(|(&i, _)| Src::Tree(i)),
-        );
-        plan.denied.extend(
-            self.denied
-                .iter()
-                .zip(&dplaced)
-                .filter(|(_, p)| !**p)
-                .map(|(&i, _)| Src::Tree(i)),
-        );
-        check_load(&kpath, plan.keys.len() as u64, &opts.params)?;
-        check_load(&dpath, plan.denied.len() as u64, &opts.params)?;
-        let mut total = StateCounts::default();
-        for s in &plan.keys {
-            let state = match *s {
-                Src::Tree(i) => self.state(i),
-                // Checked when kept.
-                Src::Kept(i) => crate::store::decode_key_value(&plan.kept_keys[i].1)
-                    .map(|(s, _)| s)
-                    .unwrap_or(KeyState::Accepted),
-            };
-            bump(&mut total, state as usize);
-        }
-        total.denied = plan.denied.len() as u64;
-        plan.total = total;
-        plan.load_factor = plan.keys.len() as f64 / opts.params.capacity() as f64;
-        Ok(plan)
-    }
-
-    /// Both bank images of `plan`.
-    fn images(
-        &self,
-        plan: &MigrationPlan,
-        target: &Path,
-        params: Params,
-    ) -> Result<(Image, Image)> {
-        let kpath = target.join(KEYS_INDEX);
-        let dpath = target.join(DENIED_INDEX);
-        let mut kimg = Image::with_shared(params, self.parts.clone())?;
-        let mut dimg = Image::with_shared(params, self.parts.clone())?;
-        // Only kept entries are copied into the images; the tree's records
-        // are written from the readers' buffers.
-        let bytes = |kept: &[KeptEntry]| -> usize { kept.iter().map(|k| k.1.len()).sum() };
-        kimg.reserve_slots(plan.keys.len());
-        kimg.reserve(plan.kept_keys.len(), bytes(&plan.kept_keys));
-        dimg.reserve_slots(plan.denied.len());
-        dimg.reserve(plan.kept_denied.len(), bytes(&plan.kept_denied));
-        for id in &plan.dropped_keys {
-            kimg.allow_dropping(id.as_bytes());
-        }
-        for id in &plan.dropped_denied {
-            dimg.allow_dropping(id.as_bytes());
-        }
-        let tree_insert = |img: &mut Image, i: usize, path: &Path| {
-            let (buf, range) = self.record(i);
-            let k = &self.found[i];
-            img.insert_record(
-                self.id(i).as_bytes(),
-                buf,
-                range,
-                self.value_len(i),
-                k.span.mtime,
-                path,
-            )
-        };
-        for s in &plan.keys {
-            match *s {
-                Src::Tree(i) => tree_insert(&mut kimg, i, &kpath)?,
-                Src::Kept(i) => {
-                    let (id, value, mtime) = &plan.kept_keys[i];
-                    kimg.insert(id.as_bytes(), value, *mtime, &kpath)?
-                }
-            }
-        }
-        for s in &plan.denied {
-            match *s {
-                Src::Tree(i) => tree_insert(&mut dimg, i, &dpath)?,
-                Src::Kept(i) => {
-                    let (id, value, mtime) = &plan.kept_denied[i];
-                    dimg.insert(id.as_bytes(), value, *mtime, &dpath)?
-                }
-            }
-        }
-        Ok((kimg, dimg))
     }
 }
 
@@ -555,7 +404,12 @@ pub fn migrate(
         size: opts.params.size,
         load_factor: 0.0,
         seconds: 0.0,
+        tree_dir: None,
+        tree_written: 0,
+        tree_removed: 0,
     };
+    // The banks go elsewhere than the tree: the tree goes with them.
+    let write_tree = !tree::same_dir(pki_dir, &target);
     let topts = OpenOptions {
         params: opts.params,
         ownership: opts.ownership,
@@ -575,6 +429,12 @@ pub fn migrate(
     // or directory: a refused migration leaves no trace; the images are
     // built once, under the locks.
     let mut plan = tree.plan(store.as_ref(), &target, opts)?;
+    if write_tree {
+        if store.is_some() {
+            tree.wants(&plan, &target, opts.replace)?;
+        }
+        report.tree_dir = Some(target.clone());
+    }
     let store = match (store, opts.dry_run) {
         (Some(s), _) => Some(s),
         (None, true) => None,
@@ -586,11 +446,35 @@ pub fn migrate(
     if let (Some(store), false) = (&store, opts.dry_run) {
         let kt = store.keys_table();
         let dt = store.denied_table();
-        rebuild::replace(&[kt, dt], || {
-            plan = tree.plan(Some(store), &target, opts)?;
-            let (kimg, dimg) = tree.images(&plan, &target, opts.params)?;
-            Ok(vec![kimg, dimg])
-        })?;
+        let sync = RefCell::new(None);
+        let changes = RefCell::new(crate::tree::TreeChanges::default());
+        let done = rebuild::replace_then(
+            &[kt, dt],
+            || {
+                plan = tree.plan(Some(store), &target, opts)?;
+                if write_tree {
+                    let wants = tree.wants(&plan, &target, opts.replace)?;
+                    *sync.borrow_mut() = Some((tree::before(store, &wants)?, wants));
+                }
+                let (kimg, dimg) = tree.images(&plan, &target, opts.params)?;
+                Ok(vec![kimg, dimg])
+            },
+            || {
+                if let Some((s, wants)) = sync.borrow_mut().take() {
+                    *changes.borrow_mut() = tree::after(store, s, &wants)?;
+                }
+                Ok(())
+            },
+        );
+        if let Err(e) = done {
+            if let Some((s, wants)) = sync.borrow_mut().take() {
+                tree::restore(store, s, &wants);
+            }
+            return Err(e);
+        }
+        let changes = changes.into_inner();
+        report.tree_written = changes.written.len() as u64;
+        report.tree_removed = changes.removed.len() as u64;
     }
     report.kept = plan.kept;
     report.dropped = plan.dropped;

@@ -548,16 +548,29 @@ impl Store {
     }
 
     /// Compacts both banks (see [`crate::rebuild::compact`]), optionally into
-    /// tables of `size` slots, in one atomic rebuild: both banks are locked
-    /// and rebuilt together, so a failure (an entry that cannot be read, a
-    /// size too small) or a crash leaves both as they were, or both new.
+    /// tables of `size` slots, in one atomic rebuild, together with the
+    /// directory's `master_keys` bank when it has one: Salt opens all three
+    /// with one `mmap_key_size` (`MasterKeys` refuses an index of another
+    /// size), so `master_keys` is rebuilt into the key banks' new size (or,
+    /// without `size`, their current one), its files 0600 or narrower. The
+    /// banks are locked (`keys`, `denied_keys`, `master_keys`) and rebuilt
+    /// together, so a failure (an entry that cannot be read, a size too
+    /// small) or a crash leaves all as they were, or all new.
     pub fn compact(&self, size: Option<u64>) -> Result<()> {
         let (kt, dt) = (&self.keys, &self.denied);
-        crate::rebuild::replace(&[kt, dt], || {
-            Ok(vec![
+        let mt = crate::master_keys::bank_beside(kt)?;
+        let to = size.unwrap_or(kt.params().size);
+        let mut tables = vec![kt, dt];
+        tables.extend(mt.as_ref());
+        crate::rebuild::replace(&tables, || {
+            let mut images = vec![
                 crate::rebuild::compacted(kt, size)?,
                 crate::rebuild::compacted(dt, size)?,
-            ])
+            ];
+            if let Some(m) = &mt {
+                images.push(crate::rebuild::compacted(m, Some(to))?);
+            }
+            Ok(images)
         })
     }
 }

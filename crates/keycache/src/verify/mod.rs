@@ -11,6 +11,8 @@
 //! under the lock, rebuilds a damaged bank from every intact entry,
 //! reachable or not and in whichever segment, atomically, and names (and
 //! lists in the bank's lost-entries file, [`lost_path`]) what was lost.
+//! [`missing_key_tree`] reports a store with accepted keys whose directory
+//! lacks the `minions` tree that Salt's `validate_token` reads.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::io::{Read, Write};
@@ -62,6 +64,10 @@ pub enum FindingKind {
     /// An entry a repair could not keep, listed in the bank's lost-entries
     /// file ([`lost_path`]), whose id the bank does not hold again.
     Lost,
+    /// A store that holds accepted keys in a directory without the
+    /// `localfs_key` tree Salt's `validate_token` reads
+    /// ([`missing_key_tree`]).
+    NoKeyTree,
 }
 
 impl FindingKind {
@@ -533,9 +539,11 @@ mod repair;
 mod report;
 #[cfg(test)]
 mod tests;
+mod tree;
 
 use lost::{lost_findings, record_lost};
 pub use lost::{lost_path, read_lost, LostEntry};
 use repair::orphaned_roster_entries;
 pub use repair::{repair, Repaired};
 pub use report::{check_store, BankFinding, BankRepair, VerifyReport};
+pub use tree::missing_key_tree;
