@@ -14,6 +14,8 @@
 //!   directories and sockets migrated into a store, checked against a model
 //!   of the migrator's rules; nothing outside the tree is read, nothing
 //!   outside the target written.
+//! - [`master_config`]: the Salt master config reader on arbitrary
+//!   configs (module [`master_config`](mod@master_config)).
 //! - [`snapshot_merge`]: untrusted snapshot bytes read and planned as
 //!   `keycache merge --dry-run` does (module [`snapshot_merge`](mod@snapshot_merge)).
 
@@ -31,7 +33,9 @@ use keycache::table::{OpenOptions, Table};
 use keycache::verify;
 use keycache::MinionId;
 
+pub mod master_config;
 pub mod snapshot_merge;
+pub use master_config::master_config;
 pub use snapshot_merge::snapshot_merge;
 
 /// A cursor over the fuzz input that yields zeros once exhausted.

@@ -18,11 +18,12 @@ use keycache_testkit::rng::Rng;
 
 type Target = fn(&[u8]);
 
-const TARGETS: [(&str, Target); 4] = [
+const TARGETS: [(&str, Target); 5] = [
     ("store_bytes", fuzzing::store_bytes),
     ("ops_model", fuzzing::ops_model),
     ("migrate_tree", fuzzing::migrate_tree),
     ("snapshot_merge", fuzzing::snapshot_merge),
+    ("master_config", fuzzing::master_config),
 ];
 
 /// The saved inputs of `target`: its corpus, which must be there and not
@@ -101,6 +102,11 @@ fn replay_migrate_tree() {
 #[test]
 fn replay_snapshot_merge() {
     replay(TARGETS[3].0, TARGETS[3].1);
+}
+
+#[test]
+fn replay_master_config() {
+    replay(TARGETS[4].0, TARGETS[4].1);
 }
 
 /// Stores written by the library with random operations, in the layouts
