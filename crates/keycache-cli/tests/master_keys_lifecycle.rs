@@ -189,12 +189,13 @@ fn cluster_peer(root: &Path, id: &str) -> (Master, Value) {
     assert!(cluster
         .join(format!("peers/{}.pub", id.trim_end_matches("_master")))
         .exists());
-    state_dirs(&m.pki);
-    std::fs::write(
-        m.pki.join("minions/web-1"),
-        common::pem("web-1", 5).as_bytes(),
-    )
-    .unwrap();
+    // The minion tree in both directories: `migrate -c` with cluster_id
+    // reads cluster_pki_dir's (as Salt's rebuild_from_localfs does),
+    // `migrate PKI_DIR --out` reads PKI_DIR's.
+    for d in [&m.pki, &cluster] {
+        state_dirs(d);
+        std::fs::write(d.join("minions/web-1"), common::pem("web-1", 5).as_bytes()).unwrap();
+    }
     std::fs::create_dir_all(root.join("etc")).unwrap();
     std::fs::write(
         root.join("etc/master"),
