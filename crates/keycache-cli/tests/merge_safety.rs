@@ -687,3 +687,31 @@ fn a_key_deleted_right_after_a_merge_brought_it_stays_deleted() {
     c.revoked_everywhere("m3", &["m1", "m2"]);
     c.same();
 }
+
+/// `snapshot --horizon-days`: tombstones within the horizon travel, older
+/// ones are forgotten (0 days: none kept).
+#[test]
+fn snapshot_sends_tombstones_within_its_horizon() {
+    let t = tempfile::tempdir().unwrap();
+    let c = Cluster::new(t.path(), &["a", "b"], &["m1", "m2"]);
+    ok(&kc(&["delete", s(&c.m[0]), "m1"]));
+    let tombstones = |days: &str| {
+        let f = t.path().join(format!("h{days}.snap"));
+        ok(&kc(&[
+            "snapshot",
+            s(&c.m[0]),
+            "-o",
+            s(&f),
+            "--horizon-days",
+            days,
+        ]));
+        let (_, entries) = snapshot_parts(&std::fs::read(&f).unwrap());
+        entries
+            .iter()
+            .filter(|e| e.kind == 0)
+            .map(|e| String::from_utf8_lossy(&e.id).into_owned())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(tombstones("30"), vec!["m1".to_owned()]);
+    assert_eq!(tombstones("0"), Vec::<String>::new());
+}

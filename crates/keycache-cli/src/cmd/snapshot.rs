@@ -25,6 +25,10 @@ pub(crate) struct Args {
     /// carry their versions, and deletions their tombstones.
     #[arg(long, value_name = "FILE", hide = true)]
     seen: Option<PathBuf>,
+    /// How long tombstones (deletions) are kept and sent, in days: give
+    /// every peer's snapshot and merge the same.
+    #[arg(long, value_name = "DAYS", default_value_t = 30)]
+    horizon_days: u64,
     /// How long to wait for each bank's lock (held by a Salt master or
     /// another keycache that is writing), in seconds.
     #[arg(long, value_name = "SECONDS", default_value_t = 10.0)]
@@ -67,7 +71,10 @@ pub(crate) fn run(a: Args) -> CmdResult {
     }
     let opts = SnapshotOptions {
         lock_wait: lock_wait(a.lock_wait)?,
-        ..SnapshotOptions::default()
+        history: keycache::history::HistoryOptions {
+            horizon: Duration::from_secs(a.horizon_days.saturating_mul(86_400)),
+            ..keycache::history::HistoryOptions::default()
+        },
     };
     let _ = &a.seen;
     let store = a.layout.open(&a.store.dir())?;
