@@ -10,7 +10,7 @@ pub enum ConfigError {
     Missing {
         /// The file.
         file: PathBuf,
-        /// How it was chosen ([`Source::how`]).
+        /// How it was chosen ([`crate::Source::how`]).
         how: &'static str,
     },
     /// A file that cannot be read.

@@ -62,7 +62,7 @@
 //!
 //! # YAML
 //!
-//! Salt reads YAML 1.1 through PyYAML and its own loader; [`yaml`] composes
+//! Salt reads YAML 1.1 through PyYAML and its own loader; the `yaml` module composes
 //! the events of `saphyr-parser` the way that loader constructs them (see
 //! there: YAML 1.1 booleans and integers, `010` is 10, duplicate keys are
 //! an error). `saphyr-parser` is maintained, pure Rust, has two small

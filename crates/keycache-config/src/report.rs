@@ -40,7 +40,7 @@ impl MasterConfig {
         self.describe_choice(&self.choose(&Explicit::default()))
     }
 
-    /// [`MasterConfig::describe`] for the directory and layout a command
+    /// What the config gives, in words, for the directory and layout a command
     /// chose ([`MasterConfig::choose`]): flags shown as such.
     pub fn describe_choice(&self, c: &Choice) -> String {
         let mut s = String::new();

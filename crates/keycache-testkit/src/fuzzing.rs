@@ -14,9 +14,9 @@
 //!   directories and sockets migrated into a store, checked against a model
 //!   of the migrator's rules; nothing outside the tree is read, nothing
 //!   outside the target written.
-//! - [`master_config`]: the Salt master config reader on arbitrary
+//! - [`master_config()`]: the Salt master config reader on arbitrary
 //!   configs (module [`master_config`](mod@master_config)).
-//! - [`snapshot_merge`]: untrusted snapshot bytes read and planned as
+//! - [`snapshot_merge()`]: untrusted snapshot bytes read and planned as
 //!   `keycache merge --dry-run` does (module [`snapshot_merge`](mod@snapshot_merge)).
 
 use std::collections::{BTreeMap, HashSet};

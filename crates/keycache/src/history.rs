@@ -444,7 +444,8 @@ impl History {
 
     /// The sequence number the versions file has on disk now (0 when it
     /// has none): a writer holding both banks' locks compares it with
-    /// [`History::seq`] to learn whether another process saved since.
+    /// the sequence number it loaded to learn whether another process saved
+    /// since.
     pub fn seq_on_disk(dir: &Path) -> Result<u64> {
         file::seq_on_disk(dir)
     }

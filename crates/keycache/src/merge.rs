@@ -429,7 +429,7 @@ pub fn dry_run_with(
 }
 
 /// Merges `theirs` into `store`: observes the store, plans ([`plan`]) and
-/// commits the plan ([`apply::commit`]: the history first, then the banks
+/// commits the plan (the history first, then the banks
 /// and the key tree, under both banks' locks); when another writer changed
 /// an entry the plan replaces, or another process saved the history, in
 /// between ([`Error::StalePlan`]), observes and plans again (up to five
