@@ -129,22 +129,48 @@ pub fn glob_sorted(pattern: &Path) -> Vec<PathBuf> {
 }
 
 /// `fnmatch.fnmatchcase(name, pattern)`.
+///
+/// Iterative, backtracking only to the last `*` (the other tokens match
+/// one byte each): time at most the product of the lengths, where a
+/// recursive match is exponential in the number of `*` (a fuzzed
+/// `include: m****...` took minutes).
 pub fn fnmatch(name: &[u8], pat: &[u8]) -> bool {
-    match pat.first() {
-        None => name.is_empty(),
-        Some(b'*') => {
-            let rest = &pat[1..];
-            (0..=name.len()).any(|i| fnmatch(&name[i..], rest))
-        }
-        Some(b'?') => !name.is_empty() && fnmatch(&name[1..], &pat[1..]),
-        Some(b'[') => match class(&pat[1..]) {
-            Some((matches, len)) => {
-                !name.is_empty() && matches(name[0]) && fnmatch(&name[1..], &pat[1 + len..])
+    let (mut n, mut p) = (0usize, 0usize);
+    // The pattern index after the last `*`, and the name index it matched up to.
+    let mut star: Option<(usize, usize)> = None;
+    loop {
+        if p < pat.len() {
+            let here = name.get(n).copied();
+            let step = match pat[p] {
+                b'*' => {
+                    p += 1;
+                    star = Some((p, n));
+                    continue;
+                }
+                b'?' => here.map(|_| 1),
+                b'[' => match class(&pat[p + 1..]) {
+                    Some((matches, len)) => here.filter(|&c| matches(c)).map(|_| 1 + len),
+                    // An unclosed `[` is a literal.
+                    None => here.filter(|&c| c == b'[').map(|_| 1),
+                },
+                c => here.filter(|&h| h == c).map(|_| 1),
+            };
+            if let Some(len) = step {
+                n += 1;
+                p += len;
+                continue;
             }
-            // An unclosed `[` is a literal.
-            None => name.first() == Some(&b'[') && fnmatch(&name[1..], &pat[1..]),
-        },
-        Some(&c) => name.first() == Some(&c) && fnmatch(&name[1..], &pat[1..]),
+        } else if n == name.len() {
+            return true;
+        }
+        match star {
+            Some((sp, sn)) if sn < name.len() => {
+                star = Some((sp, sn + 1));
+                p = sp;
+                n = sn + 1;
+            }
+            _ => return false,
+        }
     }
 }
 
@@ -182,6 +208,59 @@ fn class(p: &[u8]) -> Option<(ClassFn, usize)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The recursive definition, as a reference on short inputs.
+    fn reference(name: &[u8], pat: &[u8]) -> bool {
+        match pat.first() {
+            None => name.is_empty(),
+            Some(b'*') => (0..=name.len()).any(|i| reference(&name[i..], &pat[1..])),
+            Some(b'?') => !name.is_empty() && reference(&name[1..], &pat[1..]),
+            Some(b'[') => match class(&pat[1..]) {
+                Some((m, len)) => {
+                    !name.is_empty() && m(name[0]) && reference(&name[1..], &pat[1 + len..])
+                }
+                None => name.first() == Some(&b'[') && reference(&name[1..], &pat[1..]),
+            },
+            Some(&c) => name.first() == Some(&c) && reference(&name[1..], &pat[1..]),
+        }
+    }
+
+    #[test]
+    fn agrees_with_the_recursive_definition() {
+        let mut rng = keycache_testkit::rng::Rng::new(7);
+        let alphabet = b"ab*?[]!-";
+        for _ in 0..20_000 {
+            let pl = rng.below(8) as usize;
+            let nl = rng.below(8) as usize;
+            let pat: Vec<u8> = (0..pl).map(|_| *rng.pick(alphabet)).collect();
+            let name: Vec<u8> = (0..nl).map(|_| *rng.pick(b"ab[]-")).collect();
+            assert_eq!(
+                fnmatch(&name, &pat),
+                reference(&name, &pat),
+                "{:?} {:?}",
+                String::from_utf8_lossy(&name),
+                String::from_utf8_lossy(&pat)
+            );
+        }
+    }
+
+    #[test]
+    fn many_stars_are_no_blowup() {
+        // The fuzzer's input: dozens of `*` around literals that do not
+        // match; the recursive match took minutes.
+        let pat = [b"m".as_slice(), &[b'*'; 60], b"root", &[b'*'; 60], b"aste*"].concat();
+        let name = [b"m".as_slice(), &[b'x'; 200], b"roo"].concat();
+        assert!(!fnmatch(&name, &pat));
+        let name = [
+            b"m".as_slice(),
+            &[b'x'; 100],
+            b"root",
+            &[b'y'; 100],
+            b"aste",
+        ]
+        .concat();
+        assert!(fnmatch(&name, &pat));
+    }
 
     #[test]
     fn fnmatch_as_python() {
