@@ -316,16 +316,34 @@ impl Sim {
                 }
             }
             // salt-key -r.
+            // salt-key -r (a revocation when it changes the state: a
+            // rejected key rejected again changes nothing, in the store or
+            // in what an operator revoked).
             4 => {
-                if st.set_state(&id, KeyState::Rejected).expect("reject") {
+                let was = st.get(&id).expect("get").map(|e| e.state);
+                if st.set_state(&id, KeyState::Rejected).expect("reject")
+                    && was != Some(KeyState::Rejected)
+                {
                     self.know[p].revoked.insert(i, now);
                 }
             }
             // salt-key -d.
             // salt-key -d (a revocation when the id had a key).
+            //
+            // A known gap, documented in docs/reliability.md: an entry that
+            // came and went between two observations of this store (a
+            // sign-in deleted before any snapshot or merge here) leaves no
+            // tombstone, so its deletion does not revoke another peer's
+            // accept of that id. Counted as a revocation when the history
+            // holds a version of the id (the next observation writes the
+            // tombstone).
             5 => {
                 st.remove_denied(&id).expect("delete denied");
-                if st.remove(&id).expect("delete") {
+                let seen = keycache::history::History::load(&self.peers[p], &self.hist())
+                    .expect("history")
+                    .get(keycache::snapshot::Bank::Keys, IDS[i])
+                    .is_some_and(|v| v.kind != keycache::history::Kind::Absent);
+                if st.remove(&id).expect("delete") && seen {
                     self.know[p].revoked.insert(i, now);
                 }
             }
