@@ -28,9 +28,29 @@ fn io_err(file: &Path, e: &std::io::Error) -> ConfigError {
     }
 }
 
-/// Salt's `_read_conf_file`: the file's top-level options.
+/// Salt's `_read_conf_file`: the file's top-level options. Only a regular
+/// file is read (a symlink to one is followed, as Salt follows it): an
+/// `include` glob that matches a FIFO or a device (`include: /*/*5` matched
+/// `/dev/tty5` under the fuzzer) would block the read for ever, where Salt
+/// hangs.
 fn read_conf_file(file: &Path) -> Result<Opts, ConfigError> {
-    let bytes = std::fs::read(file).map_err(|e| io_err(file, &e))?;
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    // O_NONBLOCK: opening a FIFO without a writer must not block either.
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(file)
+        .map_err(|e| io_err(file, &e))?;
+    let meta = f.metadata().map_err(|e| io_err(file, &e))?;
+    if !meta.is_file() {
+        return Err(ConfigError::Io {
+            file: file.to_path_buf(),
+            why: "not a regular file (a FIFO, a device or a directory): not read".into(),
+        });
+    }
+    let mut bytes = Vec::new();
+    f.read_to_end(&mut bytes).map_err(|e| io_err(file, &e))?;
     let text = String::from_utf8(bytes).map_err(|e| ConfigError::Io {
         file: file.to_path_buf(),
         why: format!("not UTF-8 text ({e})"),

@@ -1017,3 +1017,15 @@ fn master_config_flags_override_the_config() {
     assert_eq!(json["layout"]["size"]["from"]["flag"], "--size");
     assert_eq!(json["layout"]["max_segment_bytes"]["from"]["kind"], "file");
 }
+
+/// An included FIFO (or device) is refused, not read: reading one would
+/// block for ever.
+#[test]
+fn an_included_fifo_is_refused_not_read() {
+    let t = scratch(&[("master", "include: pipe.conf\n")]);
+    let fifo = t.path().join("pipe.conf");
+    let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+    assert!(made.is_ok_and(|s| s.success()), "mkfifo {}", fifo.display());
+    let e = MasterConfig::load(&Source::config_dir(t.path())).expect_err("refused");
+    assert!(e.to_string().contains("not a regular file"), "{e}");
+}
