@@ -55,7 +55,7 @@ requirements=(
   "idna==3.20"
   "certifi==2026.10.18"
   "charset-normalizer==3.5.2"
-  # A real salt-master and salt-minion (../shared/SALT-3008.md), for the
+  # A real salt-master and salt-minion (docs/design.md, "The Salt driver"), for the
   # saltext.keycache end-to-end test, and pytest for the driver's tests.
   "pyzmq==27.3.0"
   "pycryptodomex==3.24.2"

@@ -117,7 +117,7 @@ def test_master_minion(pair, accept_via):  # pylint: disable=redefined-outer-nam
         assert sorted(cli_master_keys["master_keys"]) == keys_at_start["names"]
         if DRIVER_KEEPS_TREE:
             # the heap holds the master's private key: keycache writes it 0600
-            # (Salt's mmap_key leaves it 0644, see ../shared/SALT-3008.md)
+            # (Salt's mmap_key leaves it 0644, see docs/design.md, "The Salt driver")
             for name in (".mmap_master.idx", ".mmap_master.idx.heap"):
                 mode = (pki / name).stat().st_mode & 0o777
                 assert mode & 0o077 == 0, f"{name} is mode {mode:o}"
@@ -166,7 +166,7 @@ def test_master_minion(pair, accept_via):  # pylint: disable=redefined-outer-nam
             assert not (pki / "minions_pre" / mid).exists()
         else:
             # Salt's mmap_key writes no tree: validate_token would refuse every
-            # AES request of the minion (see ../shared/SALT-3008.md)
+            # AES request of the minion (see docs/design.md, "The Salt driver")
             assert not (pki / "minions" / mid).exists()
             (pki / "minions" / mid).write_text(minion_pub)
         mm.wait_for(

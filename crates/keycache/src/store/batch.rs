@@ -114,22 +114,11 @@ impl Store {
         f: impl FnOnce(&mut Batch<'_, '_>) -> Result<T>,
         after: impl FnOnce() -> Result<()>,
     ) -> Result<(T, Applied, TreeChanges)> {
-        let sync = self.tree.is_on();
         self.keys.with_writer(|kix| {
             self.denied.with_writer(|dix| {
                 let mut keys = Txn::new(&self.keys);
                 let mut denied_ops: Vec<(Vec<u8>, Option<Vec<u8>>)> = Vec::new();
-                let mut touched: Vec<MinionId> = Vec::new();
-                let out = f(&mut Batch {
-                    keys: &mut keys,
-                    denied: &mut denied_ops,
-                    touched: sync.then_some(&mut touched),
-                })?;
-                let wants = if sync {
-                    Some(self.wants_after(&keys, &denied_ops, touched)?)
-                } else {
-                    None
-                };
+                let (out, wants) = self.stage(f, &mut keys, &mut denied_ops)?;
                 let (applied, changes) = self.apply_both(kix, dix, keys, &denied_ops, wants)?;
                 after()?;
                 Ok((out, applied, changes))

@@ -22,6 +22,9 @@ mod reader;
 pub use batch::Batch;
 pub use reader::Reader;
 
+/// What the tree must hold for each id of a batch.
+type Wants = Vec<(MinionId, Want)>;
+
 /// Keys per state, and denied keys.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
@@ -422,22 +425,10 @@ impl Store {
         &self,
         f: impl FnOnce(&mut Batch<'_, '_>) -> Result<T>,
     ) -> Result<(T, Applied, TreeChanges)> {
-        let sync = self.tree.is_on();
         self.keys.with_writer(|kix| {
             let mut keys = Txn::new(&self.keys);
             let mut denied_ops: Vec<(Vec<u8>, Option<Vec<u8>>)> = Vec::new();
-            let mut touched: Vec<MinionId> = Vec::new();
-            let out = f(&mut Batch {
-                keys: &mut keys,
-                denied: &mut denied_ops,
-                touched: sync.then_some(&mut touched),
-            })?;
-            // What the tree must hold for each id once the batch is in.
-            let wants = if sync {
-                Some(self.wants_after(&keys, &denied_ops, touched)?)
-            } else {
-                None
-            };
+            let (out, wants) = self.stage(f, &mut keys, &mut denied_ops)?;
             if denied_ops.is_empty() {
                 let plan = self.keys.plan(kix, keys)?;
                 let (applied, changes) =
@@ -451,6 +442,30 @@ impl Store {
                 Ok((out, applied, changes))
             })
         })
+    }
+
+    /// Runs `f`, the writes of a batch, into `keys` and `denied_ops`; with
+    /// the tree on, also returns what the tree must hold for each id the
+    /// batch touched once it is in.
+    fn stage<'t, T>(
+        &self,
+        f: impl FnOnce(&mut Batch<'_, '_>) -> Result<T>,
+        keys: &mut Txn<'t>,
+        denied_ops: &mut Vec<(Vec<u8>, Option<Vec<u8>>)>,
+    ) -> Result<(T, Option<Wants>)> {
+        let sync = self.tree.is_on();
+        let mut touched: Vec<MinionId> = Vec::new();
+        let out = f(&mut Batch {
+            keys,
+            denied: denied_ops,
+            touched: sync.then_some(&mut touched),
+        })?;
+        let wants = if sync {
+            Some(self.wants_after(keys, denied_ops, touched)?)
+        } else {
+            None
+        };
+        Ok((out, wants))
     }
 
     /// Plans both banks' writes of a batch, then applies them between the
