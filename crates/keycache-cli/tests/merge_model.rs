@@ -264,11 +264,11 @@ impl Peers {
         }
         self.events.append(&mut events);
         // keycache accept, reject, delete. A revocation is one the store's
-        // history can find: of an id it has a version of (a deletion
-        // leaves a tombstone, a rejection a new version), or a rejection
-        // still there at the next observation. (An id that a sign-in
-        // brought and a deletion removed between two observations never
-        // was in the history: nothing to find.)
+        // history can find: in a store that has a history, every one (an
+        // id that a sign-in brought and a deletion removed between two
+        // observations is in the removal log); in one that has none yet
+        // (it never took a snapshot or merged), of an id still there at
+        // its first observation.
         let dir = self.dirs[p].clone();
         let mut revokes: Vec<String> = Vec::new();
         for _ in 0..n - n / 2 {
@@ -314,9 +314,11 @@ impl Peers {
             }
         }
         // The revocations the history cannot find are taken back.
+        let joined = dir.join(keycache::history::IDENTITY_FILE).exists();
         for id in revokes {
-            let found =
-                self.known[p].contains(&id) || model.contains_key(&(Bank::Keys, id.clone()));
+            let found = joined
+                || self.known[p].contains(&id)
+                || model.contains_key(&(Bank::Keys, id.clone()));
             if !found {
                 let at = self
                     .events

@@ -3,7 +3,7 @@
 //! the right owner, syncing, and atomic replacement.
 
 use std::fs::{File, OpenOptions};
-use std::io;
+use std::io::{self, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
@@ -215,4 +215,37 @@ pub(crate) fn now_ns() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
         .unwrap_or(0)
+}
+
+/// Replaces `path` with `bytes` atomically: a temporary file beside it
+/// (created with `own`), fsynced, renamed over it, the directory fsynced.
+pub(crate) fn replace_with(path: &Path, bytes: &[u8], own: &Ownership) -> Result<()> {
+    let dir = path
+        .parent()
+        .map_or_else(|| PathBuf::from("."), Path::to_path_buf);
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(
+        "{}{name}.{}.{}",
+        crate::journal::TMP_PREFIX,
+        std::process::id(),
+        now_ns()
+    ));
+    let done = (|| {
+        let f = create_new_unsynced(&tmp, own)?;
+        let mut w = io::BufWriter::new(&f);
+        w.write_all(bytes)
+            .and_then(|()| w.flush())
+            .map_err(|e| Error::io(&tmp, "write", e))?;
+        drop(w);
+        sync_data(&f, &tmp)?;
+        rename(&tmp, path)?;
+        sync_dir(&dir)
+    })();
+    if done.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    done
 }

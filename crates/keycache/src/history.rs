@@ -55,7 +55,7 @@
 //! cluster when that entry was stamped, as one whose tombstone may have
 //! been forgotten: it takes it pending, not accepted ([`crate::merge`]).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 use std::time::Duration;
 
@@ -357,6 +357,9 @@ pub struct History {
     pub(crate) existed: bool,
     /// The file's sequence number: bumped by every save of the versions.
     pub(crate) seq: u64,
+    /// How much of the removal log ([`crate::removals`]) the last
+    /// observation consumed: dropped from the log by the next save.
+    removals_read: u64,
     mark: u32,
 }
 
@@ -421,6 +424,7 @@ impl History {
             dirty: true,
             existed: false,
             seq: 0,
+            removals_read: 0,
             mark: 0,
         }
     }
@@ -430,16 +434,24 @@ impl History {
     /// Call it holding both banks' locks.
     pub fn save(&mut self, dir: &Path, opts: &HistoryOptions) -> Result<()> {
         let own = crate::files::Ownership::for_dir(dir)?;
+        // Removals read are recorded by a new versions file (see `mark`).
+        self.dirty |= self.removals_read > 0;
         if self.dirty {
             let cutoff = horizon_cutoff(opts);
             self.entries.retain(|r| {
                 r.cur.kind != Kind::Absent || r.cur.stamp >= cutoff || r.prev.is_some()
             });
             self.seq += 1;
+            if self.removals_read > 0 {
+                crate::removals::mark(dir, self.seq, self.removals_read)?;
+            }
             file::save_versions(dir, self, &own)?;
             self.dirty = false;
         }
-        file::save_identity(dir, self, &own)
+        file::save_identity(dir, self, &own)?;
+        // The removals read are in the versions now (a crash before this
+        // reads them again: the same tombstones, see `observe`).
+        crate::removals::trim(dir, std::mem::take(&mut self.removals_read))
     }
 
     /// The sequence number the versions file has on disk now (0 when it
@@ -527,6 +539,17 @@ impl History {
         self.mark = self.mark.wrapping_add(1).max(1);
         let mark = self.mark;
         let mut seen = Observed::default();
+        // The removals logged since the last save. A new history has
+        // nothing for them to revoke: a re-created store is a new store
+        // (see `History::load`).
+        let (log, read) = crate::removals::read(store.dir(), self.seq)?;
+        self.removals_read = read;
+        let mut removed: HashSet<(Bank, &str)> = HashSet::new();
+        if self.existed {
+            for r in &log {
+                removed.insert((if r.denied { Bank::Denied } else { Bank::Keys }, &r.id));
+            }
+        }
         for (bank, table) in [
             (Bank::Keys, store.keys_table()),
             (Bank::Denied, store.denied_table()),
@@ -576,9 +599,12 @@ impl History {
                     None => m.entry(Box::from(id)).or_insert(Record::unseen()),
                 };
                 rec.mark = mark;
-                if rec.cur.hash != hash {
+                // Removed since the last save (after its version was
+                // made) and here again: a new value, whatever its bytes.
+                let back = !removed.is_empty() && removed.contains(&(bank, id));
+                if rec.cur.hash != hash || back {
                     match rec.prev {
-                        Some(p) if p.hash == hash => rec.cur = p,
+                        Some(p) if p.hash == hash && !back => rec.cur = p,
                         _ => {
                             let stamp = if kind == Kind::Accepted {
                                 lower.max(rec.cur.stamp.saturating_add(1))
@@ -597,6 +623,17 @@ impl History {
                 }
                 seen.live += 1;
                 each(bank, id, state, pem, rec.cur)?;
+            }
+        }
+        // A logged removal of an entry not here: a tombstone now (the
+        // latest it can have happened), over any older one.
+        for &(bank, id) in &removed {
+            let rec = self.entries.entry(bank, id);
+            if rec.mark != mark && rec.cur.kind == Kind::Absent {
+                rec.cur = Version::absent(now.max(rec.cur.stamp.saturating_add(1)));
+                rec.mark = mark;
+                seen.changed += 1;
+                self.dirty = true;
             }
         }
         for (bank, id, rec) in self.entries.iter_mut() {

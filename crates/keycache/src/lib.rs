@@ -73,6 +73,7 @@ pub mod merge;
 pub mod migrate;
 pub mod pem;
 pub mod rebuild;
+pub mod removals;
 pub mod report;
 mod roster;
 pub mod snapshot;

@@ -327,23 +327,18 @@ impl Sim {
                     self.know[p].revoked.insert(i, now);
                 }
             }
-            // salt-key -d.
-            // salt-key -d (a revocation when the id had a key).
-            //
-            // A known gap, documented in docs/reliability.md: an entry that
-            // came and went between two observations of this store (a
-            // sign-in deleted before any snapshot or merge here) leaves no
-            // tombstone, so its deletion does not revoke another peer's
-            // accept of that id. Counted as a revocation when the history
-            // holds a version of the id (the next observation writes the
-            // tombstone).
+            // salt-key -d (a revocation when the id had a key), in a store
+            // that has a history: an entry that came and went between two
+            // observations is in the removal log, which the next
+            // observation turns into a tombstone. A store that never took
+            // part in a snapshot or merge keeps no log: what it deleted
+            // before it joined is not a revocation of the cluster's.
             5 => {
                 st.remove_denied(&id).expect("delete denied");
-                let seen = keycache::history::History::load(&self.peers[p], &self.hist())
-                    .expect("history")
-                    .get(keycache::snapshot::Bank::Keys, IDS[i])
-                    .is_some_and(|v| v.kind != keycache::history::Kind::Absent);
-                if st.remove(&id).expect("delete") && seen {
+                let joined = self.peers[p]
+                    .join(keycache::history::IDENTITY_FILE)
+                    .exists();
+                if st.remove(&id).expect("delete") && joined {
                     self.know[p].revoked.insert(i, now);
                 }
             }

@@ -21,8 +21,7 @@
 //! integers little-endian.
 
 use std::collections::BTreeMap;
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use super::{History, Identity, Kind, Peer, Record, Version, Versions};
 use crate::error::{Error, Result};
@@ -201,6 +200,7 @@ pub(super) fn load(dir: &Path) -> Result<Option<History>> {
         dirty: false,
         existed: true,
         seq,
+        removals_read: 0,
         mark: 0,
     }))
 }
@@ -311,7 +311,7 @@ pub(super) fn save_versions(dir: &Path, h: &History, own: &Ownership) -> Result<
     }
     let sum = crate::format::hash(&b);
     b.extend_from_slice(&sum.to_le_bytes());
-    replace(&dir.join(HISTORY_FILE), &b, own)
+    crate::files::replace_with(&dir.join(HISTORY_FILE), &b, own)
 }
 
 pub(super) fn save_identity(dir: &Path, h: &History, own: &Ownership) -> Result<()> {
@@ -332,38 +332,5 @@ pub(super) fn save_identity(dir: &Path, h: &History, own: &Ownership) -> Result<
     }
     let sum = crate::format::hash(&b);
     b.extend_from_slice(&sum.to_le_bytes());
-    replace(&dir.join(IDENTITY_FILE), &b, own)
-}
-
-/// Replaces `path` with `bytes` atomically: a temporary file beside it,
-/// fsynced, renamed over it, the directory fsynced.
-fn replace(path: &Path, bytes: &[u8], own: &Ownership) -> Result<()> {
-    let dir = path
-        .parent()
-        .map_or_else(|| PathBuf::from("."), Path::to_path_buf);
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = dir.join(format!(
-        "{}{name}.{}.{}",
-        crate::journal::TMP_PREFIX,
-        std::process::id(),
-        crate::files::now_ns()
-    ));
-    let done = (|| {
-        let f = crate::files::create_new_unsynced(&tmp, own)?;
-        let mut w = std::io::BufWriter::new(&f);
-        w.write_all(bytes)
-            .and_then(|()| w.flush())
-            .map_err(|e| Error::io(&tmp, "write", e))?;
-        drop(w);
-        crate::files::sync_data(&f, &tmp)?;
-        crate::files::rename(&tmp, path)?;
-        crate::files::sync_dir(&dir)
-    })();
-    if done.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    done
+    crate::files::replace_with(&dir.join(IDENTITY_FILE), &b, own)
 }

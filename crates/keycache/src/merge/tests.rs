@@ -131,6 +131,70 @@ fn a_deletion_seen_later_still_beats_an_earlier_accept() {
 }
 
 #[test]
+fn an_entry_added_and_deleted_between_two_observations_leaves_a_tombstone() {
+    // The removal log: A (with a history) accepts and deletes m1 between
+    // two merges; B accepted m1 before A's deletion. A's next merge from B
+    // must not take B's accept back, and B's next merge from A deletes it.
+    let t = two();
+    t.a.put(&id("m0"), KeyState::Accepted, &pem("k0"))
+        .expect("put");
+    t.pull_b_from_a().expect("merge");
+    t.pull_a_from_b().expect("merge");
+    t.b.put(&id("m1"), KeyState::Accepted, &pem("k1"))
+        .expect("put");
+    let old_b = t.snap(&t.b);
+    t.a.put(&id("m1"), KeyState::Accepted, &pem("k1"))
+        .expect("put");
+    t.a.remove(&id("m1")).expect("delete");
+    let log = t.a.dir().join(crate::removals::REMOVALS_FILE);
+    assert!(
+        std::fs::metadata(&log).expect("the log").len() > 0,
+        "the removal is logged"
+    );
+    merge(&t.a, &old_b, &t.mo).expect("merge");
+    assert_eq!(state(&t.a, "m1"), None, "the deleted key stays deleted");
+    assert_eq!(
+        std::fs::metadata(&log).expect("the log").len(),
+        0,
+        "the merge consumed the log"
+    );
+    t.pull_b_from_a().expect("merge");
+    assert_eq!(state(&t.b, "m1"), None, "the deletion travels");
+    // The same for a denied key.
+    t.b.deny(&id("m2"), &pem("k2")).expect("deny");
+    let snap_b = t.snap(&t.b);
+    t.a.deny(&id("m2"), &pem("k2")).expect("deny");
+    assert!(t.a.remove_denied(&id("m2")).expect("remove"));
+    merge(&t.a, &snap_b, &t.mo).expect("merge");
+    assert!(t.a.denied(&id("m2")).expect("denied").is_none());
+    // A re-add of the same key after a deletion is an accept after it: it
+    // wins over a revocation made before it.
+    t.pull_b_from_a().expect("merge");
+    t.b.remove(&id("m0")).expect("delete");
+    t.pull_a_from_b().expect("merge");
+    t.a.put(&id("m0"), KeyState::Accepted, &pem("k0"))
+        .expect("put");
+    t.a.remove(&id("m0")).expect("delete");
+    t.a.put(&id("m0"), KeyState::Accepted, &pem("k0"))
+        .expect("accept again");
+    t.pull_b_from_a().expect("merge");
+    assert_eq!(
+        state(&t.b, "m0"),
+        Some(KeyState::Accepted),
+        "an accept after the revocation is kept"
+    );
+}
+
+#[test]
+fn a_store_that_never_merged_logs_no_removal() {
+    let t = two();
+    t.a.put(&id("m1"), KeyState::Accepted, &pem("k1"))
+        .expect("put");
+    t.a.remove(&id("m1")).expect("delete");
+    assert!(!t.a.dir().join(crate::removals::REMOVALS_FILE).exists());
+}
+
+#[test]
 fn tombstones_of_absent_entries_are_recorded_for_later_merges() {
     // A and B hold m1; A deletes it; C (new) merges A first, then B.
     let t = two();

@@ -8,6 +8,9 @@ pub struct Batch<'t, 'a> {
     pub(super) denied: &'a mut Vec<(Vec<u8>, Option<Vec<u8>>)>,
     /// The ids written, when the tree follows the batch.
     pub(super) touched: Option<&'a mut Vec<MinionId>>,
+    /// The ids this batch removes from `keys` that the bank (or the batch)
+    /// held: logged for the store's history ([`crate::removals`]).
+    pub(super) removed: &'a mut Vec<(bool, Vec<u8>)>,
 }
 
 pub(super) fn check_pem(id: &MinionId, pem: &[u8]) -> Result<()> {
@@ -63,7 +66,11 @@ impl Batch<'_, '_> {
 
     /// Stages a removal from the `keys` bank.
     pub fn remove(&mut self, id: &MinionId) -> Result<()> {
-        self.keys.remove(id.as_str().as_bytes())?;
+        let k = id.as_str().as_bytes();
+        if self.keys.get(k)?.is_some() {
+            self.removed.push((false, k.to_vec()));
+        }
+        self.keys.remove(k)?;
         self.touch(id);
         Ok(())
     }
@@ -118,8 +125,10 @@ impl Store {
             self.denied.with_writer(|dix| {
                 let mut keys = Txn::new(&self.keys);
                 let mut denied_ops: Vec<(Vec<u8>, Option<Vec<u8>>)> = Vec::new();
-                let (out, wants) = self.stage(f, &mut keys, &mut denied_ops)?;
-                let (applied, changes) = self.apply_both(kix, dix, keys, &denied_ops, wants)?;
+                // A merge records its removals in the history itself: no log.
+                let (out, wants, _) = self.stage(f, &mut keys, &mut denied_ops)?;
+                let (applied, changes) =
+                    self.apply_both(kix, dix, keys, &denied_ops, wants, None)?;
                 after()?;
                 Ok((out, applied, changes))
             })

@@ -24,6 +24,8 @@ pub use reader::Reader;
 
 /// What the tree must hold for each id of a batch.
 type Wants = Vec<(MinionId, Want)>;
+/// Removals of a batch to log: (from `denied_keys`, id).
+type Removed = Vec<(bool, Vec<u8>)>;
 
 /// Keys per state, and denied keys.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -375,7 +377,7 @@ impl Store {
 
     /// Removes `id` from the `keys` bank. Returns whether it was there.
     pub fn remove(&self, id: &MinionId) -> Result<bool> {
-        if !self.tree.is_on() || crate::files::file_id(self.keys.path()).is_none() {
+        if crate::files::file_id(self.keys.path()).is_none() {
             // No bank yet: nothing to remove, and no bank created for it.
             return self.keys.remove(id.as_str().as_bytes());
         }
@@ -389,7 +391,7 @@ impl Store {
 
     /// Removes `id`'s denied key. Returns whether there was one.
     pub fn remove_denied(&self, id: &MinionId) -> Result<bool> {
-        if !self.tree.is_on() || crate::files::file_id(self.denied.path()).is_none() {
+        if crate::files::file_id(self.denied.path()).is_none() {
             return self.denied.remove(id.as_str().as_bytes());
         }
         let was = self.denied(id)?.is_some();
@@ -428,9 +430,10 @@ impl Store {
         self.keys.with_writer(|kix| {
             let mut keys = Txn::new(&self.keys);
             let mut denied_ops: Vec<(Vec<u8>, Option<Vec<u8>>)> = Vec::new();
-            let (out, wants) = self.stage(f, &mut keys, &mut denied_ops)?;
+            let (out, wants, mut removed) = self.stage(f, &mut keys, &mut denied_ops)?;
             if denied_ops.is_empty() {
                 let plan = self.keys.plan(kix, keys)?;
+                crate::removals::append(&self.dir, &removed)?;
                 let (applied, changes) =
                     self.with_tree_sync(wants, || self.keys.apply(kix, plan))?;
                 return Ok((out, applied, changes));
@@ -438,7 +441,8 @@ impl Store {
             // Both banks locked (keys first, always), both planned before
             // either is written: a batch that does not fit changes nothing.
             self.denied.with_writer(|dix| {
-                let (applied, changes) = self.apply_both(kix, dix, keys, &denied_ops, wants)?;
+                let (applied, changes) =
+                    self.apply_both(kix, dix, keys, &denied_ops, wants, Some(&mut removed))?;
                 Ok((out, applied, changes))
             })
         })
@@ -446,30 +450,34 @@ impl Store {
 
     /// Runs `f`, the writes of a batch, into `keys` and `denied_ops`; with
     /// the tree on, also returns what the tree must hold for each id the
-    /// batch touched once it is in.
+    /// batch touched once it is in; and the `keys` entries it removes.
     fn stage<'t, T>(
         &self,
         f: impl FnOnce(&mut Batch<'_, '_>) -> Result<T>,
         keys: &mut Txn<'t>,
         denied_ops: &mut Vec<(Vec<u8>, Option<Vec<u8>>)>,
-    ) -> Result<(T, Option<Wants>)> {
+    ) -> Result<(T, Option<Wants>, Removed)> {
         let sync = self.tree.is_on();
         let mut touched: Vec<MinionId> = Vec::new();
+        let mut removed = Vec::new();
         let out = f(&mut Batch {
             keys,
             denied: denied_ops,
             touched: sync.then_some(&mut touched),
+            removed: &mut removed,
         })?;
         let wants = if sync {
             Some(self.wants_after(keys, denied_ops, touched)?)
         } else {
             None
         };
-        Ok((out, wants))
+        Ok((out, wants, removed))
     }
 
     /// Plans both banks' writes of a batch, then applies them between the
     /// two halves of the tree's writes (with `wants`). Both locks are held.
+    /// With `log`, the removals (those of `keys` given, those of
+    /// `denied_keys` found here) are logged for the history first.
     fn apply_both(
         &self,
         kix: &table::Index,
@@ -477,16 +485,27 @@ impl Store {
         keys: Txn<'_>,
         denied_ops: &[(Vec<u8>, Option<Vec<u8>>)],
         wants: Option<Vec<(MinionId, Want)>>,
+        mut log: Option<&mut Removed>,
     ) -> Result<(Applied, TreeChanges)> {
         let mut denied = Txn::new(&self.denied);
         for (id, v) in denied_ops {
             match v {
                 Some(v) => denied.put(id, v)?,
-                None => denied.remove(id)?,
+                None => {
+                    if let Some(log) = log.as_deref_mut() {
+                        if denied.get(id)?.is_some() {
+                            log.push((true, id.clone()));
+                        }
+                    }
+                    denied.remove(id)?
+                }
             }
         }
         let kplan = self.keys.plan(kix, keys)?;
         let dplan = self.denied.plan(dix, denied)?;
+        if let Some(log) = log {
+            crate::removals::append(&self.dir, log)?;
+        }
         let no_denied = denied_ops.is_empty();
         self.with_tree_sync(wants, || {
             let mut applied = self.keys.apply(kix, kplan)?;
