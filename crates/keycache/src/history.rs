@@ -55,7 +55,7 @@
 //! cluster when that entry was stamped, as one whose tombstone may have
 //! been forgotten: it takes it pending, not accepted ([`crate::merge`]).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 use std::time::Duration;
 
@@ -66,6 +66,9 @@ use crate::snapshot::Bank;
 use crate::store::Store;
 
 mod file;
+mod versions;
+
+use versions::Versions;
 
 pub use file::{HISTORY_FILE, IDENTITY_FILE};
 
@@ -187,93 +190,6 @@ impl Version {
 /// never 0.
 pub fn value_hash(kind: Kind, pub_key: &[u8]) -> u64 {
     xxhash_rust::xxh3::xxh3_64_with_seed(pub_key, u64::from(kind.byte())).max(1)
-}
-
-/// A hasher of ids for the history's maps: xxh3, chained over writes.
-#[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct IdHasher(u64);
-
-impl std::hash::Hasher for IdHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        self.0 = xxhash_rust::xxh3::xxh3_64_with_seed(bytes, self.0);
-    }
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
-type Map = HashMap<Box<str>, Record, std::hash::BuildHasherDefault<IdHasher>>;
-
-/// The records of both banks, each map looked up by `&str` (no allocation
-/// per lookup).
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Versions {
-    keys: Map,
-    denied: Map,
-}
-
-impl Versions {
-    fn map(&self, b: Bank) -> &Map {
-        match b {
-            Bank::Keys => &self.keys,
-            Bank::Denied => &self.denied,
-        }
-    }
-
-    fn map_mut(&mut self, b: Bank) -> &mut Map {
-        match b {
-            Bank::Keys => &mut self.keys,
-            Bank::Denied => &mut self.denied,
-        }
-    }
-
-    pub(crate) fn with_capacity(n: usize) -> Versions {
-        Versions {
-            keys: Map::with_capacity_and_hasher(n, Default::default()),
-            denied: Map::default(),
-        }
-    }
-
-    pub(crate) fn get(&self, b: Bank, id: &str) -> Option<&Record> {
-        self.map(b).get(id)
-    }
-
-    /// The record of (`b`, `id`), inserted as "never seen" when missing.
-    pub(crate) fn entry(&mut self, b: Bank, id: &str) -> &mut Record {
-        let m = self.map_mut(b);
-        if !m.contains_key(id) {
-            m.insert(Box::from(id), Record::unseen());
-        }
-        m.get_mut(id).expect("just inserted")
-    }
-
-    /// Inserts a record; false when (`b`, `id`) was there already.
-    pub(crate) fn insert(&mut self, b: Bank, id: &str, r: Record) -> bool {
-        self.map_mut(b).insert(Box::from(id), r).is_none()
-    }
-
-    pub(crate) fn len(&self) -> usize {
-        self.keys.len() + self.denied.len()
-    }
-
-    pub(crate) fn iter(&self) -> impl Iterator<Item = (Bank, &str, &Record)> + '_ {
-        let k = self.keys.iter().map(|(id, r)| (Bank::Keys, &**id, r));
-        k.chain(self.denied.iter().map(|(id, r)| (Bank::Denied, &**id, r)))
-    }
-
-    pub(crate) fn iter_mut(&mut self) -> impl Iterator<Item = (Bank, &str, &mut Record)> + '_ {
-        let k = self.keys.iter_mut().map(|(id, r)| (Bank::Keys, &**id, r));
-        k.chain(
-            self.denied
-                .iter_mut()
-                .map(|(id, r)| (Bank::Denied, &**id, r)),
-        )
-    }
-
-    pub(crate) fn retain(&mut self, mut f: impl FnMut(&Record) -> bool) {
-        self.keys.retain(|_, r| f(r));
-        self.denied.retain(|_, r| f(r));
-    }
 }
 
 /// What the history holds of one entry.
@@ -403,6 +319,12 @@ impl History {
                     .max()
                     .unwrap_or(0);
                 h.identity.clock.receive(max);
+                // A file of before the versions were kept in order: sorted
+                // once, and written sorted by the next save.
+                if !h.entries.is_sorted() {
+                    h.entries.sort();
+                    h.dirty = true;
+                }
                 Ok(h)
             }
             _ => Ok(History::begin(opts)),
@@ -441,6 +363,8 @@ impl History {
             self.entries.retain(|r| {
                 r.cur.kind != Kind::Absent || r.cur.stamp >= cutoff || r.prev.is_some()
             });
+            // In (bank, id) order: a snapshot's, which merges walk beside it.
+            self.entries.sort();
             self.seq += 1;
             if self.removals_read > 0 {
                 crate::removals::mark(dir, self.seq, self.removals_read)?;
@@ -471,6 +395,20 @@ impl History {
     /// the version it had before.
     pub fn get_with_prev(&self, bank: Bank, id: &str) -> Option<(Version, Option<Version>)> {
         self.entries.get(bank, id).map(|r| (r.cur, r.prev))
+    }
+
+    /// [`History::get_with_prev`] for lookups made in (bank, id) order, as
+    /// a snapshot's entries come: `cursor` (0 at first) keeps the place,
+    /// so a walk over a sorted snapshot hashes nothing.
+    pub(crate) fn get_with_prev_from(
+        &self,
+        cursor: &mut usize,
+        bank: Bank,
+        id: &str,
+    ) -> Option<(Version, Option<Version>)> {
+        self.entries
+            .find_from(cursor, bank, id)
+            .map(|r| (r.cur, r.prev))
     }
 
     /// Settles what a merge had in flight once its bank writes are done:
@@ -592,12 +530,7 @@ impl History {
                 }
                 let kind = state.map_or(Kind::Denied, Kind::of_state);
                 let hash = value_hash(kind, pem);
-                let m = self.entries.map_mut(bank);
-                // One lookup for an entry already recorded (nearly all).
-                let rec = match m.get_mut(id) {
-                    Some(r) => r,
-                    None => m.entry(Box::from(id)).or_insert(Record::unseen()),
-                };
+                let rec = self.entries.entry(bank, id);
                 rec.mark = mark;
                 // Removed since the last save (after its version was
                 // made) and here again: a new value, whatever its bytes.

@@ -397,12 +397,15 @@ pub fn plan(
 /// store does not hold already (every entry is still read and checked): a
 /// merge's memory follows the difference.
 pub fn read_snapshot(h: &History, r: &mut impl Read, name: &str) -> Result<Snapshot> {
-    Snapshot::read_filtered(r, name, |e| match h.get_with_prev(e.bank, e.id) {
-        // An entry a killed merge had in flight may not be in the banks:
-        // the observation decides, the plan needs their entry.
-        Some((_, Some(_))) => true,
-        Some((v, None)) => !(v.stamp == e.stamp && v.kind == e.kind && v == e.version()),
-        None => true,
+    let mut cursor = 0;
+    Snapshot::read_filtered(r, name, |e| {
+        match h.get_with_prev_from(&mut cursor, e.bank, e.id) {
+            // An entry a killed merge had in flight may not be in the banks:
+            // the observation decides, the plan needs their entry.
+            Some((_, Some(_))) => true,
+            Some((v, None)) => !(v.stamp == e.stamp && v.kind == e.kind && v == e.version()),
+            None => true,
+        }
     })
 }
 
