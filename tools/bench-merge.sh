@@ -27,6 +27,13 @@
 #   4. `keycache snapshot` of a 1M-key store against `keycache list
 #      --include-pub` of the same store (both to /dev/null; the snapshot to a
 #      file too), after a first snapshot that writes the store's history.
+#   5. Versioned merges at 1M keys (issue 19's goals), wall time and peak
+#      memory (/usr/bin/time): a peer B of the 1M store A (a copy without
+#      its history: a store of its own), the two brought in step by merges
+#      both ways; a no-op merge (A's snapshot into B, nothing differs); a 1%
+#      merge (on a copy of A, 9,000 accepted keys deleted and 1,000 pending
+#      keys accepted, its snapshot merged into a fresh copy of B each round);
+#      `keycache snapshot A -o FILE`.
 #
 # Data (trees from tools/gen-pki-tree.py, stores from `keycache migrate`, the
 # peer put in step by merges) is generated under target/bench-data on the
@@ -215,6 +222,46 @@ if [[ $with_1m == 1 ]]; then
     bash -c '"$0" list "$1" --include-pub --json > /dev/null' "$kc" "$s1m")
   snap_bytes=$(stat -c %s "$work/snap-1m")
   rm -f "$work/snap-1m"
+
+  # --- 5. versioned merges at 1M: peer B in step with A, then no-op and 1% ---
+  b1m=$work/store-1m-peer
+  if [[ ! -e $b1m/.bench-complete ]]; then
+    log "peer B of the 1M store: a copy without the history, merged in step both ways"
+    rm -rf "$b1m"; cp -a "$s1m" "$b1m"; rm -f "$b1m"/.keycache-*
+    "$kc" snapshot "$s1m" -o "$work/a.snap" 2>/dev/null; "$kc" merge "$b1m" "$work/a.snap" > /dev/null
+    "$kc" snapshot "$b1m" -o "$work/b.snap" 2>/dev/null; "$kc" merge "$s1m" "$work/b.snap" > /dev/null
+    touch "$b1m/.bench-complete"
+  fi
+  "$kc" snapshot "$s1m" -o "$work/a.snap" 2>/dev/null
+  a1=$work/store-1m-changed
+  rm -rf "$a1"; cp -a "$s1m" "$a1"
+  "$kc" list "$a1" --state accepted --json | python3 -c "import json, sys; print('\n'.join(json.load(sys.stdin)['minions'][:9000]))" > "$work/del.txt"
+  "$kc" list "$a1" --state pending --json | python3 -c "import json, sys; print('\n'.join(json.load(sys.stdin)['minions_pre'][:1000]))" > "$work/acc.txt"
+  xargs "$kc" delete -y "$a1" < "$work/del.txt" > /dev/null
+  xargs "$kc" accept -y "$a1" < "$work/acc.txt" > /dev/null
+  "$kc" snapshot "$a1" -o "$work/a1.snap" 2>/dev/null
+  one_plan=$("$kc" merge "$b1m" "$work/a1.snap" --dry-run 2>&1 | tail -n 1 || true)
+  # timed_mem NAME ROUNDS PREP CMD...: like `timed`, also the peak RSS
+  # (KiB, /usr/bin/time); prints "median-seconds median-KiB".
+  timed_mem() {
+    local name=$1 r=$2 prep=$3; shift 3
+    local secs=() mem=()
+    for ((i = 0; i < r; i++)); do
+      eval "$prep"
+      /usr/bin/time -f "%e %M" -o "$work/$name.one" "$@" > /dev/null 2>&1 || true
+      read -r e m < "$work/$name.one"
+      secs+=("$e"); mem+=("$m")
+    done
+    echo "${secs[*]} / ${mem[*]}" > "$work/$name.times"
+    log "$name: ${secs[*]} s, ${mem[*]} KiB"
+    echo "$(median "${secs[@]}") $(median "${mem[@]}")"
+  }
+  read -r noop_s noop_m < <(timed_mem merge-noop-1m "$rounds" ':' "$kc" merge "$b1m" "$work/a.snap")
+  read -r one_s one_m < <(timed_mem merge-1pct-1m "$rounds" 'rm -rf "$work/b1m-copy"; cp -a "$b1m" "$work/b1m-copy"' \
+    "$kc" merge "$work/b1m-copy" "$work/a1.snap")
+  read -r snap_s snap_m < <(timed_mem snapshot-file-1m "$rounds" 'rm -f "$work/snap-1m"' \
+    "$kc" snapshot "$s1m" -o "$work/snap-1m")
+  rm -rf "$work/b1m-copy" "$a1" "$work/snap-1m"
 fi
 
 # --- report --------------------------------------------------------------------
@@ -241,6 +288,14 @@ if [[ $with_1m == 1 ]]; then
 | keycache snapshot -o FILE ($((snap_bytes / 1048576)) MiB, fsynced) | $(fmt "$snap_file") | $(ratio "$snap_file" "$list_pub") |
 | keycache list --include-pub > /dev/null | $(fmt "$list_pub") | 1.0x |
 | keycache list --include-pub --json > /dev/null | $(fmt "$list_json") | $(ratio "$list_json" "$list_pub") |
+EOF
+  cat <<EOF
+
+| versioned merges, 1M keys | wall (median) | peak RSS (median) | goal |
+|---|---|---|---|
+| no-op merge (nothing differs) | $(fmt "$noop_s") | $((${noop_m%.*} / 1024)) MiB | 1 s, 1.5 GB |
+| 1% merge ($one_plan) | $(fmt "$one_s") | $((${one_m%.*} / 1024)) MiB | 5 s, 1.5 GB |
+| snapshot -o FILE | $(fmt "$snap_s") | $((${snap_m%.*} / 1024)) MiB | 1.5 GB |
 EOF
 fi
 echo

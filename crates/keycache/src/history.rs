@@ -530,7 +530,8 @@ impl History {
                 }
                 let kind = state.map_or(Kind::Denied, Kind::of_state);
                 let hash = value_hash(kind, pem);
-                let rec = self.entries.entry(bank, id);
+                let (rec, moved) = self.entries.entry_at(bank, id, slot);
+                self.dirty |= moved;
                 rec.mark = mark;
                 // Removed since the last save (after its version was
                 // made) and here again: a new value, whatever its bytes.

@@ -46,7 +46,9 @@ use crate::key::KeyState;
 use crate::store::Store;
 
 mod codec;
+mod stream;
 use codec::{Reader, Writer};
+pub use stream::take_to_file;
 
 /// The first 8 bytes of every snapshot file.
 pub const MAGIC: [u8; 8] = *b"KCSNAP\r\n";
@@ -227,6 +229,22 @@ impl Default for SnapshotOptions {
     }
 }
 
+/// An error when `pem`, the value of (`bank`, `id`), holds a private key:
+/// never put in a snapshot.
+fn refuse_private(store: &Store, bank: Bank, id: &str, pem: &[u8]) -> Result<()> {
+    if crate::pem::holds_private_key(pem) {
+        return Err(Error::Corrupt {
+            path: store.dir().into(),
+            id: Some(id.to_owned()),
+            why: format!(
+                "the {bank} value holds a PRIVATE KEY block: never put in a snapshot (delete or \
+                 replace the key, then take the snapshot again)"
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// Takes a snapshot of `store`'s `keys` and `denied_keys` banks: both banks'
 /// locks are taken (`keys` first, as every writer does; each waited for at
 /// most `opts.lock_wait`), the store observed (changes since the last
@@ -244,16 +262,7 @@ pub fn take(store: &Store, opts: &SnapshotOptions) -> Result<Snapshot> {
             let mut hist = History::load(store.dir(), h)?;
             let mut v = Vec::new();
             hist.observe(store, h, false, |bank, id, _state, pem, ver| {
-                if crate::pem::holds_private_key(pem) {
-                    return Err(Error::Corrupt {
-                        path: store.dir().into(),
-                        id: Some(id.to_owned()),
-                        why: format!(
-                            "the {bank} value holds a PRIVATE KEY block: never put in a \
-                             snapshot (delete or replace the key, then take the snapshot again)"
-                        ),
-                    });
-                }
+                refuse_private(store, bank, id, pem)?;
                 v.push(Entry {
                     bank,
                     id: id.to_owned(),

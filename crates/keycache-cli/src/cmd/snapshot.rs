@@ -78,15 +78,16 @@ pub(crate) fn run(a: Args) -> CmdResult {
     };
     let _ = &a.seen;
     let store = a.layout.open(&a.store.dir())?;
-    let snap = snapshot::take(&store, &opts)?;
-    write(&snap, &a.output)?;
-    if !to_stdout {
-        errln!(
-            "keycache: snapshot of {}: {} entries written to {}",
-            esc_path(store.dir()),
-            snap.entries.len(),
-            esc_path(&a.output)
-        );
+    if to_stdout {
+        write(&snapshot::take(&store, &opts)?, &a.output)?;
+        return Ok(std::process::ExitCode::SUCCESS);
     }
+    // Into a file: streamed from the banks (no copy of every key in memory).
+    let n = snapshot::take_to_file(&store, &opts, &a.output)?;
+    errln!(
+        "keycache: snapshot of {}: {n} entries written to {}",
+        esc_path(store.dir()),
+        esc_path(&a.output)
+    );
     Ok(std::process::ExitCode::SUCCESS)
 }

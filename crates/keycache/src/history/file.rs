@@ -3,10 +3,12 @@
 //!
 //! ```text
 //! .keycache-history
-//!   header:  magic "KCHIST\r\n" (8) | version u32 = 1 | flags u32 = 0
+//!   header:  magic "KCHIST\r\n" (8) | version u32 = 2 (1 is read too)
+//!            | flags u32 = 0
 //!            | seq u64 | count u64
 //!   entry:   bank u8 (1 keys, 2 denied_keys) | kind u8 | prev kind u8
-//!            (0xFF: none) | zero u8 | id_len u16 | stamp u64 | hash u64
+//!            (0xFF: none) | zero u8 | id_len u16 | slot u32 (version 2
+//!            only; 0xFFFFFFFF: none) | stamp u64 | hash u64
 //!            | [prev stamp u64 | prev hash u64, when prev kind != 0xFF] | id
 //!   trailer: xxh3-64 of every byte before it, u64
 //!
@@ -36,7 +38,11 @@ pub const IDENTITY_FILE: &str = ".keycache-identity";
 
 const HIST_MAGIC: [u8; 8] = *b"KCHIST\r\n";
 const IDENT_MAGIC: [u8; 8] = *b"KCIDENT\n";
-const VERSION: u32 = 1;
+/// The identity file's format version.
+const IDENT_VERSION: u32 = 1;
+/// The versions file's format version: 2 adds each entry's bank slot (a
+/// hint for observations); 1 is still read.
+const HIST_VERSION: u32 = 2;
 const NO_PREV: u8 = 0xFF;
 
 fn bad(path: &Path, why: String) -> Error {
@@ -119,9 +125,14 @@ fn read(path: &Path) -> Result<Option<Vec<u8>>> {
         .map_err(|e| Error::io(path, "read", e))
 }
 
-/// Checks a file's magic, version and trailing checksum; returns the body
-/// (without the trailer) after the magic and version.
-fn checked<'a>(b: &'a [u8], path: &Path, magic: &[u8; 8]) -> Result<&'a [u8]> {
+/// Checks a file's magic, version (one of `versions`) and trailing
+/// checksum; returns the body (without the trailer) and the version.
+fn checked<'a>(
+    b: &'a [u8],
+    path: &Path,
+    magic: &[u8; 8],
+    versions: &[u32],
+) -> Result<(&'a [u8], u32)> {
     if b.len() < 20 || b[..8] != *magic {
         return Err(bad(
             path,
@@ -135,13 +146,13 @@ fn checked<'a>(b: &'a [u8], path: &Path, magic: &[u8; 8]) -> Result<&'a [u8]> {
         return Err(bad(path, "checksum mismatch".into()));
     }
     let version = u32::from_le_bytes([b[8], b[9], b[10], b[11]]);
-    if version != VERSION {
+    if !versions.contains(&version) {
         return Err(bad(
             path,
-            format!("format version {version}; this keycache reads {VERSION}"),
+            format!("format version {version}; this keycache reads {versions:?}"),
         ));
     }
-    Ok(body)
+    Ok((body, version))
 }
 
 /// Loads both files; `None` when the store has no history yet (no
@@ -151,7 +162,7 @@ pub(super) fn load(dir: &Path) -> Result<Option<History>> {
     let Some(ib) = read(&ipath)? else {
         return Ok(None);
     };
-    let body = checked(&ib, &ipath, &IDENT_MAGIC)?;
+    let (body, _) = checked(&ib, &ipath, &IDENT_MAGIC, &[IDENT_VERSION])?;
     let mut c = Cursor {
         b: body,
         o: 12,
@@ -210,7 +221,7 @@ fn kind(c: &mut Cursor<'_>, b: u8) -> Result<Kind> {
 }
 
 fn parse_versions(b: &[u8], path: &Path) -> Result<(Versions, u64)> {
-    let body = checked(b, path, &HIST_MAGIC)?;
+    let (body, version) = checked(b, path, &HIST_MAGIC, &[1, HIST_VERSION])?;
     let mut c = Cursor {
         b: body,
         o: 12,
@@ -231,6 +242,11 @@ fn parse_versions(b: &[u8], path: &Path) -> Result<(Versions, u64)> {
         let pk = c.u8("prev kind")?;
         let _zero = c.u8("padding")?;
         let id_len = c.u16("id length")? as usize;
+        let slot = if version >= 2 {
+            c.u32("slot")?
+        } else {
+            super::versions::NO_SLOT
+        };
         let stamp = c.u64("stamp")?;
         let hash = c.u64("hash")?;
         let prev = if pk == NO_PREV {
@@ -257,7 +273,7 @@ fn parse_versions(b: &[u8], path: &Path) -> Result<(Versions, u64)> {
             prev,
             mark: 0,
         };
-        if !m.insert(bank, id, rec) {
+        if !m.insert(bank, id, rec, slot) {
             return Err(bad(path, format!("{} {id:?} recorded twice", bank.name())));
         }
     }
@@ -276,7 +292,7 @@ pub(super) fn seq_on_disk(dir: &Path) -> Result<u64> {
     let Some(b) = read(&path)? else {
         return Ok(0);
     };
-    let body = checked(&b, &path, &HIST_MAGIC)?;
+    let (body, _) = checked(&b, &path, &HIST_MAGIC, &[1, HIST_VERSION])?;
     let mut c = Cursor {
         b: body,
         o: 16,
@@ -288,11 +304,11 @@ pub(super) fn seq_on_disk(dir: &Path) -> Result<u64> {
 pub(super) fn save_versions(dir: &Path, h: &History, own: &Ownership) -> Result<()> {
     let mut b = Vec::with_capacity(32 + h.entries.len() * 48);
     b.extend_from_slice(&HIST_MAGIC);
-    b.extend_from_slice(&VERSION.to_le_bytes());
+    b.extend_from_slice(&HIST_VERSION.to_le_bytes());
     b.extend_from_slice(&0u32.to_le_bytes());
     b.extend_from_slice(&h.seq.to_le_bytes());
     b.extend_from_slice(&(h.entries.len() as u64).to_le_bytes());
-    for (bank, id, r) in h.entries.iter() {
+    for (bank, id, r, slot) in h.entries.iter_slots() {
         b.push(match bank {
             Bank::Keys => 1,
             Bank::Denied => 2,
@@ -301,6 +317,7 @@ pub(super) fn save_versions(dir: &Path, h: &History, own: &Ownership) -> Result<
         b.push(r.prev.map_or(NO_PREV, |p| p.kind.byte()));
         b.push(0);
         b.extend_from_slice(&(id.len() as u16).to_le_bytes());
+        b.extend_from_slice(&slot.to_le_bytes());
         b.extend_from_slice(&r.cur.stamp.to_le_bytes());
         b.extend_from_slice(&r.cur.hash.to_le_bytes());
         if let Some(p) = r.prev {
@@ -318,7 +335,7 @@ pub(super) fn save_identity(dir: &Path, h: &History, own: &Ownership) -> Result<
     let i = &h.identity;
     let mut b = Vec::with_capacity(96 + i.peers.len() * 32);
     b.extend_from_slice(&IDENT_MAGIC);
-    b.extend_from_slice(&VERSION.to_le_bytes());
+    b.extend_from_slice(&IDENT_VERSION.to_le_bytes());
     b.extend_from_slice(&0u32.to_le_bytes());
     b.extend_from_slice(&i.store);
     b.extend_from_slice(&i.created.to_le_bytes());

@@ -244,3 +244,63 @@ fn versions_are_ordered_by_stamp_then_restrictiveness_then_hash() {
     assert!(v(1, Kind::Pending, 9).beats(&v(1, Kind::Pending, 8)));
     assert!(!v(1, Kind::Pending, 8).beats(&v(1, Kind::Pending, 8)));
 }
+
+/// A version 2 versions file written back as version 1 (no slots).
+fn as_version_1(v2: &[u8]) -> Vec<u8> {
+    let body = &v2[..v2.len() - 8];
+    let mut out = body[..32].to_vec();
+    out[8..12].copy_from_slice(&1u32.to_le_bytes());
+    let count = u64::from_le_bytes(body[24..32].try_into().expect("count"));
+    let mut o = 32;
+    for _ in 0..count {
+        let prev = body[o + 2] != 0xFF;
+        let id_len = u16::from_le_bytes([body[o + 4], body[o + 5]]) as usize;
+        out.extend_from_slice(&body[o..o + 6]);
+        let rest = 16 + if prev { 16 } else { 0 } + id_len;
+        out.extend_from_slice(&body[o + 10..o + 10 + rest]);
+        o += 10 + rest;
+    }
+    assert_eq!(o, body.len());
+    let sum = crate::format::hash(&out);
+    out.extend_from_slice(&sum.to_le_bytes());
+    out
+}
+
+#[test]
+fn slots_are_kept_and_a_version_1_file_is_still_read() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = small_store(dir.path());
+    let (t, o) = clocked(1_000);
+    for i in 0..5 {
+        store
+            .put(
+                &id(&format!("m{i}")),
+                KeyState::Accepted,
+                &pem(&format!("k{i}")),
+            )
+            .expect("put");
+    }
+    store.deny(&id("m9"), &pem("k9")).expect("deny");
+    let mut h = History::load(dir.path(), &o).expect("load");
+    observe(&mut h, &store, &o);
+    h.save(dir.path(), &o).expect("save");
+    let before: Vec<(Bank, String, Version)> =
+        h.iter().map(|(b, i, v)| (b, i.to_owned(), v)).collect();
+    // Read back, a second observation finds every entry where it was: the
+    // versions stay clean (no rewrite).
+    let mut back = History::load(dir.path(), &o).expect("load");
+    t.store(2_000, Ordering::SeqCst);
+    assert_eq!(observe(&mut back, &store, &o).changed, 0);
+    assert!(!back.dirty, "every slot hint held");
+    // The same file as version 1: read, the same versions, and the slots
+    // learnt again (the file is then rewritten).
+    let p = dir.path().join(HISTORY_FILE);
+    let v1 = as_version_1(&std::fs::read(&p).expect("read"));
+    std::fs::write(&p, &v1).expect("write");
+    let mut old = History::load(dir.path(), &o).expect("a version 1 file");
+    let got: Vec<(Bank, String, Version)> =
+        old.iter().map(|(b, i, v)| (b, i.to_owned(), v)).collect();
+    assert_eq!(got, before);
+    assert_eq!(observe(&mut old, &store, &o).changed, 0);
+    assert!(old.dirty, "the slots are new: written again");
+}

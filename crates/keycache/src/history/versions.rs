@@ -1,13 +1,18 @@
 //! The versions of a store's entries in memory: one vector of records in
-//! (bank, id) order, their ids in one arena, and a hash index.
+//! (bank, id) order, their ids in one arena, the bank slot each was last
+//! seen in, and a hash index built only when needed.
 //!
-//! Built for the two walks a merge makes over a million entries. A
-//! snapshot's entries come in (bank, id) order, so the read filter walks
-//! the records with a cursor ([`Versions::find_from`]), never hashing; an
-//! observation walks the banks in slot order and looks each id up in the
-//! index. No allocation per entry: a `HashMap<Box<str>, _>` made one per
-//! id, and its lookups were half of a no-op merge.
+//! Built for the two walks a merge makes over a million entries, so that
+//! neither hashes an id. A snapshot's entries come in (bank, id) order:
+//! the read filter walks the records beside them with a cursor
+//! ([`Versions::find_from`]). An observation walks the banks in slot
+//! order: each record remembers its slot, so the record of the entry in a
+//! slot is found through a vector indexed by slot
+//! ([`Versions::entry_at`]), checked by its id. Only an entry that is new
+//! or moved (a compaction) is looked up by hash, and the index is built
+//! at the first such lookup.
 
+use std::cell::OnceCell;
 use std::collections::HashMap;
 
 use super::Record;
@@ -33,14 +38,38 @@ impl std::hash::Hasher for Pass {
 
 const NONE: u32 = u32::MAX;
 
+/// No slot known (a record read from a version 1 file, or never seen in
+/// the banks).
+pub(crate) const NO_SLOT: u32 = u32::MAX;
+
+/// Slot hints past this are not kept (the vector indexed by slot would be
+/// too large); those entries are looked up by hash.
+const MAX_HINTED_SLOT: u32 = 1 << 26;
+
 #[derive(Debug, Clone, Copy)]
 struct Slot {
     bank: Bank,
     id_at: usize,
     id_len: usize,
-    /// The next record whose (bank, id) has the same hash.
-    next: u32,
+    /// The bank slot the entry was last seen in.
+    slot: u32,
     rec: Record,
+}
+
+/// Records by hash of (bank, id): the first of each hash, and for each
+/// record the next with the same hash.
+#[derive(Debug, Clone, Default)]
+struct Index {
+    heads: HashMap<u64, u32, std::hash::BuildHasherDefault<Pass>>,
+    next: Vec<u32>,
+}
+
+impl Index {
+    fn add(&mut self, h: u64, i: usize) {
+        let head = self.heads.entry(h).or_insert(NONE);
+        self.next.push(*head);
+        *head = u32::try_from(i).unwrap_or(NONE);
+    }
 }
 
 /// The records of both banks.
@@ -48,7 +77,9 @@ struct Slot {
 pub(crate) struct Versions {
     slots: Vec<Slot>,
     ids: String,
-    index: HashMap<u64, u32, std::hash::BuildHasherDefault<Pass>>,
+    /// Per bank (`keys`, `denied_keys`), the record last seen in each slot.
+    by_slot: [Vec<u32>; 2],
+    index: OnceCell<Index>,
     /// Whether `slots` is in (bank, id) order.
     sorted: bool,
 }
@@ -60,11 +91,14 @@ impl Default for Versions {
 }
 
 fn hash(b: Bank, id: &str) -> u64 {
-    let seed = match b {
-        Bank::Keys => 1,
-        Bank::Denied => 2,
-    };
-    xxhash_rust::xxh3::xxh3_64_with_seed(id.as_bytes(), seed)
+    xxhash_rust::xxh3::xxh3_64_with_seed(id.as_bytes(), bank_no(b) as u64 + 1)
+}
+
+fn bank_no(b: Bank) -> usize {
+    match b {
+        Bank::Keys => 0,
+        Bank::Denied => 1,
+    }
 }
 
 impl Versions {
@@ -72,7 +106,8 @@ impl Versions {
         Versions {
             slots: Vec::with_capacity(n),
             ids: String::with_capacity(n.saturating_mul(24)),
-            index: HashMap::with_capacity_and_hasher(n, Default::default()),
+            by_slot: [Vec::new(), Vec::new()],
+            index: OnceCell::new(),
             sorted: true,
         }
     }
@@ -81,36 +116,66 @@ impl Versions {
         self.ids.get(s.id_at..s.id_at + s.id_len).unwrap_or("")
     }
 
+    fn index(&self) -> &Index {
+        self.index.get_or_init(|| {
+            let mut ix = Index {
+                heads: HashMap::with_capacity_and_hasher(self.slots.len(), Default::default()),
+                next: Vec::with_capacity(self.slots.len()),
+            };
+            for (i, s) in self.slots.iter().enumerate() {
+                ix.add(hash(s.bank, self.id(s)), i);
+            }
+            ix
+        })
+    }
+
     fn find(&self, b: Bank, id: &str) -> Option<usize> {
-        let mut i = *self.index.get(&hash(b, id))?;
+        let ix = self.index();
+        let mut i = *ix.heads.get(&hash(b, id))?;
         while i != NONE {
             let s = &self.slots[i as usize];
             if s.bank == b && self.id(s) == id {
                 return Some(i as usize);
             }
-            i = s.next;
+            i = ix.next[i as usize];
         }
         None
     }
 
-    fn push(&mut self, b: Bank, id: &str, rec: Record) -> usize {
+    /// Records that record `i` was seen in bank slot `slot`.
+    fn hint(&mut self, i: usize, slot: u32) {
+        let s = &mut self.slots[i];
+        s.slot = slot;
+        if slot < MAX_HINTED_SLOT {
+            let v = &mut self.by_slot[bank_no(s.bank)];
+            if v.len() <= slot as usize {
+                v.resize(slot as usize + 1, NONE);
+            }
+            v[slot as usize] = u32::try_from(i).unwrap_or(NONE);
+        }
+    }
+
+    fn push(&mut self, b: Bank, id: &str, rec: Record, slot: u32) -> usize {
         let n = self.slots.len();
         if self.sorted {
             if let Some(last) = self.slots.last() {
                 self.sorted = (last.bank, self.id(last)) < (b, id);
             }
         }
-        let head = self.index.entry(hash(b, id)).or_insert(NONE);
-        let next = *head;
-        *head = u32::try_from(n).unwrap_or(NONE);
+        if let Some(ix) = self.index.get_mut() {
+            ix.add(hash(b, id), n);
+        }
         self.slots.push(Slot {
             bank: b,
             id_at: self.ids.len(),
             id_len: id.len(),
-            next,
+            slot: NO_SLOT,
             rec,
         });
         self.ids.push_str(id);
+        if slot != NO_SLOT {
+            self.hint(n, slot);
+        }
         n
     }
 
@@ -122,13 +187,50 @@ impl Versions {
     pub(crate) fn entry(&mut self, b: Bank, id: &str) -> &mut Record {
         let i = match self.find(b, id) {
             Some(i) => i,
-            None => self.push(b, id, Record::unseen()),
+            None => self.push(b, id, Record::unseen(), NO_SLOT),
         };
         &mut self.slots[i].rec
     }
 
-    /// Inserts a record; false when (`b`, `id`) was there already.
-    pub(crate) fn insert(&mut self, b: Bank, id: &str, r: Record) -> bool {
+    /// The record of (`b`, `id`), seen in bank slot `slot` (inserted as
+    /// "never seen" when missing): found through the slot when it was
+    /// there before. Also says whether the slot is a new one for it (the
+    /// history file is then rewritten, to keep the hint).
+    pub(crate) fn entry_at(&mut self, b: Bank, id: &str, slot: u64) -> (&mut Record, bool) {
+        let slot = u32::try_from(slot).unwrap_or(NO_SLOT);
+        let hinted = match self.by_slot[bank_no(b)].get(slot as usize) {
+            Some(&i) if i != NONE => {
+                let s = &self.slots[i as usize];
+                (s.slot == slot && s.bank == b && self.id(s) == id).then_some(i as usize)
+            }
+            _ => None,
+        };
+        let (i, moved) = match hinted {
+            Some(i) => (i, false),
+            None => {
+                let i = match self.find(b, id) {
+                    Some(i) => i,
+                    None => self.push(b, id, Record::unseen(), NO_SLOT),
+                };
+                let moved = self.slots[i].slot != slot;
+                if moved {
+                    self.hint(i, slot);
+                }
+                (i, moved)
+            }
+        };
+        (&mut self.slots[i].rec, moved)
+    }
+
+    /// The bank slot record `i` was last seen in.
+    #[cfg(test)]
+    fn slot_of(&self, i: usize) -> u32 {
+        self.slots.get(i).map_or(NO_SLOT, |s| s.slot)
+    }
+
+    /// Inserts a record last seen in `slot`; false when (`b`, `id`) was
+    /// there already.
+    pub(crate) fn insert(&mut self, b: Bank, id: &str, r: Record, slot: u32) -> bool {
         // After the last of records in order (a history file read back):
         // new, without a lookup.
         let after_last = self.sorted
@@ -139,7 +241,7 @@ impl Versions {
         if !after_last && self.find(b, id).is_some() {
             return false;
         }
-        self.push(b, id, r);
+        self.push(b, id, r, slot);
         true
     }
 
@@ -192,18 +294,26 @@ impl Versions {
     fn rebuild(&mut self, slots: Vec<Slot>) {
         let old = std::mem::take(&mut self.ids);
         let n = slots.len();
-        self.index = HashMap::with_capacity_and_hasher(n, Default::default());
+        self.index = OnceCell::new();
+        self.by_slot = [Vec::new(), Vec::new()];
         self.slots = Vec::with_capacity(n);
         self.ids = String::with_capacity(old.len());
         self.sorted = true;
         for s in slots {
             let id = old.get(s.id_at..s.id_at + s.id_len).unwrap_or("");
-            self.push(s.bank, id, s.rec);
+            self.push(s.bank, id, s.rec, s.slot);
         }
     }
 
     pub(crate) fn len(&self) -> usize {
         self.slots.len()
+    }
+
+    /// Every record with its bank slot, in (bank, id) order once sorted.
+    pub(crate) fn iter_slots(&self) -> impl Iterator<Item = (Bank, &str, &Record, u32)> + '_ {
+        self.slots
+            .iter()
+            .map(|s| (s.bank, self.id(s), &s.rec, s.slot))
     }
 
     /// Every record, in (bank, id) order once sorted.
@@ -253,10 +363,13 @@ mod tests {
         let mut v = Versions::default();
         let ids: Vec<String> = (0..300).map(|i| format!("m{:03}", (i * 7) % 300)).collect();
         for (n, id) in ids.iter().enumerate() {
-            assert!(v.insert(Bank::Keys, id, rec(n as u64)));
+            assert!(v.insert(Bank::Keys, id, rec(n as u64), NO_SLOT));
         }
-        assert!(!v.insert(Bank::Keys, "m000", rec(9)), "no duplicate");
-        v.insert(Bank::Denied, "m005", rec(1000));
+        assert!(
+            !v.insert(Bank::Keys, "m000", rec(9), NO_SLOT),
+            "no duplicate"
+        );
+        v.insert(Bank::Denied, "m005", rec(1000), NO_SLOT);
         assert!(!v.sorted);
         v.sort();
         assert!(v.sorted);
@@ -293,17 +406,54 @@ mod tests {
     fn ids_with_the_same_hash_are_told_apart() {
         // The index chains records with one hash: force a chain by hand.
         let mut v = Versions::default();
-        v.insert(Bank::Keys, "a", rec(1));
-        v.insert(Bank::Denied, "a", rec(2));
+        v.insert(Bank::Keys, "a", rec(1), NO_SLOT);
+        v.insert(Bank::Denied, "a", rec(2), NO_SLOT);
         assert_eq!(v.get(Bank::Keys, "a").map(|r| r.cur.stamp), Some(1));
         assert_eq!(v.get(Bank::Denied, "a").map(|r| r.cur.stamp), Some(2));
         let h = hash(Bank::Keys, "a");
-        let b = v.push(Bank::Keys, "b", rec(3));
+        let b = v.push(Bank::Keys, "b", rec(3), NO_SLOT);
         // Re-link "b" under "a"'s hash, as a collision would.
-        v.index.remove(&hash(Bank::Keys, "b"));
-        v.slots[b].next = v.index[&h];
-        v.index.insert(h, b as u32);
+        let ix = v.index.get_mut().expect("built by the lookups");
+        ix.heads.remove(&hash(Bank::Keys, "b"));
+        ix.next[b] = ix.heads[&h];
+        ix.heads.insert(h, b as u32);
         assert_eq!(v.find(Bank::Keys, "a"), Some(0));
-        assert_eq!(v.slots[v.index[&h] as usize].rec.cur.stamp, 3);
+        assert_eq!(v.find(Bank::Keys, "b"), None, "its own hash is gone");
+    }
+
+    #[test]
+    fn slots_find_records_and_are_checked_by_id() {
+        let mut v = Versions::default();
+        for (n, id) in ["a", "b", "c"].iter().enumerate() {
+            v.insert(Bank::Keys, id, rec(n as u64), 10 + n as u32);
+        }
+        v.insert(Bank::Denied, "a", rec(9), 10);
+        // Found through the slot, nothing moved, no index built.
+        let (r, moved) = v.entry_at(Bank::Keys, "b", 11);
+        assert_eq!((r.cur.stamp, moved), (1, false));
+        let (r, moved) = v.entry_at(Bank::Denied, "a", 10);
+        assert_eq!((r.cur.stamp, moved), (9, false));
+        assert!(v.index.get().is_none());
+        // Another id in a slot (a compaction moved them): by id, moved.
+        let (r, moved) = v.entry_at(Bank::Keys, "a", 11);
+        assert_eq!((r.cur.stamp, moved), (0, true));
+        assert_eq!(v.slot_of(0), 11);
+        let (r, moved) = v.entry_at(Bank::Keys, "b", 5);
+        assert_eq!((r.cur.stamp, moved), (1, true));
+        // "a" now holds slot 11; "b" slot 5; a new id is inserted unseen.
+        assert!(!v.entry_at(Bank::Keys, "a", 11).1);
+        let (r, moved) = v.entry_at(Bank::Keys, "d", 12);
+        assert_eq!((r.cur.kind, moved), (Kind::Absent, true));
+        assert_eq!(v.len(), 5);
+        // A slot too large for a hint still works, by hash.
+        let (r, _) = v.entry_at(Bank::Keys, "c", u64::from(MAX_HINTED_SLOT) + 7);
+        assert_eq!(r.cur.stamp, 2);
+        assert!(
+            !v.entry_at(Bank::Keys, "c", u64::from(MAX_HINTED_SLOT) + 7)
+                .1
+        );
+        // Sorting keeps the hints.
+        v.sort();
+        assert!(!v.entry_at(Bank::Keys, "d", 12).1);
     }
 }

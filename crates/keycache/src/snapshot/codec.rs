@@ -11,7 +11,7 @@ use super::{
     MAX_KEY_BYTES, VERSION,
 };
 use crate::error::{Error, Result};
-use crate::history::Kind;
+use crate::history::{Ident, Kind};
 
 /// Writes a snapshot's bytes, hashing them on the way.
 pub(super) struct Writer<'w, W: Write> {
@@ -32,19 +32,35 @@ impl<'w, W: Write> Writer<'w, W> {
     }
 
     pub(super) fn header(&mut self, s: &Snapshot) -> Result<()> {
+        self.header_parts(s.cluster, s.store, s.generation, s.entries.len() as u64)
+    }
+
+    /// The header of a snapshot of `count` entries.
+    pub(super) fn header_parts(
+        &mut self,
+        cluster: Option<Ident>,
+        store: Ident,
+        generation: u64,
+        count: u64,
+    ) -> Result<()> {
         let mut b = [0u8; HEADER_LEN];
         b[..8].copy_from_slice(&MAGIC);
         b[8..12].copy_from_slice(&VERSION.to_le_bytes());
-        let flags = if s.cluster.is_some() { FLAG_CLUSTER } else { 0 };
+        let flags = if cluster.is_some() { FLAG_CLUSTER } else { 0 };
         b[12..16].copy_from_slice(&flags.to_le_bytes());
-        b[16..32].copy_from_slice(&s.cluster.unwrap_or_default());
-        b[32..48].copy_from_slice(&s.store);
-        b[48..56].copy_from_slice(&s.generation.to_le_bytes());
-        b[56..64].copy_from_slice(&(s.entries.len() as u64).to_le_bytes());
+        b[16..32].copy_from_slice(&cluster.unwrap_or_default());
+        b[32..48].copy_from_slice(&store);
+        b[48..56].copy_from_slice(&generation.to_le_bytes());
+        b[56..64].copy_from_slice(&count.to_le_bytes());
         self.put(&b)
     }
 
     pub(super) fn entry(&mut self, e: &Entry) -> Result<()> {
+        self.entry_ref(&e.as_ref())
+    }
+
+    /// An entry; its lengths must fit the format (checked by the caller).
+    pub(super) fn entry_ref(&mut self, e: &EntryRef<'_>) -> Result<()> {
         let mut b = [0u8; ENTRY_HEAD_LEN];
         b[0] = e.bank.byte();
         b[1] = e.kind.byte();
@@ -53,7 +69,7 @@ impl<'w, W: Write> Writer<'w, W> {
         b[8..16].copy_from_slice(&e.stamp.to_le_bytes());
         self.put(&b)?;
         self.put(e.id.as_bytes())?;
-        self.put(&e.pub_key)
+        self.put(e.pub_key)
     }
 
     pub(super) fn finish(self) -> Result<()> {

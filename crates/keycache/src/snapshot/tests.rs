@@ -288,3 +288,58 @@ fn a_held_lock_is_waited_for_at_most_the_bound() {
     lock.unlock().expect("unlock");
     assert_eq!(take(&store, &opts).expect("take").entries.len(), 1);
 }
+
+#[test]
+fn a_snapshot_taken_into_a_file_holds_what_take_holds() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = sample_store(dir.path());
+    let o = SnapshotOptions::default();
+    take(&store, &o).expect("the history begins");
+    store.remove(&id("db1")).expect("delete");
+    store.deny(&id("db2"), &pem("d2\0\0")).expect("deny");
+    let out = tempfile::tempdir().expect("out");
+    let path = out.path().join("s.snap");
+    let n = take_to_file(&store, &o, &path).expect("take into a file");
+    let streamed = Snapshot::read_file(&path).expect("read back");
+    let taken = take(&store, &o).expect("take");
+    assert_eq!(n, streamed.entries.len() as u64);
+    assert_eq!(
+        streamed.entries, taken.entries,
+        "the same entries, tombstone included"
+    );
+    assert!(streamed
+        .entries
+        .iter()
+        .any(|e| e.id == "db1" && e.kind == Kind::Absent));
+    assert_eq!(
+        (streamed.store, streamed.cluster),
+        (taken.store, taken.cluster)
+    );
+    assert!(streamed.generation < taken.generation);
+    // A value holding a private key refuses it, and no file is left.
+    store
+        .put(
+            &id("bad"),
+            KeyState::Accepted,
+            b"-----BEGIN RSA PRIVATE KEY-----\nAAAA\n-----END RSA PRIVATE KEY-----\n",
+        )
+        .expect_err("the store itself refuses private keys");
+    std::fs::remove_file(&path).expect("rm");
+    let before = std::fs::read(dir.path().join(crate::history::HISTORY_FILE)).expect("history");
+    let err = take_to_file(
+        &store,
+        &SnapshotOptions {
+            lock_wait: Duration::ZERO,
+            ..SnapshotOptions::default()
+        },
+        &out.path().join("missing-dir").join("s.snap"),
+    )
+    .expect_err("no directory to write in");
+    assert!(err.to_string().contains("s.snap"), "{err}");
+    assert_eq!(
+        std::fs::read(dir.path().join(crate::history::HISTORY_FILE)).expect("history"),
+        before,
+        "nothing saved"
+    );
+    assert_eq!(std::fs::read_dir(out.path()).expect("ls").count(), 0);
+}
