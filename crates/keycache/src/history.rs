@@ -26,7 +26,10 @@
 //! - a value that lets a key in (accepted) takes the **earliest** stamp it
 //!   can have, the last observation's;
 //! - every other change (a deletion, a rejection, a pending or denied key)
-//!   takes the **latest**, now.
+//!   takes the **latest**, now;
+//! - but a pending key of an id the store knew nothing of (a minion's first
+//!   sign-in here) revokes nothing: it takes the first stamp there is
+//!   ([`FRESH_PENDING`]), so an accept made on another master wins over it.
 //!
 //! So an accept never outranks a revocation that happened after it, even
 //! when the accept was noticed later; at worst, an accept made on one
@@ -291,6 +294,14 @@ pub struct Observed {
     pub settled: Vec<(Bank, String)>,
 }
 
+/// The stamp of a pending key found where the store knew nothing of its
+/// id (a minion's first sign-in to this master): the first there is, so it
+/// never wins over an accept, a rejection or a deletion of the id made on
+/// another master. A minion that signs in to several masters is pending on
+/// each; the operator's accept on one of them is then taken by the others
+/// at the next merges, whatever the order of the observations.
+pub const FRESH_PENDING: u64 = 1;
+
 /// The oldest stamp a tombstone may have and still be kept.
 pub fn horizon_cutoff(opts: &HistoryOptions) -> u64 {
     opts.wall
@@ -540,7 +551,18 @@ impl History {
                     match rec.prev {
                         Some(p) if p.hash == hash && !back => rec.cur = p,
                         _ => {
-                            let stamp = if kind == Kind::Accepted {
+                            // A pending key where this store knew nothing
+                            // of the id (a minion's first sign-in here)
+                            // revokes nothing: it takes the first stamp
+                            // there is, so that any accept or revocation a
+                            // peer made of the id wins over it.
+                            let fresh = kind == Kind::Pending
+                                && rec.cur == Version::absent(0)
+                                && rec.prev.is_none()
+                                && !back;
+                            let stamp = if fresh {
+                                FRESH_PENDING
+                            } else if kind == Kind::Accepted {
                                 lower.max(rec.cur.stamp.saturating_add(1))
                             } else {
                                 now.max(rec.cur.stamp.saturating_add(1))

@@ -32,12 +32,12 @@ verification was denied"; a master answers a sign-in "pending". Beside them,
    nothing (A's listing and ``minions/<id>`` unchanged); a merge A -> B gives
    B the key back, and the minion started again is served by both.
 
-Before each accept on A, one merge B -> A runs, as the timers would have since
-the minion's sign-in: an accept is stamped at the store's last observation and
-B's pending entry at B's observation (docs/design.md, "Versions"), so an
-accept on A made before A observed its store again after B's observation of
-the pending key loses to B's pending entry at the next merge, which then
-undoes it on A as well (the safe side: pending, never accepted).
+In step 1, B first observes the minion's pending key after A's last
+observation before the accept (a merge A -> B right after the sign-in), and
+B's snapshot is merged into A first after the accept: a first sign-in revokes
+nothing (docs/design.md, "Versions"), so A's accept must survive that merge
+(before that rule, B's pending entry, stamped at B's later observation, undid
+it on A).
 """
 
 import pathlib
@@ -123,8 +123,8 @@ def test_merges_between_two_real_masters(masters):  # pylint: disable=redefined-
             alive=masters.daemons,
         )
         minion_pub = (masters.minion_pki / "minion.pub").read_bytes().strip()
-        # the timers have run since the sign-in
-        masters.pull_ok(a, b)
+        # a timer has run since the sign-in: A observed, then B (its first
+        # observation of the pending key comes after A's last one)
         masters.pull_ok(b, a)
         assert states() == ("minions_pre", "minions_pre")
         phase("pending on both")
@@ -133,6 +133,10 @@ def test_merges_between_two_real_masters(masters):  # pylint: disable=redefined-
         a.keycache_ok("accept", "-y", "-c", a.conf, MID)
         assert states() == ("minions", "minions_pre")
         assert a.accept_key_file() == minion_pub and b.accept_key_file() is None
+        # B's pending key (a first sign-in there) does not undo A's accept
+        masters.pull_ok(a, b)
+        assert states() == ("minions", "minions_pre"), "B's pending key undid A's accept"
+        assert a.accept_key_file() == minion_pub
         masters.assert_serves(a)
         masters.assert_no_answer(b)
         assert b.pending_answers() > 0

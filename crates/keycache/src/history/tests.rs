@@ -41,7 +41,11 @@ fn accepts_take_the_last_observation_and_revocations_now() {
     t.store(2_000, Ordering::SeqCst);
     assert_eq!(observe(&mut h, &store, &o).changed, 1);
     let pending = h.get(Bank::Keys, "m1").expect("recorded");
-    assert_eq!((pending.kind, pending.stamp), (Kind::Pending, 2_000));
+    // A first sign-in revokes nothing: the first stamp there is.
+    assert_eq!(
+        (pending.kind, pending.stamp),
+        (Kind::Pending, FRESH_PENDING)
+    );
     // Accepted at 5000, seen at 9000: stamped at the last observation
     // (the earliest it can have happened), after the pending version.
     t.store(5_000, Ordering::SeqCst);

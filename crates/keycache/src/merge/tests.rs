@@ -186,6 +186,52 @@ fn an_entry_added_and_deleted_between_two_observations_leaves_a_tombstone() {
 }
 
 #[test]
+fn a_minion_pending_on_both_masters_is_accepted_on_both_by_one_accept() {
+    // A multi-master minion signs in to A and B; the operator accepts it on
+    // A; B noticed its pending key after A's last observation. B's pending
+    // key (a first sign-in) revokes nothing: A's accept travels to B and
+    // stays on A, whichever way the merges run first.
+    let t = two();
+    t.a.put(&id("m0"), KeyState::Accepted, &pem("k0"))
+        .expect("put");
+    t.pull_b_from_a().expect("merge");
+    t.pull_a_from_b().expect("merge");
+    t.a.put(&id("m1"), KeyState::Pending, &pem("k1"))
+        .expect("sign-in on a");
+    t.b.put(&id("m1"), KeyState::Pending, &pem("k1"))
+        .expect("sign-in on b");
+    t.pull_b_from_a().expect("merge: a's pending seen");
+    t.a.set_state(&id("m1"), KeyState::Accepted)
+        .expect("accept on a");
+    // B observes (a snapshot of B) before A does.
+    let snap_b = t.snap(&t.b);
+    merge(&t.a, &snap_b, &t.mo).expect("merge");
+    assert_eq!(
+        state(&t.a, "m1"),
+        Some(KeyState::Accepted),
+        "a's accept kept"
+    );
+    t.pull_b_from_a().expect("merge");
+    assert_eq!(
+        state(&t.b, "m1"),
+        Some(KeyState::Accepted),
+        "and taken by b"
+    );
+    // A revocation still wins over an older accept: B rejects, A deletes.
+    t.b.set_state(&id("m1"), KeyState::Rejected)
+        .expect("reject on b");
+    t.pull_a_from_b().expect("merge");
+    assert_eq!(state(&t.a, "m1"), Some(KeyState::Rejected));
+    // A pending key after a revocation is no first sign-in: it wins over
+    // the accept made before the revocation.
+    t.a.remove(&id("m1")).expect("delete on a");
+    t.a.put(&id("m1"), KeyState::Pending, &pem("k1"))
+        .expect("sign-in again on a");
+    t.pull_b_from_a().expect("merge");
+    assert_eq!(state(&t.b, "m1"), Some(KeyState::Pending));
+}
+
+#[test]
 fn a_store_that_never_merged_logs_no_removal() {
     let t = two();
     t.a.put(&id("m1"), KeyState::Accepted, &pem("k1"))
