@@ -119,6 +119,7 @@ pub const fn min_slot_size(id_size: usize) -> usize {
 /// The parameters of a table. They live in the Salt master config, not in the
 /// files, so a reader must be told them; Salt's defaults unless given.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct Params {
     /// Slots in the index, slot 0 (the header) included (`mmap_key_size`).
     pub size: u64,
