@@ -384,17 +384,26 @@ fn wipe(open: &Open, b: Bank) -> keycache::Result<()> {
         } else {
             store.denied_table()
         };
-        // The ids of the occupied slots, read from the index alone: an
-        // entry whose record is lost (a missing segment) leaves the tree too.
+        // The ids in roster order, then those of the other occupied slots,
+        // read from the index alone: an entry whose record cannot be read
+        // (a missing segment) must leave the tree too.
         let mut ids: Vec<MinionId> = t
+            .iter()?
+            .filter_map(|r| r.ok())
+            .filter_map(|r| MinionId::from_bytes(&r.id).ok())
+            .collect();
+        let listed: std::collections::HashSet<MinionId> = ids.iter().cloned().collect();
+        let mut damaged: Vec<MinionId> = t
             .scan()?
             .slots
             .iter()
             .filter(|s| s.status == keycache::format::OCCUPIED)
             .filter_map(|s| MinionId::from_bytes(&s.id).ok())
+            .filter(|id| !listed.contains(id))
             .collect();
-        ids.sort_unstable();
-        ids.dedup();
+        damaged.sort_unstable();
+        damaged.dedup();
+        ids.extend(damaged);
         if b == Bank::Denied && !open.dir.join(index_name(Bank::Keys)).exists() {
             // A batch would create the keys bank (it takes that bank's lock
             // first); with no keys bank, only minions_denied/ holds anything.
