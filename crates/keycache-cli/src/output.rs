@@ -149,9 +149,37 @@ impl fmt::Display for CmdError {
 }
 
 impl From<keycache::Error> for CmdError {
+    /// The library's message, then the CLI's advice when it has some
+    /// ([`advice`]).
     fn from(e: keycache::Error) -> CmdError {
-        CmdError::usage(e.to_string())
+        CmdError::usage(match advice(&e) {
+            Some(a) => format!("{e}; {a}"),
+            None => e.to_string(),
+        })
     }
+}
+
+/// The flags or command of this CLI that act on a library error: the
+/// library's messages name Salt's options, never the CLI's (the Salt driver
+/// shows them too).
+fn advice(e: &keycache::Error) -> Option<String> {
+    use keycache::Error as E;
+    Some(match e {
+        E::IdTooLong { len, slot, .. } => {
+            format!("give keycache the same sizes (--id-size {len} --slot-size {slot} or more)")
+        }
+        E::TableFull { .. } => "keycache compact --to-size N does it".into(),
+        E::Overfull { suggested, .. } => format!("use --size {suggested}"),
+        E::MasterKeysDiffer { .. } => {
+            "keep the bank's keys with --no-master-keys, or replace them with \
+             --replace-master-keys"
+                .into()
+        }
+        E::Mismatch { what, .. } if *what == keycache::table::INDEX_LENGTH => {
+            "or give keycache the size (--size)".into()
+        }
+        _ => return None,
+    })
 }
 
 impl From<keycache_bench::BenchError> for CmdError {
@@ -256,6 +284,59 @@ mod tests {
         assert_eq!(esc("x\ty\r"), "x\\ty\\r");
         assert_eq!(esc("\u{202e}gpj.exe"), "\\u{202e}gpj.exe");
         assert_eq!(esc("\u{7f}"), "\\u{7f}");
+    }
+
+    #[test]
+    fn library_errors_get_the_cli_advice() {
+        let path = std::path::PathBuf::from("/pki/.mmap_keys.idx");
+        let msg = |e: keycache::Error| CmdError::from(e).message;
+        let m = msg(keycache::Error::IdTooLong {
+            id: "x".repeat(70),
+            len: 70,
+            id_size: 64,
+            slot: 91,
+        });
+        assert!(
+            m.ends_with(
+                "in the master config); give keycache the same sizes \
+                 (--id-size 70 --slot-size 91 or more)"
+            ),
+            "{m}"
+        );
+        let m = msg(keycache::Error::TableFull {
+            path: path.clone(),
+            capacity: 10,
+        });
+        assert!(
+            m.ends_with("raise mmap_key_size; keycache compact --to-size N does it"),
+            "{m}"
+        );
+        let m = msg(keycache::Error::Overfull {
+            path: path.clone(),
+            entries: 9,
+            size: 11,
+            load: 0.9,
+            max_load: 0.8,
+            suggested: 13,
+        });
+        assert!(m.ends_with("; use --size 13"), "{m}");
+        let m = msg(keycache::Error::MasterKeysDiffer {
+            path: path.clone(),
+            names: "master.pem".into(),
+        });
+        assert!(
+            m.contains("--no-master-keys") && m.contains("--replace-master-keys"),
+            "{m}"
+        );
+        let m = msg(keycache::Error::Mismatch {
+            path: path.clone(),
+            what: keycache::table::INDEX_LENGTH,
+            expected: "96 bytes".into(),
+            found: "192 bytes".into(),
+        });
+        assert!(m.ends_with("; or give keycache the size (--size)"), "{m}");
+        let m = msg(keycache::Error::InvalidParams("x".into()));
+        assert_eq!(m, "invalid layout parameters: x");
     }
 
     #[test]

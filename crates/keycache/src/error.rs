@@ -1,11 +1,19 @@
 //! The library's one error type.
+//!
+//! Its messages name files, ids, Salt's master config options and what to
+//! do about the data, never a `keycache` command or flag: the Salt driver
+//! and other programs show them too. The CLI adds its own advice where it
+//! prints them.
 
 use std::io;
 use std::path::PathBuf;
 
 /// Everything that can go wrong in keycache, with enough context for an
 /// operator to act on it: which file, which id, what was expected.
+///
+/// New variants may come: match with a wildcard arm.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// An operating-system call on a bank file failed.
     #[error("{path}: {op}: {source}")]
@@ -86,7 +94,7 @@ pub enum Error {
     #[error(
         "minion id {id:?} is {len} bytes, longer than the id size of {id_size} bytes; \
          Salt would truncate it (set mmap_key_id_size: {len} and mmap_key_slot_size: {slot} \
-         or more in the master config, and --id-size/--slot-size here)"
+         or more in the master config)"
     )]
     IdTooLong {
         /// The id.
@@ -100,7 +108,7 @@ pub enum Error {
     },
 
     /// Every data slot is taken.
-    #[error("{path}: the table is full ({capacity} data slots); compact into a larger table (keycache compact --to-size N) and raise mmap_key_size")]
+    #[error("{path}: the table is full ({capacity} data slots); compact into a larger table and raise mmap_key_size")]
     TableFull {
         /// The index file.
         path: PathBuf,
@@ -141,7 +149,7 @@ pub enum Error {
     /// keycache allows.
     #[error(
         "{path}: {entries} entries would fill {:.0}% of a table of size {size} (keycache refuses above {:.0}%); \
-         use --size {suggested} and add `mmap_key_size: {suggested}` to the Salt master config",
+         use a table of size {suggested} (`mmap_key_size: {suggested}` in the Salt master config)",
         load * 100.0, max_load * 100.0
     )]
     Overfull {
@@ -212,9 +220,9 @@ pub enum Error {
     #[error(
         "{path}: the master_keys bank holds other bytes under {names} than the files of the \
          tree: a key Salt wrote into the bank (newer than the files, or generated when it found \
-         the bank empty); nothing was written. Keep the bank's keys (keycache migrate \
-         --no-master-keys), or, once sure the files hold the keys the minions and peers trust, \
-         replace the bank's (--replace-master-keys)"
+         the bank empty); nothing was written. Keep the bank's keys (leave the master_keys bank \
+         out of the migration), or, once sure the files hold the keys the minions and peers \
+         trust, replace the bank's"
     )]
     MasterKeysDiffer {
         /// The bank's index file.
@@ -246,3 +254,55 @@ impl Error {
 
 /// The library's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The errors that used to tell the user a CLI flag: their messages
+    /// name Salt's options only (the Salt driver shows them to operators).
+    fn advised() -> Vec<Error> {
+        let path = PathBuf::from("/pki/.mmap_keys.idx");
+        vec![
+            Error::IdTooLong {
+                id: "x".repeat(70),
+                len: 70,
+                id_size: 64,
+                slot: 91,
+            },
+            Error::TableFull {
+                path: path.clone(),
+                capacity: 10,
+            },
+            Error::Overfull {
+                path: path.clone(),
+                entries: 9,
+                size: 11,
+                load: 0.9,
+                max_load: 0.8,
+                suggested: 13,
+            },
+            Error::MasterKeysDiffer {
+                path: path.clone(),
+                names: "master.pem".into(),
+            },
+            crate::table::check_index_len(&path, &crate::Params::default(), 96 * 11)
+                .expect_err("a short index"),
+        ]
+    }
+
+    #[test]
+    fn messages_name_no_cli_command_or_flag() {
+        for e in advised() {
+            let m = e.to_string();
+            assert!(!m.contains("--"), "{m}");
+            assert!(!m.contains("keycache compact"), "{m}");
+            assert!(!m.contains("keycache migrate"), "{m}");
+        }
+        let m = advised()[4].to_string();
+        assert!(
+            m.contains("that is 11 slots of 96 bytes: set mmap_key_size to match"),
+            "{m}"
+        );
+    }
+}

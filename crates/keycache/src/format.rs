@@ -5,7 +5,10 @@
 //! A bank is an index file `I` (`.mmap_keys.idx`, `.mmap_denied.idx`,
 //! `.mmap_master.idx`), heap segments `I.heap`, `I.heap.1`, ..., a roster
 //! `I.roster` and a lock file `I.lock` (`flock`ed by every writer, Salt's
-//! included). All integers are little-endian.
+//! included); [`bank_files`] lists them. keycache adds `I.keycache-lost`
+//! (what a repair could not keep, [`lost_path`]) and creates a new index
+//! as `I.keycache-new.<pid>` ([`new_index_path`]). All integers are
+//! little-endian.
 //!
 //! ```text
 //! index file: size * slot_size bytes
@@ -46,6 +49,10 @@ pub const HEAP_SUFFIX: &str = ".heap";
 pub const ROSTER_SUFFIX: &str = ".roster";
 /// Suffix of the lock file.
 pub const LOCK_SUFFIX: &str = ".lock";
+/// Suffix of keycache's lost-entries file (Salt ignores it).
+pub const LOST_SUFFIX: &str = ".keycache-lost";
+/// Suffix (before `.<pid>`) of a new index file while it is created.
+pub const NEW_INDEX_SUFFIX: &str = ".keycache-new";
 
 /// Width of a slot's status byte.
 pub const STATUS_LEN: usize = 1;
@@ -112,6 +119,7 @@ pub const fn min_slot_size(id_size: usize) -> usize {
 /// The parameters of a table. They live in the Salt master config, not in the
 /// files, so a reader must be told them; Salt's defaults unless given.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct Params {
     /// Slots in the index, slot 0 (the header) included (`mmap_key_size`).
     pub size: u64,
@@ -459,6 +467,36 @@ pub fn lock_path(index: &Path) -> PathBuf {
     companion(index, LOCK_SUFFIX)
 }
 
+/// Path of keycache's lost-entries file of the bank whose index is `index`
+/// (see [`crate::verify::lost_path`]).
+pub fn lost_path(index: &Path) -> PathBuf {
+    companion(index, LOST_SUFFIX)
+}
+
+/// Path under which process `pid` creates a new index file `index` before
+/// renaming it into place.
+pub fn new_index_path(index: &Path, pid: u32) -> PathBuf {
+    companion(index, &format!("{NEW_INDEX_SUFFIX}.{pid}"))
+}
+
+/// The files of the bank whose index is `index`, as Salt's `flush(bank)`
+/// removes them: the index, every heap segment (by number, past a missing
+/// one too: [`crate::heap`]'s discovery; a missing one below the highest is
+/// listed), the roster and the lock file. The index, segment 0, the
+/// roster and the lock are listed whether or not they exist. keycache's own
+/// companions ([`lost_path`]) are not the bank's: they are not listed.
+pub fn bank_files(index: &Path) -> Vec<PathBuf> {
+    let mut v = vec![index.to_path_buf()];
+    let segments = crate::heap::discover(index);
+    if segments.is_empty() {
+        v.push(segment_path(index, 0));
+    }
+    v.extend(segments);
+    v.push(roster_path(index));
+    v.push(lock_path(index));
+    v
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -526,7 +564,47 @@ mod tests {
             Path::new("/d/.mmap_keys.idx.heap.2")
         );
         assert_eq!(roster_path(Path::new("/d/x")), Path::new("/d/x.roster"));
+        assert_eq!(
+            lost_path(Path::new("/d/x")),
+            Path::new("/d/x.keycache-lost")
+        );
+        assert_eq!(
+            new_index_path(Path::new("/d/x"), 42),
+            Path::new("/d/x.keycache-new.42")
+        );
         assert_eq!(lock_path(Path::new("/d/x")), Path::new("/d/x.lock"));
+    }
+
+    #[test]
+    fn bank_files_list_segments_past_a_gap() {
+        let dir = tempfile::tempdir().unwrap();
+        let idx = dir.path().join(KEYS_INDEX);
+        let names = |v: Vec<PathBuf>| -> Vec<String> {
+            v.iter()
+                .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+                .collect()
+        };
+        let none = [
+            ".mmap_keys.idx",
+            ".mmap_keys.idx.heap",
+            ".mmap_keys.idx.roster",
+            ".mmap_keys.idx.lock",
+        ];
+        assert_eq!(names(bank_files(&idx)), none);
+        for n in [0u16, 2] {
+            std::fs::write(segment_path(&idx, n), b"").unwrap();
+        }
+        assert_eq!(
+            names(bank_files(&idx)),
+            [
+                ".mmap_keys.idx",
+                ".mmap_keys.idx.heap",
+                ".mmap_keys.idx.heap.1",
+                ".mmap_keys.idx.heap.2",
+                ".mmap_keys.idx.roster",
+                ".mmap_keys.idx.lock",
+            ]
+        );
     }
 
     #[test]

@@ -201,7 +201,9 @@ fn highest_past(index: &Path, prefix: usize) -> Option<u16> {
 /// `base`: `base.heap` is 0, `base.heap.N` is N (decimal, no leading zero,
 /// 1 to 65535, as [`segment_path`] spells it).
 pub(crate) fn segment_number(base: &[u8], name: &[u8]) -> Option<u16> {
-    let rest = name.strip_prefix(base)?.strip_prefix(b".heap")?;
+    let rest = name
+        .strip_prefix(base)?
+        .strip_prefix(format::HEAP_SUFFIX.as_bytes())?;
     if rest.is_empty() {
         return Some(0);
     }

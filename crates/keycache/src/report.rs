@@ -1,6 +1,6 @@
 //! Reports of a whole store for the command line and for tools: the
 //! statistics `keycache stats` prints ([`stats`]) and the compaction of a
-//! store with its before/after numbers ([`compact`]).
+//! store with its before/after numbers ([`compact_report`]).
 
 use std::path::Path;
 
@@ -9,31 +9,6 @@ use crate::format::Params;
 use crate::store::{Counts, Store};
 use crate::table::{OpenOptions, Table, TableStats};
 use crate::verify::{self, ProbeStats};
-
-/// The layout parameters of a store, as a report shows them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize))]
-pub struct LayoutParams {
-    /// Slots in the index, header included (`mmap_key_size`).
-    pub size: u64,
-    /// Bytes per slot (`mmap_key_slot_size`).
-    pub slot_size: usize,
-    /// Bytes of minion id per slot (`mmap_key_id_size`).
-    pub id_size: usize,
-    /// Cap of one heap segment (`mmap_key_max_segment_bytes`).
-    pub max_segment_bytes: u64,
-}
-
-impl From<Params> for LayoutParams {
-    fn from(p: Params) -> LayoutParams {
-        LayoutParams {
-            size: p.size,
-            slot_size: p.slot_size,
-            id_size: p.id_size,
-            max_segment_bytes: p.max_segment_bytes,
-        }
-    }
-}
 
 /// The statistics of one bank: its table's numbers, probe lengths and heap
 /// garbage.
@@ -96,7 +71,7 @@ pub struct StatsReport {
     /// Keys per state.
     pub counts: Counts,
     /// The layout (of the `keys` bank; both banks share it).
-    pub params: LayoutParams,
+    pub params: Params,
     /// The `keys` bank.
     pub keys: BankStats,
     /// The `denied_keys` bank.
@@ -111,7 +86,7 @@ pub fn stats(store: &Store) -> Result<StatsReport> {
     let pd = verify::probe_stats(store.denied_table())?;
     Ok(StatsReport {
         counts,
-        params: (*store.keys_table().params()).into(),
+        params: *store.keys_table().params(),
         keys: BankStats::new(&s.keys, pk),
         denied_keys: BankStats::new(&s.denied_keys, pd),
     })
@@ -138,7 +113,7 @@ impl HeapNumbers {
     }
 }
 
-/// What a compaction ([`compact`]) did.
+/// What a compaction ([`compact_report`]) did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct CompactReport {
@@ -199,7 +174,11 @@ pub fn check_compact_size(store: &Store, size: u64) -> Result<()> {
 /// into a table of `to_size` slots when given, and reports the heap before
 /// and after (the numbers after read from the store opened anew with the
 /// new size, and without `opts.ownership`). A refusal writes nothing.
-pub fn compact(dir: &Path, opts: &OpenOptions, to_size: Option<u64>) -> Result<CompactReport> {
+pub fn compact_report(
+    dir: &Path,
+    opts: &OpenOptions,
+    to_size: Option<u64>,
+) -> Result<CompactReport> {
     let store = Store::open_with(dir, opts)?;
     store.check_layout()?;
     if let Some(size) = to_size {
@@ -255,14 +234,14 @@ mod tests {
         store.deny(&MinionId::new("m1")?, PEM)?;
         let s = stats(&store)?;
         assert_eq!((s.counts.pending, s.counts.denied), (3, 1));
-        assert_eq!(s.params, LayoutParams::from(opts(1009).params));
+        assert_eq!(s.params, opts(1009).params);
         assert_eq!((s.keys.occupied, s.keys.deleted), (3, 1));
         assert!(s.keys.garbage_ratio > 0.2 && s.keys.garbage_ratio < 0.3);
         assert_eq!(s.denied_keys.garbage_ratio, 0.0);
         assert_eq!(s.keys.probe_length.max, 1);
         drop(store);
 
-        let r = compact(dir.path(), &opts(1009), Some(2003))?;
+        let r = compact_report(dir.path(), &opts(1009), Some(2003))?;
         assert_eq!(r.size, 2003);
         assert_eq!(r.config, "mmap_key_size: 2003");
         assert_eq!(r.before.deleted, 1);
@@ -281,9 +260,9 @@ mod tests {
             store.put(&MinionId::new(format!("m{n}"))?, KeyState::Pending, PEM)?;
         }
         drop(store);
-        let idx = std::fs::read(dir.path().join(crate::store::KEYS_INDEX)).unwrap();
+        let idx = std::fs::read(dir.path().join(crate::format::KEYS_INDEX)).unwrap();
         // 17 entries in 18 data slots: 94% full.
-        match compact(dir.path(), &opts(1009), Some(19)) {
+        match compact_report(dir.path(), &opts(1009), Some(19)) {
             Err(Error::Overfull {
                 entries,
                 size,
@@ -296,11 +275,11 @@ mod tests {
             other => panic!("expected Overfull, got {other:?}"),
         }
         assert_eq!(
-            std::fs::read(dir.path().join(crate::store::KEYS_INDEX)).unwrap(),
+            std::fs::read(dir.path().join(crate::format::KEYS_INDEX)).unwrap(),
             idx
         );
         // 17 in 22 data slots (77%) is allowed.
-        assert_eq!(compact(dir.path(), &opts(1009), Some(23))?.size, 23);
+        assert_eq!(compact_report(dir.path(), &opts(1009), Some(23))?.size, 23);
         Ok(())
     }
 }

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use keycache::format::{self, Params};
-use keycache::store::{DENIED_INDEX, KEYS_INDEX};
+use keycache::format::{DENIED_INDEX, KEYS_INDEX};
 use keycache::{Error, KeyState, MinionId, OpenOptions, Store};
 
 fn id(s: &str) -> MinionId {

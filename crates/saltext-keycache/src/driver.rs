@@ -1,11 +1,12 @@
 //! [`Driver`]: Salt's key cache functions over one store directory, with
 //! the values and errors of `salt/cache/mmap_key.py` (see [`crate::values`]).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 use keycache::format::MASTER_INDEX;
+use keycache::table::Table;
 use keycache::{KeyState, MinionId};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString};
@@ -370,10 +371,11 @@ fn index_name(b: Bank) -> &'static str {
     }
 }
 
-/// Salt's `flush(bank)`: the bank's files removed (index, heap segments,
-/// lock, roster). With the tree on, the bank's ids are first removed from
-/// the tree, through the bank, so the tree never vouches for a key the
-/// store no longer holds.
+/// Salt's `flush(bank)`: the bank's files removed ([`Table::remove_files`]:
+/// index, heap segments, past a missing one too, roster, lock). With the
+/// tree on, the bank's ids (those of damaged entries included) are first
+/// removed from the tree, through the bank, so the tree never vouches for a
+/// key the store no longer holds.
 fn wipe(open: &Open, b: Bank) -> keycache::Result<()> {
     if open.tree && b != Bank::Master {
         let store = open.store()?;
@@ -382,11 +384,26 @@ fn wipe(open: &Open, b: Bank) -> keycache::Result<()> {
         } else {
             store.denied_table()
         };
-        let ids: Vec<MinionId> = t
+        // The ids in roster order, then those of the other occupied slots,
+        // read from the index alone: an entry whose record cannot be read
+        // (a missing segment) must leave the tree too.
+        let mut ids: Vec<MinionId> = t
             .iter()?
             .filter_map(|r| r.ok())
             .filter_map(|r| MinionId::from_bytes(&r.id).ok())
             .collect();
+        let listed: std::collections::HashSet<MinionId> = ids.iter().cloned().collect();
+        let mut damaged: Vec<MinionId> = t
+            .scan()?
+            .slots
+            .iter()
+            .filter(|s| s.status == keycache::format::OCCUPIED)
+            .filter_map(|s| MinionId::from_bytes(&s.id).ok())
+            .filter(|id| !listed.contains(id))
+            .collect();
+        damaged.sort_unstable();
+        damaged.dedup();
+        ids.extend(damaged);
         if b == Bank::Denied && !open.dir.join(index_name(Bank::Keys)).exists() {
             // A batch would create the keys bank (it takes that bank's lock
             // first); with no keys bank, only minions_denied/ holds anything.
@@ -404,34 +421,7 @@ fn wipe(open: &Open, b: Bank) -> keycache::Result<()> {
         }
     }
     open.forget(b);
-    let base = open.dir.join(index_name(b));
-    let with = |s: &str| {
-        let mut p = base.clone().into_os_string();
-        p.push(s);
-        PathBuf::from(p)
-    };
-    let mut paths = vec![base.clone(), with(".heap"), with(".lock"), with(".roster")];
-    for n in 1u32.. {
-        let seg = with(&format!(".heap.{n}"));
-        if std::fs::symlink_metadata(&seg).is_err() {
-            break;
-        }
-        paths.push(seg);
-    }
-    for p in paths {
-        match std::fs::remove_file(&p) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => {
-                return Err(keycache::Error::Io {
-                    path: p,
-                    op: "remove",
-                    source: e,
-                })
-            }
-        }
-    }
-    Ok(())
+    Table::remove_files(&open.dir.join(index_name(b)))
 }
 
 /// Removes `minions_denied/<id>` for each id (a symlink or other

@@ -49,7 +49,7 @@ impl Walk {
                         continue;
                     }
                     match bank {
-                        Bank::Keys => match values::decode_key(raw) {
+                        Bank::Keys => match keycache::store::decode_key_value(raw) {
                             Some((s, p)) => (s.byte(), if data { p } else { &[] }),
                             None => continue,
                         },

@@ -13,6 +13,7 @@
 //! value shorter than two bytes or with an unknown state byte reads as
 //! `None`, as in Salt.
 
+use keycache::store::decode_key_value;
 use keycache::KeyState;
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
@@ -62,15 +63,6 @@ pub(crate) fn text<'py>(py: Python<'py>, b: &[u8]) -> Bound<'py, PyString> {
     }
 }
 
-/// The state and public key of a `keys` value, `None` where Salt's
-/// `_decode_key_entry` gives `None`.
-pub(crate) fn decode_key(raw: &[u8]) -> Option<(KeyState, &[u8])> {
-    if raw.len() < 2 {
-        return None;
-    }
-    Some((KeyState::from_byte(raw[0])?, &raw[1..]))
-}
-
 /// Salt's interned state names.
 pub(crate) fn state_name<'py>(py: Python<'py>, s: KeyState) -> &'py Bound<'py, PyString> {
     match s {
@@ -97,7 +89,8 @@ pub(crate) fn key_dict<'py>(
 /// What `fetch` returns for a stored value (not empty).
 pub(crate) fn fetched<'py>(py: Python<'py>, bank: Bank, raw: &[u8]) -> PyResult<Bound<'py, PyAny>> {
     Ok(match bank {
-        Bank::Keys => match decode_key(raw) {
+        // `None` where Salt's `_decode_key_entry` gives `None`.
+        Bank::Keys => match decode_key_value(raw) {
             Some((s, p)) => key_dict(py, s, Some(p))?.into_any(),
             None => py.None().into_bound(py),
         },

@@ -69,7 +69,7 @@ pub(crate) fn run(a: Args) -> CmdResult {
         }
     }
     announce_lock_wait(dir);
-    let r = report::compact(dir, &opts, a.to_size).map_err(compact_error)?;
+    let r = report::compact_report(dir, &opts, a.to_size).map_err(compact_error)?;
     if a.json.json {
         print_json(&r);
     } else {

@@ -10,37 +10,12 @@ use crate::files::Ownership;
 use crate::format::{self, MASTER_INDEX};
 use crate::table::{OpenOptions, Table};
 
-/// The bank's files that exist: index, heap segments, roster, lock.
-fn bank_files(index: &Path) -> Vec<PathBuf> {
-    let with = |s: &str| {
-        let mut p = index.as_os_str().to_owned();
-        p.push(s);
-        PathBuf::from(p)
-    };
-    let mut v = vec![
-        index.to_path_buf(),
-        with(format::ROSTER_SUFFIX),
-        with(format::LOCK_SUFFIX),
-    ];
-    let heap = with(format::HEAP_SUFFIX);
-    v.push(heap.clone());
-    for n in 1u32.. {
-        let seg = with(&format!("{}.{n}", format::HEAP_SUFFIX));
-        if std::fs::symlink_metadata(&seg).is_err() {
-            break;
-        }
-        v.push(seg);
-    }
-    v.retain(|p| std::fs::symlink_metadata(p).is_ok());
-    v
-}
-
-/// Narrows every regular bank file wider than 0600 to `mode & 0600`;
-/// returns the files changed. Symlinks are not followed (the table refuses
-/// them anyway).
+/// Narrows every regular bank file ([`format::bank_files`]) wider than
+/// 0600 to `mode & 0600`; returns the files changed. Symlinks are not
+/// followed (the table refuses them anyway).
 pub(super) fn tighten(index: &Path) -> Result<Vec<PathBuf>> {
     let mut changed = Vec::new();
-    for p in bank_files(index) {
+    for p in format::bank_files(index) {
         let f = match std::fs::OpenOptions::new()
             .read(true)
             .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)

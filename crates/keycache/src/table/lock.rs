@@ -196,7 +196,7 @@ impl Table {
             let f = files::create_new(&heap0, &self.ownership)?;
             files::sync_data(&f, &heap0)?;
         }
-        let tmp = files::with_suffix(&self.path, &format!(".keycache-new.{}", std::process::id()));
+        let tmp = format::new_index_path(&self.path, std::process::id());
         files::remove_if_exists(&tmp)?;
         let f = files::create_new(&tmp, &self.ownership)?;
         let len = p.index_len().unwrap_or(0);

@@ -520,13 +520,17 @@ pub(crate) fn read_header(m: &Mapping) -> Header {
     Header::decode(&h)
 }
 
+/// What an [`Error::Mismatch`] of an index whose length is not
+/// `size x slot_size` checked.
+pub const INDEX_LENGTH: &str = "index length (size x slot size)";
+
 /// Refuses an index whose length does not match the parameters.
 pub(crate) fn check_index_len(path: &Path, p: &Params, len: u64) -> Result<()> {
     let expected = p.index_len().unwrap_or(0);
     if len != expected {
         let hint = if len.is_multiple_of(p.slot_size as u64) {
             format!(
-                " (that is {} slots of {} bytes: set mmap_key_size/--size to match)",
+                " (that is {} slots of {} bytes: set mmap_key_size to match)",
                 len / p.slot_size as u64,
                 p.slot_size
             )
@@ -535,7 +539,7 @@ pub(crate) fn check_index_len(path: &Path, p: &Params, len: u64) -> Result<()> {
         };
         return Err(Error::Mismatch {
             path: path.into(),
-            what: "index length (size x slot size)",
+            what: INDEX_LENGTH,
             expected: format!("{expected} bytes ({} x {})", p.size, p.slot_size),
             found: format!("{len} bytes{hint}"),
         });

@@ -5,6 +5,18 @@
 use super::*;
 
 impl Table {
+    /// Removes the files of the bank whose index is `index`, as Salt's
+    /// `flush(bank)` does (no lock is taken; Salt takes none): the index,
+    /// every heap segment, past a missing one too, the roster and the lock
+    /// file ([`format::bank_files`]). Files already gone are skipped.
+    /// keycache's lost-entries file stays ([`format::lost_path`]).
+    pub fn remove_files(index: &Path) -> Result<()> {
+        for p in format::bank_files(index) {
+            files::remove_if_exists(&p)?;
+        }
+        Ok(())
+    }
+
     /// Applies `f`'s writes atomically with respect to other writers and
     /// makes them durable with one round of fsyncs at the end. When `f`
     /// fails, or the writes do not fit ([`Error::TableFull`]), nothing is
@@ -460,5 +472,55 @@ impl<'a> Appender<'a> {
             files::sync_dir(&self.table.dir)?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A bank whose heap has segments 0 to 3, segment 1 lost: every file of
+    /// the bank goes, the segments past the gap too; keycache's lost-entries
+    /// file and another bank's files stay.
+    #[test]
+    fn remove_files_goes_past_a_gap_in_the_segments() {
+        let dir = tempfile::tempdir().unwrap();
+        let index = dir.path().join(format::KEYS_INDEX);
+        let opts = OpenOptions {
+            params: Params {
+                size: 11,
+                max_segment_bytes: 64,
+                ..Params::default()
+            },
+            ..OpenOptions::default()
+        };
+        let t = Table::open(&index, &opts).unwrap();
+        for n in 0..4u8 {
+            t.put(&[b'a' + n], &[n; 40]).unwrap();
+        }
+        drop(t);
+        assert!(format::segment_path(&index, 3).exists(), "four segments");
+        std::fs::remove_file(format::segment_path(&index, 1)).unwrap();
+        let denied = dir.path().join(format::DENIED_INDEX);
+        std::fs::write(&denied, b"").unwrap();
+        std::fs::write(format::segment_path(&denied, 0), b"").unwrap();
+        std::fs::write(format::lost_path(&index), b"").unwrap();
+
+        Table::remove_files(&index).unwrap();
+        let mut left: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(
+            left,
+            [
+                ".mmap_denied.idx",
+                ".mmap_denied.idx.heap",
+                ".mmap_keys.idx.keycache-lost"
+            ]
+        );
+        // Nothing left to remove: not an error.
+        Table::remove_files(&index).unwrap();
     }
 }

@@ -9,10 +9,8 @@ use super::*;
 /// ([`FindingKind::Lost`]) for as long as the bank does not hold its id
 /// again; remove the file to forget them.
 pub fn lost_path(index: &Path) -> PathBuf {
-    crate::files::with_suffix(index, LOST_SUFFIX)
+    crate::format::lost_path(index)
 }
-
-pub(super) const LOST_SUFFIX: &str = ".keycache-lost";
 
 /// The most of a lost-entries file that is read.
 pub(super) const LOST_MAX: u64 = 16 << 20;

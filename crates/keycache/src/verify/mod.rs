@@ -220,7 +220,7 @@ fn check_scan(t: &Table, check: Option<ValueCheck>, scan: &Scan) -> Result<Vec<F
     let p = *t.params();
     let mut out = Vec::new();
     let index = t.path().to_path_buf();
-    let roster_path = crate::files::with_suffix(&index, ".roster");
+    let roster_path = format::roster_path(&index);
     if !scan.exists {
         // No index: the bank reads as empty. Say so when its companions
         // show that it held entries (the ids live only in the index).
