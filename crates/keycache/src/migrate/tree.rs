@@ -52,7 +52,7 @@ pub(super) fn same_dir(a: &Path, b: &Path) -> bool {
 /// the tree writer refuses it.
 fn tree_ids(dir: &Path) -> Result<BTreeSet<String>> {
     let mut out = BTreeSet::new();
-    for d in TREE_DIRS {
+    for d in TreeDir::NAMES {
         let path = dir.join(d);
         match std::fs::symlink_metadata(&path) {
             Ok(m) if m.is_dir() => {}
@@ -201,7 +201,7 @@ fn state_dirs(store: &Store) -> Result<()> {
     let dir = store.dir();
     let owner = store.keys_table().ownership().owner;
     let mut created = false;
-    for d in TREE_DIRS {
+    for d in TreeDir::NAMES {
         let path = dir.join(d);
         match std::fs::DirBuilder::new().mode(0o755).create(&path) {
             Ok(()) => created = true,
