@@ -15,7 +15,7 @@ pub const DEFAULT_MODE: u32 = 0o600;
 
 /// What is under a name that is not a regular file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum NotRegular {
+pub enum NotRegular {
     /// A symlink (never followed).
     Symlink,
     /// A directory.
@@ -26,7 +26,7 @@ pub(crate) enum NotRegular {
 
 impl NotRegular {
     /// What `m` (from `lstat` or `fstat`) is, when it is not a regular file.
-    pub(crate) fn of(m: &std::fs::Metadata) -> NotRegular {
+    pub fn of(m: &std::fs::Metadata) -> NotRegular {
         if m.file_type().is_symlink() {
             NotRegular::Symlink
         } else if m.is_dir() {
@@ -39,7 +39,7 @@ impl NotRegular {
 
 /// Why [`open_no_follow`] or [`read_small`] gave no file or no bytes.
 #[derive(Debug)]
-pub(crate) enum Refused {
+pub enum Refused {
     /// `open`, `stat` or `read` (the first field) failed; a file that does
     /// not exist is `Io("open", NotFound)`.
     Io(&'static str, io::Error),
@@ -52,7 +52,7 @@ pub(crate) enum Refused {
 
 impl Refused {
     /// The library's error for `path` ([`open_regular`]'s wording).
-    pub(crate) fn into_error(self, path: &Path) -> Error {
+    pub fn into_error(self, path: &Path) -> Error {
         let why = match self {
             Refused::Io(op, e) => return Error::io(path, op, e),
             Refused::NotRegular(NotRegular::Symlink) => "it is a symlink",
@@ -71,7 +71,7 @@ impl Refused {
 /// keeps a FIFO planted under the name from blocking the open, and has no
 /// effect on regular files) and checks on the descriptor that it is a
 /// regular file. The one place that decides what such an open refuses.
-pub(crate) fn open_no_follow(
+pub fn open_no_follow(
     path: &Path,
     write: bool,
 ) -> std::result::Result<(File, std::fs::Metadata), Refused> {
@@ -112,7 +112,7 @@ pub fn open_regular(path: &Path, write: bool) -> Result<File> {
 /// that grows while it is read is refused too. On a refusal `buf` is left
 /// as it was. The one "open, stat, read at most N + 1 bytes" of keycache:
 /// the tree's key files, a migration's scan, the master's key files.
-pub(crate) fn read_small(
+pub fn read_small(
     path: &Path,
     max: u64,
     buf: &mut Vec<u8>,

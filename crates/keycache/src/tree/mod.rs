@@ -383,11 +383,13 @@ impl Writer {
 
 mod check;
 mod dir;
+mod listing;
 mod sync;
 #[cfg(test)]
 mod tests;
 
 pub use check::{check, mend, require_store};
 pub(crate) use dir::{write_many, Dir, Node};
+pub(crate) use listing::{create_state_dirs, ids_with_key_files};
 use sync::{held, ownership};
 pub(crate) use sync::{want_of, Sync, Want};
