@@ -162,7 +162,7 @@ fn open_root(pki_dir: &Path) -> Result<Option<Dir>> {
 /// key files of ids the store no longer holds in that state (see the
 /// module's documentation); with `dry_run`, only reports what it would do.
 /// The tree at `pki_dir` is mended with [`crate::tree`]'s reader and
-/// writer ([`Dir`]), as the store's own tree is.
+/// writer, as the store's own tree is.
 pub fn export(store: &Store, pki_dir: &Path, opts: &ExportOptions) -> Result<Exported> {
     const W: &str = "write (exporting the key tree)";
     const R: &str = "remove (exporting the key tree)";
