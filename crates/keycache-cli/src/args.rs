@@ -4,9 +4,7 @@
 //! waits for a bank's lock ([`announce_lock_wait`]).
 
 use std::ffi::OsString;
-use std::fs::File;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -165,16 +163,9 @@ pub(crate) fn user_ownership(spec: &str) -> Result<Ownership, CmdError> {
 pub(crate) fn announce_lock_wait(dir: &Path) {
     for index in [KEYS_INDEX, DENIED_INDEX] {
         let path = format::lock_path(&dir.join(index));
-        let Ok(f) = File::options()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
-            .open(&path)
-        else {
-            continue; // absent (a new bank) or not ours to open: the writer will say
+        let Ok(f) = keycache::files::open_regular(&path, false) else {
+            continue; // absent (a new bank), not a regular file or not ours to open: the writer will say
         };
-        if !f.metadata().is_ok_and(|m| m.is_file()) {
-            continue;
-        }
         if let Err(std::fs::TryLockError::WouldBlock) = f.try_lock() {
             errln!(
                 "keycache: waiting for the lock of {} (a Salt master or another keycache is writing)",

@@ -225,7 +225,7 @@ fn tree_never_leaves_the_tree_alone_and_check_and_mend_follow_the_store() {
     let found = tree::check(&st).unwrap();
     let kinds: Vec<_> = found
         .iter()
-        .map(|d| (d.problem, d.dir, d.id.clone().unwrap()))
+        .map(|d| (d.problem, d.dir.name(), d.id.clone().unwrap()))
         .collect();
     assert_eq!(
         kinds,

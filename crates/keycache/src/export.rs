@@ -3,6 +3,14 @@
 //! temporary file and a rename, as Salt 3008 writes them; a new pki dir
 //! 0700 and new state directories 0755, as Salt's `verify_env` makes them).
 //!
+//! An export is "mend another directory": the tree at the given pki dir is
+//! read, compared and written with [`crate::tree`]'s reader and writer
+//! (state directories opened without following a link, key files compared
+//! with [`crate::files::read_small`], written through `.keycache-tree.*`
+//! temporaries, fsync and rename, removed only when regular files), with
+//! export's own wording of refusals and its own mode rule: a key file that
+//! replaces another keeps that file's mode narrowed to 0600 at most.
+//!
 //! An export makes the tree equal to the store: into a tree exported
 //! earlier, it also removes the key files of ids that are no longer in that
 //! state (deleted, accepted out of `minions_pre`, ...), so that a master
@@ -39,18 +47,13 @@
 //! left as it is, except in `minions/` (see above).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fs::File;
-use std::io::{Read, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-use std::path::{Path, PathBuf};
+use std::os::unix::fs::DirBuilderExt;
+use std::path::Path;
 
 use crate::error::{Error, Result};
-use crate::files::{self, Ownership};
-use crate::migrate::TREE_DIRS;
+use crate::files::{NotRegular, Ownership};
 use crate::store::Store;
-
-/// Index of `minions/` in [`TREE_DIRS`].
-const ACCEPTED: usize = 0;
+use crate::tree::{write_many, Dir, Node, TreeDir, Writer};
 
 /// How to export ([`export`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -93,139 +96,28 @@ pub struct Exported {
 /// The key files the store asks for in one state directory: id -> value.
 type Wanted = BTreeMap<String, Vec<u8>>;
 
-/// A write the plan makes: state directory, id, value.
-struct Write1<'a> {
-    dir: usize,
-    id: &'a str,
-    pem: &'a [u8],
-}
-
-fn ensure_dir(path: &Path, mode: u32, own: &Ownership) -> Result<()> {
-    match std::fs::symlink_metadata(path) {
-        Ok(m) if m.is_dir() => Ok(()),
-        Ok(_) => Err(not_a_dir(path)),
-        Err(_) => {
-            std::fs::DirBuilder::new()
-                .mode(mode)
-                .create(path)
-                .map_err(|e| Error::io(path, "create directory", e))?;
-            if let Some((uid, gid)) = own.owner {
-                let _ = std::os::unix::fs::chown(path, Some(uid), Some(gid));
-            }
-            Ok(())
-        }
-    }
-}
-
-fn not_a_dir(path: &Path) -> Error {
-    Error::NotARegularFile {
-        path: path.into(),
-        why: "expected a directory (symlinks are not followed)",
-    }
-}
-
-/// The refusal for an entry under a key's name that is not a regular file.
-fn not_a_key_file(path: &Path, m: &std::fs::Metadata) -> Error {
-    Error::NotARegularFile {
-        path: path.into(),
-        why: if m.file_type().is_symlink() {
-            "a symlink in place of a key file: export neither follows, replaces nor removes it; \
-             remove it, then export again"
-        } else if m.is_dir() {
-            "a directory in place of a key file: export neither replaces nor removes it; \
-             remove it, then export again"
-        } else {
-            "not a regular file in place of a key file: export neither replaces nor removes it; \
-             remove it, then export again"
-        },
-    }
-}
-
-/// Whether the regular file `path` holds exactly `pem` (read without
-/// following a symlink; a file of another length is not read).
-fn same_content(path: &Path, len: u64, pem: &[u8]) -> Result<bool> {
-    if len != pem.len() as u64 {
-        return Ok(false);
-    }
-    let mut f = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
-        .open(path)
-        .map_err(|e| Error::io(path, "open", e))?;
-    let mut cur = Vec::with_capacity(pem.len());
-    Read::by_ref(&mut f)
-        .take(len + 1)
-        .read_to_end(&mut cur)
-        .map_err(|e| Error::io(path, "read", e))?;
-    Ok(cur == pem)
-}
-
-/// The entries of one state directory that are the tree's key files (id ->
-/// path: [`crate::tree::is_key_name`], or an id in `held`), and the ones
+/// The names of one state directory's entries that are the tree's key
+/// files ([`crate::tree::is_key_name`], or an id in `held`), and the ones
 /// left alone and reported (`ignored`). An absent directory has none.
 fn tree_files(
-    dir: &Path,
+    dir: Option<&Dir>,
     held: &dyn Fn(&str) -> bool,
     ignored: &mut Vec<String>,
-) -> Result<BTreeMap<String, PathBuf>> {
-    let mut out = BTreeMap::new();
-    match std::fs::symlink_metadata(dir) {
-        Ok(m) if m.is_dir() => {}
-        Ok(_) => return Err(not_a_dir(dir)),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
-        Err(e) => return Err(Error::io(dir, "stat", e)),
-    }
-    let rd = std::fs::read_dir(dir).map_err(|e| Error::io(dir, "read directory", e))?;
-    for ent in rd {
-        let ent = ent.map_err(|e| Error::io(dir, "read directory", e))?;
-        let name = ent.file_name();
+) -> Result<BTreeSet<String>> {
+    let mut out = BTreeSet::new();
+    let Some(dir) = dir else { return Ok(out) };
+    for name in dir.names()? {
         match name.to_str() {
             Some(id) if held(id) || crate::tree::is_key_name(id) => {
-                out.insert(id.to_owned(), ent.path());
+                out.insert(id.to_owned());
             }
             // Salt's key-list cache and keycache's own files: silently.
             Some(n) if n == crate::tree::SALT_KEY_CACHE => {}
             Some(n) if n.starts_with(crate::tree::KEYCACHE_PREFIX) => {}
-            _ => ignored.push(ent.path().display().to_string()),
+            _ => ignored.push(dir.shown(&name).display().to_string()),
         }
     }
     Ok(out)
-}
-
-fn write_key(dir: &Path, id: &str, pem: &[u8], own: &Ownership) -> Result<()> {
-    crate::id::validate(id)?;
-    let path = dir.join(id);
-    // A file replacing another keeps its owner, and its mode narrowed to
-    // 0600 at most: never wider than what it replaces.
-    let mut own = own.replacing(&path);
-    own.mode &= 0o600;
-    let own = &own;
-    let tmp = dir.join(format!(".keycache-export.{}.{id}", std::process::id()));
-    files::remove_if_exists(&tmp)?;
-    let mut f: File = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&tmp)
-        .map_err(|e| Error::io(&tmp, "create", e))?;
-    own.apply(&f, &tmp)?;
-    f.write_all(pem).map_err(|e| Error::io(&tmp, "write", e))?;
-    files::sync_data(&f, &tmp)?;
-    // rename() replaces the name itself: a symlink planted since the plan
-    // looked is replaced, never followed.
-    files::rename(&tmp, &path)
-}
-
-/// Removes the key file `path`, which the plan found a regular file; an
-/// entry that became something else since is refused, not removed.
-fn remove_key(path: &Path) -> Result<()> {
-    match std::fs::symlink_metadata(path) {
-        Ok(m) if m.is_file() => files::remove_if_exists(path),
-        Ok(m) => Err(not_a_key_file(path, &m)),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(Error::io(path, "stat", e)),
-    }
 }
 
 /// The directory a new pki dir is created in (`.` for a bare name).
@@ -236,10 +128,44 @@ fn parent_of(pki_dir: &Path) -> &Path {
     }
 }
 
+/// Creates the pki dir `path` (0700, owned as its parent) when absent; an
+/// entry there that is not a directory (a symlink included) is refused.
+fn ensure_pki_dir(path: &Path) -> Result<()> {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => Err(Writer::Export.not_a_dir(path)),
+        Err(_) => {
+            let own = Ownership::for_dir(parent_of(path))?;
+            std::fs::DirBuilder::new()
+                .mode(0o700)
+                .create(path)
+                .map_err(|e| Error::io(path, "create directory", e))?;
+            if let Some((uid, gid)) = own.owner {
+                let _ = std::os::unix::fs::chown(path, Some(uid), Some(gid));
+            }
+            Ok(())
+        }
+    }
+}
+
+/// The pki dir `pki_dir` opened without following its state directories
+/// (None: absent); an entry there that is not a directory is refused.
+fn open_root(pki_dir: &Path) -> Result<Option<Dir>> {
+    match std::fs::symlink_metadata(pki_dir) {
+        Ok(m) if !m.is_dir() => Err(Writer::Export.not_a_dir(pki_dir)),
+        Ok(_) => Dir::open_root(pki_dir, Writer::Export).map(Some),
+        Err(_) => Ok(None),
+    }
+}
+
 /// Writes every key of `store` into the tree at `pki_dir` and removes the
 /// key files of ids the store no longer holds in that state (see the
 /// module's documentation); with `dry_run`, only reports what it would do.
+/// The tree at `pki_dir` is mended with [`crate::tree`]'s reader and
+/// writer, as the store's own tree is.
 pub fn export(store: &Store, pki_dir: &Path, opts: &ExportOptions) -> Result<Exported> {
+    const W: &str = "write (exporting the key tree)";
+    const R: &str = "remove (exporting the key tree)";
     let mut out = Exported {
         dry_run: opts.dry_run,
         ..Exported::default()
@@ -248,10 +174,10 @@ pub fn export(store: &Store, pki_dir: &Path, opts: &ExportOptions) -> Result<Exp
     // file is touched.
     let mut wanted: [Wanted; 4] = Default::default();
     let mut withheld: [BTreeSet<String>; 4] = Default::default();
-    let dir_index = |name: &str| TREE_DIRS.iter().position(|d| *d == name).unwrap_or(0);
+    let denied = TreeDir::MinionsDenied.index();
     for r in store.keys(None)? {
         let (id, e) = r?;
-        let d = dir_index(e.state.dir_name());
+        let d = TreeDir::of(e.state).index();
         if crate::pem::holds_private_key(&e.public_key) {
             withheld[d].insert(id);
         } else {
@@ -261,9 +187,9 @@ pub fn export(store: &Store, pki_dir: &Path, opts: &ExportOptions) -> Result<Exp
     for r in store.denied_keys()? {
         let (id, pem) = r?;
         if crate::pem::holds_private_key(&pem) {
-            withheld[3].insert(id);
+            withheld[denied].insert(id);
         } else {
-            wanted[3].insert(id, pem);
+            wanted[denied].insert(id, pem);
         }
     }
     for d in &withheld {
@@ -272,54 +198,73 @@ pub fn export(store: &Store, pki_dir: &Path, opts: &ExportOptions) -> Result<Exp
     out.withheld.sort();
 
     // The plan: what to write, what to remove; refused entries fail here.
-    match std::fs::symlink_metadata(pki_dir) {
-        Ok(m) if !m.is_dir() => return Err(not_a_dir(pki_dir)),
-        _ => {}
-    }
-    let mut writes: Vec<Write1<'_>> = Vec::new();
-    let mut removes: Vec<PathBuf> = Vec::new();
+    let root = open_root(pki_dir)?;
+    let mut writes: Vec<(usize, &str, &[u8])> = Vec::new();
+    let mut removes: Vec<(usize, String)> = Vec::new();
     let held = |id: &str| {
         wanted.iter().any(|w| w.contains_key(id)) || withheld.iter().any(|w| w.contains(id))
     };
-    for (d, name) in TREE_DIRS.iter().enumerate() {
-        let dir = pki_dir.join(name);
-        let present = tree_files(&dir, &held, &mut out.ignored)?;
+    for td in TreeDir::ALL {
+        let d = td.index();
+        let dir = match &root {
+            Some(root) => root.sub(td.name())?,
+            None => None,
+        };
+        let dir = dir.as_ref();
+        let path = |id: &str| pki_dir.join(td.name()).join(id);
+        let shown = |id: &str| path(id).display().to_string();
+        let present = tree_files(dir, &held, &mut out.ignored)?;
         for (id, pem) in &wanted[d] {
             crate::id::validate(id)?;
-            let path = dir.join(id);
-            match std::fs::symlink_metadata(&path) {
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(Error::io(&path, "stat", e)),
-                Ok(m) if !m.is_file() => return Err(not_a_key_file(&path, &m)),
-                Ok(m) => {
-                    if same_content(&path, m.len(), pem)? {
+            let node = match dir {
+                Some(dir) => dir.entry(id)?,
+                None => Node::Absent,
+            };
+            match (node, dir) {
+                (Node::Other(m), _) => {
+                    return Err(Writer::Export.not_a_key_file(&path(id), NotRegular::of(&m)));
+                }
+                (Node::File(m), Some(dir)) => {
+                    if m.len() == pem.len() as u64 && dir.content_is(id, pem)? {
                         out.unchanged += 1;
                         continue;
                     }
-                    if d == ACCEPTED {
+                    if td == TreeDir::Minions {
                         // The old key would keep passing validate_token.
-                        out.replaced.push(path.display().to_string());
+                        out.replaced.push(shown(id));
                     } else if !opts.force {
-                        out.conflicts.push(path.display().to_string());
+                        out.conflicts.push(shown(id));
                         continue;
                     }
                 }
+                _ => {}
             }
-            writes.push(Write1 { dir: d, id, pem });
+            writes.push((d, id.as_str(), pem.as_slice()));
         }
-        for (id, path) in present {
-            if wanted[d].contains_key(&id) || (withheld[d].contains(&id) && d != ACCEPTED) {
+        for id in present {
+            if wanted[d].contains_key(&id) || (withheld[d].contains(&id) && td != TreeDir::Minions)
+            {
                 continue;
             }
-            let m = std::fs::symlink_metadata(&path).map_err(|e| Error::io(&path, "stat", e))?;
-            if !m.is_file() {
-                return Err(not_a_key_file(&path, &m));
+            if let Some(dir) = dir {
+                if let Node::Other(m) = dir.entry(&id)? {
+                    return Err(Writer::Export.not_a_key_file(&path(&id), NotRegular::of(&m)));
+                }
             }
-            removes.push(path);
+            removes.push((d, id));
         }
     }
     out.written = writes.len() as u64;
-    out.removed = removes.iter().map(|p| p.display().to_string()).collect();
+    out.removed = removes
+        .iter()
+        .map(|(d, id)| {
+            pki_dir
+                .join(TreeDir::ALL[*d].name())
+                .join(id)
+                .display()
+                .to_string()
+        })
+        .collect();
     out.removed.sort();
     out.ignored.sort();
     if opts.dry_run {
@@ -330,23 +275,30 @@ pub fn export(store: &Store, pki_dir: &Path, opts: &ExportOptions) -> Result<Exp
     // accepted to rejected) is in both directories for a moment, and
     // Salt's precedence (rejected, then pending, then accepted) then gives
     // it the less trusted state, never the more trusted one.
-    ensure_dir(pki_dir, 0o700, &Ownership::for_dir(parent_of(pki_dir))?)?;
+    drop(root);
+    ensure_pki_dir(pki_dir)?;
     let own = Ownership::for_dir(pki_dir)?;
-    for d in TREE_DIRS {
-        ensure_dir(&pki_dir.join(d), 0o755, &own)?;
+    let root = Dir::open_root(pki_dir, Writer::Export)?;
+    let mut dirs: [Option<Dir>; 4] = Default::default();
+    for td in TreeDir::ALL {
+        dirs[td.index()] = Some(root.sub_or_create(td.name(), &own)?);
     }
-    for w in &writes {
-        write_key(&pki_dir.join(TREE_DIRS[w.dir]), w.id, w.pem, &own)?;
+    let items: Vec<(usize, &str, &[u8], Ownership)> = writes
+        .iter()
+        .map(|&(d, id, pem)| (d, id, pem, own))
+        .collect();
+    write_many(&dirs, &items, W)?;
+    for dir in dirs.iter().flatten() {
+        dir.sync()?;
     }
-    for d in TREE_DIRS {
-        files::sync_dir(&pki_dir.join(d))?;
-    }
-    for p in &removes {
-        remove_key(p)?;
+    for (d, id) in &removes {
+        if let Some(dir) = &dirs[*d] {
+            dir.remove(id, R)?;
+        }
     }
     if !removes.is_empty() {
-        for d in TREE_DIRS {
-            files::sync_dir(&pki_dir.join(d))?;
+        for dir in dirs.iter().flatten() {
+            dir.sync()?;
         }
     }
     Ok(out)

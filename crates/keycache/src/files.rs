@@ -1,9 +1,10 @@
 //! File handling shared by every writer: opening bank files without
-//! following symlinks, creating them with Salt's key-material permissions and
+//! following symlinks, reading small files (key files) without following
+//! them ([`read_small`]), creating them with Salt's key-material permissions and
 //! the right owner, syncing, and atomic replacement.
 
 use std::fs::{File, OpenOptions};
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
@@ -12,48 +13,154 @@ use crate::error::{Error, Result};
 /// Mode of new bank files: owner read and write, like Salt's key material.
 pub const DEFAULT_MODE: u32 = 0o600;
 
-/// Opens an existing bank file, refusing symlinks and anything that is not a
-/// regular file. `O_NONBLOCK` keeps a FIFO planted under a bank file's name
-/// from blocking the open (it has no effect on regular files).
-pub(crate) fn open_regular(path: &Path, write: bool) -> Result<File> {
+/// What is under a name that is not a regular file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotRegular {
+    /// A symlink (never followed).
+    Symlink,
+    /// A directory.
+    Directory,
+    /// A FIFO, socket, device...
+    Other,
+}
+
+impl NotRegular {
+    /// What `m` (from `lstat` or `fstat`) is, when it is not a regular file.
+    pub fn of(m: &std::fs::Metadata) -> NotRegular {
+        if m.file_type().is_symlink() {
+            NotRegular::Symlink
+        } else if m.is_dir() {
+            NotRegular::Directory
+        } else {
+            NotRegular::Other
+        }
+    }
+}
+
+/// Why [`open_no_follow`] or [`read_small`] gave no file or no bytes.
+#[derive(Debug)]
+pub enum Refused {
+    /// `open`, `stat` or `read` (the first field) failed; a file that does
+    /// not exist is `Io("open", NotFound)`.
+    Io(&'static str, io::Error),
+    /// Not a regular file; a symlink is never followed.
+    NotRegular(NotRegular),
+    /// Larger than the limit: `Some(size)` when `fstat` said so, `None`
+    /// when it grew past the limit while it was read.
+    TooLarge(Option<u64>),
+}
+
+impl Refused {
+    /// The library's error for `path` ([`open_regular`]'s wording).
+    pub fn into_error(self, path: &Path) -> Error {
+        let why = match self {
+            Refused::Io(op, e) => return Error::io(path, op, e),
+            Refused::NotRegular(NotRegular::Symlink) => "it is a symlink",
+            Refused::NotRegular(NotRegular::Directory) => "it is a directory",
+            Refused::NotRegular(NotRegular::Other) => "it is not a regular file",
+            Refused::TooLarge(_) => "it is larger than expected",
+        };
+        Error::NotARegularFile {
+            path: path.into(),
+            why,
+        }
+    }
+}
+
+/// Opens `path` without following a symlink (`O_NOFOLLOW`; `O_NONBLOCK`
+/// keeps a FIFO planted under the name from blocking the open, and has no
+/// effect on regular files) and checks on the descriptor that it is a
+/// regular file. The one place that decides what such an open refuses.
+pub fn open_no_follow(
+    path: &Path,
+    write: bool,
+) -> std::result::Result<(File, std::fs::Metadata), Refused> {
     let f = OpenOptions::new()
         .read(true)
         .write(write)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
         .open(path)
-        .map_err(|e| {
-            if e.raw_os_error() == Some(libc::ELOOP) {
-                Error::NotARegularFile {
-                    path: path.into(),
-                    why: "it is a symlink",
-                }
-            } else if e.raw_os_error() == Some(libc::EISDIR) {
-                Error::NotARegularFile {
-                    path: path.into(),
-                    why: "it is a directory",
-                }
-            } else if e.raw_os_error() == Some(libc::ENXIO) {
-                // A socket, or a FIFO opened for writing without a reader.
-                Error::NotARegularFile {
-                    path: path.into(),
-                    why: "it is not a regular file",
-                }
-            } else {
-                Error::io(path, "open", e)
-            }
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => Refused::NotRegular(NotRegular::Symlink),
+            Some(libc::EISDIR) => Refused::NotRegular(NotRegular::Directory),
+            // A socket, or a FIFO opened for writing without a reader.
+            Some(libc::ENXIO) => Refused::NotRegular(NotRegular::Other),
+            _ => Refused::Io("open", e),
         })?;
-    let meta = f.metadata().map_err(|e| Error::io(path, "stat", e))?;
+    let meta = f.metadata().map_err(|e| Refused::Io("stat", e))?;
     if !meta.is_file() {
-        return Err(Error::NotARegularFile {
-            path: path.into(),
-            why: if meta.is_dir() {
-                "it is a directory"
-            } else {
-                "it is not a regular file"
-            },
-        });
+        return Err(Refused::NotRegular(NotRegular::of(&meta)));
     }
-    Ok(f)
+    Ok((f, meta))
+}
+
+/// Opens an existing file (a bank file, a lock file), refusing symlinks
+/// and anything that is not a regular file ([`Error::NotARegularFile`]
+/// saying which).
+pub fn open_regular(path: &Path, write: bool) -> Result<File> {
+    open_no_follow(path, write)
+        .map(|(f, _)| f)
+        .map_err(|r| r.into_error(path))
+}
+
+/// Reads the small regular file `path` without following a symlink
+/// ([`open_no_follow`]): appends its bytes to `buf` when it holds at most
+/// `max` bytes, and returns its metadata (`fstat` of the descriptor) and
+/// how many bytes were appended. A file `fstat` says is larger is not
+/// read; otherwise at most `max + 1` bytes are read (what `fstat`
+/// announced in one read as a rule, then to the end if it grew), so a file
+/// that grows while it is read is refused too. On a refusal `buf` is left
+/// as it was. The one "open, stat, read at most N + 1 bytes" of keycache:
+/// the tree's key files, a migration's scan, the master's key files.
+pub fn read_small(
+    path: &Path,
+    max: u64,
+    buf: &mut Vec<u8>,
+) -> std::result::Result<(std::fs::Metadata, usize), Refused> {
+    let (mut f, meta) = open_no_follow(path, false)?;
+    let size = meta.len();
+    if size > max {
+        return Err(Refused::TooLarge(Some(size)));
+    }
+    let start = buf.len();
+    // What fstat announced plus one byte, to see a file that grew.
+    buf.resize(start + size as usize + 1, 0);
+    let mut got = 0;
+    let res = loop {
+        match f.read(&mut buf[start + got..]) {
+            Ok(0) => break Ok(()),
+            Ok(n) => {
+                got += n;
+                // All fstat announced (the usual case: no read to see end
+                // of file), or more than that.
+                if got as u64 >= size {
+                    break Ok(());
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => break Err(e),
+        }
+    };
+    buf.truncate(start + got);
+    let res = res.and_then(|()| {
+        if got as u64 > size {
+            // The file grew since fstat: the rest, up to the limit.
+            let room = (max + 1).saturating_sub(got as u64);
+            (&mut f).take(room).read_to_end(buf).map(|_| ())
+        } else {
+            Ok(())
+        }
+    });
+    if let Err(e) = res {
+        buf.truncate(start);
+        return Err(Refused::Io("read", e));
+    }
+    let len = buf.len() - start;
+    if len as u64 > max {
+        buf.truncate(start);
+        return Err(Refused::TooLarge(None));
+    }
+    Ok((meta, len))
 }
 
 /// Who new files belong to and what mode they get.
@@ -248,4 +355,72 @@ pub(crate) fn replace_with(path: &Path, bytes: &[u8], own: &Ownership) -> Result
         let _ = std::fs::remove_file(&tmp);
     }
     done
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read(path: &Path, max: u64) -> std::result::Result<Vec<u8>, Refused> {
+        let mut buf = b"prefix".to_vec();
+        match read_small(path, max, &mut buf) {
+            Ok((meta, n)) => {
+                assert_eq!(meta.len() as usize, n);
+                assert_eq!(&buf[..6], b"prefix");
+                Ok(buf[6..].to_vec())
+            }
+            Err(e) => {
+                assert_eq!(buf, b"prefix", "a refusal leaves the buffer as it was");
+                Err(e)
+            }
+        }
+    }
+
+    #[test]
+    fn read_small_reads_a_file_of_exactly_the_limit_and_refuses_one_byte_more() {
+        let t = tempfile::tempdir().unwrap();
+        let p = t.path().join("k");
+        std::fs::write(&p, b"0123456789").unwrap();
+        assert_eq!(read(&p, 10).unwrap(), b"0123456789");
+        assert_eq!(read(&p, 11).unwrap(), b"0123456789");
+        assert!(matches!(read(&p, 9), Err(Refused::TooLarge(Some(10)))));
+        std::fs::write(&p, b"").unwrap();
+        assert_eq!(read(&p, 0).unwrap(), b"");
+    }
+
+    #[test]
+    fn read_small_refuses_a_symlink_without_following_it() {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::write(t.path().join("target"), b"key").unwrap();
+        std::os::unix::fs::symlink(t.path().join("target"), t.path().join("k")).unwrap();
+        assert!(matches!(
+            read(&t.path().join("k"), 100),
+            Err(Refused::NotRegular(NotRegular::Symlink))
+        ));
+        let e = open_regular(&t.path().join("k"), false).unwrap_err();
+        assert!(e.to_string().contains("it is a symlink"), "{e}");
+    }
+
+    #[test]
+    fn read_small_refuses_what_is_not_a_regular_file() {
+        let t = tempfile::tempdir().unwrap();
+        let d = t.path().join("d");
+        std::fs::create_dir(&d).unwrap();
+        assert!(matches!(
+            read(&d, 100),
+            Err(Refused::NotRegular(NotRegular::Directory))
+        ));
+        // A FIFO: O_NONBLOCK keeps the open from waiting for a writer.
+        let fifo = t.path().join("fifo");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        assert!(made.unwrap().success());
+        assert!(matches!(
+            read(&fifo, 100),
+            Err(Refused::NotRegular(NotRegular::Other))
+        ));
+        assert!(matches!(
+            read(&t.path().join("absent"), 100),
+            Err(Refused::Io("open", e)) if e.kind() == io::ErrorKind::NotFound
+        ));
+    }
 }

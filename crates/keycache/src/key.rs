@@ -52,11 +52,91 @@ impl KeyState {
 
     /// The localfs_key directory and `salt-key --out json` group name.
     pub fn dir_name(self) -> &'static str {
-        match self {
-            KeyState::Accepted => "minions",
-            KeyState::Pending => "minions_pre",
-            KeyState::Rejected => "minions_rejected",
+        TreeDir::of(self).name()
+    }
+}
+
+/// A state directory of the `localfs_key` tree, by Salt's folder name
+/// (salt/cache/localfs_key.py: `minions`, `minions_pre`,
+/// `minions_rejected`, `minions_denied`). Public as
+/// `keycache::tree::TreeDir`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub enum TreeDir {
+    /// `minions/`: accepted keys (what `validate_token` reads).
+    #[cfg_attr(feature = "serde", serde(rename = "minions"))]
+    Minions,
+    /// `minions_pre/`: pending keys.
+    #[cfg_attr(feature = "serde", serde(rename = "minions_pre"))]
+    MinionsPre,
+    /// `minions_rejected/`: rejected keys.
+    #[cfg_attr(feature = "serde", serde(rename = "minions_rejected"))]
+    MinionsRejected,
+    /// `minions_denied/`: denied keys (the `denied_keys` bank).
+    #[cfg_attr(feature = "serde", serde(rename = "minions_denied"))]
+    MinionsDenied,
+}
+
+impl TreeDir {
+    /// The four directories, in Salt's scan order (which is also their
+    /// [`TreeDir::index`] order).
+    pub const ALL: [TreeDir; 4] = [
+        TreeDir::Minions,
+        TreeDir::MinionsPre,
+        TreeDir::MinionsRejected,
+        TreeDir::MinionsDenied,
+    ];
+
+    /// Their names, in [`TreeDir::ALL`] order.
+    pub const NAMES: [&'static str; 4] = [
+        "minions",
+        "minions_pre",
+        "minions_rejected",
+        "minions_denied",
+    ];
+
+    /// Salt's folder name.
+    pub fn name(self) -> &'static str {
+        TreeDir::NAMES[self.index()]
+    }
+
+    /// The position in [`TreeDir::ALL`] (for per-directory arrays).
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// The directory of a `keys` bank state.
+    pub fn of(state: KeyState) -> TreeDir {
+        match state {
+            KeyState::Accepted => TreeDir::Minions,
+            KeyState::Pending => TreeDir::MinionsPre,
+            KeyState::Rejected => TreeDir::MinionsRejected,
         }
+    }
+
+    /// The `keys` bank state of this directory's keys; None for
+    /// `minions_denied` (the `denied_keys` bank, no state).
+    pub fn state(self) -> Option<KeyState> {
+        match self {
+            TreeDir::Minions => Some(KeyState::Accepted),
+            TreeDir::MinionsPre => Some(KeyState::Pending),
+            TreeDir::MinionsRejected => Some(KeyState::Rejected),
+            TreeDir::MinionsDenied => None,
+        }
+    }
+
+    /// The directory named `name` (one of [`TreeDir::NAMES`]).
+    pub fn from_name(name: &str) -> Option<TreeDir> {
+        TreeDir::NAMES
+            .iter()
+            .position(|n| *n == name)
+            .map(|i| TreeDir::ALL[i])
+    }
+}
+
+impl std::fmt::Display for TreeDir {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
     }
 }
 
@@ -176,4 +256,34 @@ pub fn encode_key_value(state: KeyState, pem: &[u8]) -> Vec<u8> {
     v.push(state.byte());
     v.extend_from_slice(pem);
     v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tree_dirs_are_salts_folders_in_scan_order_and_match_the_states() {
+        assert_eq!(
+            TreeDir::ALL.map(TreeDir::name),
+            [
+                "minions",
+                "minions_pre",
+                "minions_rejected",
+                "minions_denied"
+            ]
+        );
+        for (i, d) in TreeDir::ALL.into_iter().enumerate() {
+            assert_eq!(d.index(), i);
+            assert_eq!(TreeDir::from_name(d.name()), Some(d));
+            assert_eq!(d.to_string(), d.name());
+        }
+        assert_eq!(TreeDir::from_name("minions_autosign"), None);
+        for s in KeyState::ALL {
+            assert_eq!(TreeDir::of(s).state(), Some(s));
+            assert_eq!(s.dir_name(), TreeDir::of(s).name());
+            assert_eq!(s.dir_name().parse::<KeyState>().ok(), Some(s));
+        }
+        assert_eq!(TreeDir::MinionsDenied.state(), None);
+    }
 }

@@ -6,7 +6,8 @@ use std::io::{BufRead, IsTerminal};
 
 use serde::Serialize;
 
-use keycache::store::{KeyState, TreeChanges, TreeSync};
+use keycache::store::KeyState;
+use keycache::tree::{TreeChanges, TreeSync};
 use keycache::MinionId;
 
 use crate::args::{announce_lock_wait, minion_id, Json, Layout, StoreIds};

@@ -1,9 +1,6 @@
 //! Reading the master's key files where Salt's `localfs_key` serves them
 //! ([`collect`]), never following a symlink.
 
-use std::fs::File;
-use std::io::Read;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use super::{
@@ -212,36 +209,19 @@ type Refusal = (MasterKeySkipReason, Option<String>);
 /// Opens `path` without following a symlink and reads it whole; `Ok(None)`
 /// when it does not exist.
 fn read_key_file(path: &Path, max: u64) -> std::result::Result<Option<Vec<u8>>, Refusal> {
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
-        .open(path);
-    let f: File = match f {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+    use crate::files::{NotRegular, Refused};
+    let mut bytes = Vec::new();
+    match crate::files::read_small(path, max, &mut bytes) {
+        Ok(_) => {}
+        Err(Refused::Io("open", e)) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(Refused::NotRegular(NotRegular::Symlink)) => {
             return Err((MasterKeySkipReason::Symlink, None))
         }
-        Err(e) if matches!(e.raw_os_error(), Some(libc::EISDIR) | Some(libc::ENXIO)) => {
-            return Err((MasterKeySkipReason::NotARegularFile, None))
+        Err(Refused::NotRegular(_)) => return Err((MasterKeySkipReason::NotARegularFile, None)),
+        Err(Refused::TooLarge(_)) => return Err((MasterKeySkipReason::TooLarge, None)),
+        Err(Refused::Io(_, e)) => {
+            return Err((MasterKeySkipReason::Unreadable, Some(e.to_string())))
         }
-        Err(e) => return Err((MasterKeySkipReason::Unreadable, Some(e.to_string()))),
-    };
-    let meta = f
-        .metadata()
-        .map_err(|e| (MasterKeySkipReason::Unreadable, Some(e.to_string())))?;
-    if !meta.is_file() {
-        return Err((MasterKeySkipReason::NotARegularFile, None));
-    }
-    if meta.len() > max {
-        return Err((MasterKeySkipReason::TooLarge, None));
-    }
-    let mut bytes = Vec::with_capacity(meta.len() as usize);
-    f.take(max + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| (MasterKeySkipReason::Unreadable, Some(e.to_string())))?;
-    if bytes.len() as u64 > max {
-        return Err((MasterKeySkipReason::TooLarge, None));
     }
     if bytes.is_empty() {
         return Err((MasterKeySkipReason::Empty, None));

@@ -14,18 +14,21 @@
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsString;
-use std::io::Read;
+
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Arc};
 
 use crate::error::{Error, Result};
 use crate::files::Ownership;
 use crate::format::Params;
+use crate::format::{DENIED_INDEX, KEYS_INDEX};
+use crate::key::KeyState;
 use crate::rebuild::{self, Image};
-use crate::store::{KeyState, Store, DENIED_INDEX, KEYS_INDEX};
+use crate::store::Store;
 use crate::table::OpenOptions;
+use crate::tree::TreeDir;
 
 mod plan;
 mod scan;
@@ -40,13 +43,11 @@ pub const MAX_LOAD_FACTOR: f64 = 0.8;
 /// under 3 KiB).
 pub const MAX_KEY_BYTES: u64 = 64 * 1024;
 
-/// The four directories of a `localfs_key` tree, in Salt's scan order.
-pub const TREE_DIRS: [&str; 4] = [
-    "minions",
-    "minions_pre",
-    "minions_rejected",
-    "minions_denied",
-];
+/// The four directories of a `localfs_key` tree, in Salt's scan order:
+/// [`TreeDir::NAMES`]. Kept only for `keycache-testkit`'s fuzzing, which
+/// still names it; use [`TreeDir`].
+#[doc(hidden)]
+pub const TREE_DIRS: [&str; 4] = TreeDir::NAMES;
 
 /// Options of [`migrate`].
 #[derive(Clone)]
@@ -191,7 +192,7 @@ pub struct Report {
 
 /// A key of the tree that is migrated.
 struct TreeKey {
-    dir: usize,
+    dir: TreeDir,
     /// xxh3 of the id, taken while the reader has it at hand.
     idh: u64,
     /// Where the id is in its part's ids ([`Tree::id`]).
@@ -265,7 +266,7 @@ impl Tree {
     }
 
     fn state(&self, i: usize) -> KeyState {
-        KeyState::ALL[self.found[i].dir]
+        self.found[i].dir.state().unwrap_or(KeyState::Accepted)
     }
 }
 
@@ -324,10 +325,14 @@ pub fn migrate(
     // matched by their hash first (no string is touched for the many ids
     // found in one directory only), then by their bytes.
     let mut dirs_of: HashMap<u64, u8, IdHash> = HashMap::default();
-    for k in tree.found.iter().filter(|k| k.dir == 1 || k.dir == 2) {
-        *dirs_of.entry(k.idh).or_default() |= 1 << k.dir;
+    for k in tree
+        .found
+        .iter()
+        .filter(|k| matches!(k.dir, TreeDir::MinionsPre | TreeDir::MinionsRejected))
+    {
+        *dirs_of.entry(k.idh).or_default() |= 1 << k.dir.index();
     }
-    for k in tree.found.iter().filter(|k| k.dir == 0) {
+    for k in tree.found.iter().filter(|k| k.dir == TreeDir::Minions) {
         if let Some(m) = dirs_of.get_mut(&k.idh) {
             *m |= 1;
         }
@@ -339,7 +344,7 @@ pub fn migrate(
     for i in 0..tree.found.len() {
         let k = &tree.found[i];
         let d = k.dir;
-        if d == 3 {
+        if d == TreeDir::MinionsDenied {
             tree.denied.push(i);
             continue;
         }
@@ -368,7 +373,7 @@ pub fn migrate(
                 pos
             }
         };
-        seen[pos] |= 1 << d;
+        seen[pos] |= 1 << d.index();
     }
     let duplicates: Vec<Duplicate> = tree
         .keys
@@ -377,9 +382,10 @@ pub fn migrate(
         .filter(|(_, s)| s.count_ones() > 1)
         .map(|(&i, s)| Duplicate {
             id: tree.id(i).to_owned(),
-            found_in: (0..3)
-                .filter(|d| s & (1 << d) != 0)
-                .map(|d| KeyState::ALL[d])
+            found_in: TreeDir::ALL
+                .into_iter()
+                .filter(|d| s & (1 << d.index()) != 0)
+                .filter_map(TreeDir::state)
                 .collect(),
             state: tree.state(i),
         })
@@ -530,12 +536,12 @@ impl std::hash::Hasher for IdHasher {
 
 type IdHash = std::hash::BuildHasherDefault<IdHasher>;
 
-fn bump(c: &mut StateCounts, dir: usize) {
+fn bump(c: &mut StateCounts, dir: TreeDir) {
     match dir {
-        0 => c.accepted += 1,
-        1 => c.pending += 1,
-        2 => c.rejected += 1,
-        _ => c.denied += 1,
+        TreeDir::Minions => c.accepted += 1,
+        TreeDir::MinionsPre => c.pending += 1,
+        TreeDir::MinionsRejected => c.rejected += 1,
+        TreeDir::MinionsDenied => c.denied += 1,
     }
 }
 

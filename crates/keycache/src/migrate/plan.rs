@@ -46,7 +46,7 @@ impl Tree {
                         id: Some(id.clone()),
                         why: "existing value is not [state][public key]; run keycache verify --repair".into(),
                     })?;
-                    bump(&mut plan.kept, state as usize);
+                    bump(&mut plan.kept, TreeDir::of(state));
                     plan.keys.push(Src::Kept(plan.kept_keys.len()));
                     plan.kept_keys.push((id, r.value, r.mtime));
                 }
@@ -104,7 +104,7 @@ impl Tree {
                     .map(|(s, _)| s)
                     .unwrap_or(KeyState::Accepted),
             };
-            bump(&mut total, state as usize);
+            bump(&mut total, TreeDir::of(state));
         }
         total.denied = plan.denied.len() as u64;
         plan.total = total;

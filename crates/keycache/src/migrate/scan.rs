@@ -4,11 +4,12 @@
 //! overlaps the reading of the small directories).
 
 use super::*;
+use crate::files::{NotRegular, Refused};
 
 /// One entry of a tree directory, as listed.
 struct Listed {
-    /// Index in [`TREE_DIRS`].
-    pub(super) dir: usize,
+    /// The directory it is in.
+    pub(super) dir: TreeDir,
     /// Where its name is in the listing's [`Names`].
     pub(super) name: (usize, usize),
     /// The type the directory listing gives (no `stat` on most filesystems).
@@ -31,9 +32,9 @@ pub(super) struct Span {
 pub(super) const SUM: usize = crate::format::CHECKSUM_LEN;
 
 /// Bytes of a `dir` value before the PEM: the state byte, but in
-/// `minions_denied`.
-pub(super) fn state_bytes(dir: usize) -> usize {
-    usize::from(dir < 3)
+/// `minions_denied` (the `denied_keys` bank has no state).
+pub(super) fn state_bytes(dir: TreeDir) -> usize {
+    usize::from(dir.state().is_some())
 }
 
 /// A key read from the tree, or why the entry was skipped.
@@ -121,89 +122,44 @@ fn read_key_file(
         }
         return Err(e);
     }
-    let mut f = match std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
-        .open(path)
-    {
-        Ok(f) => f,
-        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
-            return skip(SkipReason::Symlink, "symlinks are never followed".into())
-        }
-        Err(e) => return skip(SkipReason::Unreadable, e.to_string()),
-    };
-    // Replaced since the listing: the descriptor is what counts.
-    let meta = match f.metadata() {
-        Ok(m) => m,
-        Err(e) => return skip(SkipReason::Unreadable, e.to_string()),
-    };
-    if !meta.is_file() {
-        return skip(SkipReason::NotARegularFile, "not a regular file".into());
-    }
-    if meta.len() > MAX_KEY_BYTES {
-        return skip(
-            SkipReason::TooLarge,
-            format!(
-                "{} bytes; a public key is under {MAX_KEY_BYTES}",
-                meta.len()
-            ),
-        );
-    }
-    // One read of the size fstat gave, plus one byte to see a file that grew
-    // meanwhile; short reads go on until end of file.
-    let size = meta.len() as usize;
+    // The listing's type is checked again on the descriptor (replaced
+    // since the listing: the descriptor is what counts).
     let off = buf.len();
     let start = off + SUM + state_bytes(e.dir);
-    buf.resize(start + size + 1, 0);
+    buf.resize(start, 0);
     // The state byte of this directory, for a `keys` value (the entry that
     // wins for an id found in several directories is that of the last).
-    if let (1, Some(s)) = (state_bytes(e.dir), KeyState::ALL.get(e.dir)) {
+    if let Some(s) = e.dir.state() {
         buf[off + SUM] = s.byte();
     }
-    let mut got = 0;
-    let res = loop {
-        match f.read(&mut buf[start + got..]) {
-            Ok(0) => break Ok(()),
-            Ok(n) => {
-                got += n;
-                // All fstat announced (the usual case: no read to see end
-                // of file), or more than that.
-                if got >= size {
-                    break Ok(());
+    let (meta, len) = match crate::files::read_small(path, MAX_KEY_BYTES, buf) {
+        Ok(read) => read,
+        Err(r) => {
+            buf.truncate(off);
+            let (reason, detail) = match r {
+                Refused::NotRegular(NotRegular::Symlink) => {
+                    (SkipReason::Symlink, "symlinks are never followed".into())
                 }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => break Err(e),
-        }
-    };
-    buf.truncate(start + got);
-    if got > size {
-        // The file grew since fstat: the rest, up to the limit.
-        let room = (MAX_KEY_BYTES + 1).saturating_sub(got as u64);
-        if let Err(e) = (&mut f).take(room).read_to_end(buf) {
-            buf.truncate(off);
-            return skip(SkipReason::Unreadable, e.to_string());
-        }
-    }
-    let res = res.map(|()| buf.len() - start);
-    let len = match res {
-        Ok(n) => n,
-        Err(e) => {
-            buf.truncate(off);
-            return skip(SkipReason::Unreadable, e.to_string());
+                Refused::NotRegular(_) => {
+                    (SkipReason::NotARegularFile, "not a regular file".into())
+                }
+                Refused::TooLarge(Some(size)) => (
+                    SkipReason::TooLarge,
+                    format!("{size} bytes; a public key is under {MAX_KEY_BYTES}"),
+                ),
+                Refused::TooLarge(None) => (
+                    SkipReason::TooLarge,
+                    "file grew past the limit while read".into(),
+                ),
+                Refused::Io(_, e) => (SkipReason::Unreadable, e.to_string()),
+            };
+            return skip(reason, detail);
         }
     };
     let reject = |buf: &mut Vec<u8>, r: SkipReason, d: &str| {
         buf.truncate(off);
         Ok(Err((r, d.to_owned())))
     };
-    if len as u64 > MAX_KEY_BYTES {
-        return reject(
-            buf,
-            SkipReason::TooLarge,
-            "file grew past the limit while read",
-        );
-    }
     if len == 0 {
         return reject(buf, SkipReason::Empty, "empty file");
     }
@@ -233,9 +189,9 @@ fn read_key_file(
     Ok(Ok(Span { off, len, mtime }))
 }
 
-/// Lists one directory of the tree (`dir`, an index in [`TREE_DIRS`]),
-/// sorted by name (byte order).
-fn list_dir(p: &Path, dir: usize) -> Result<DirListing> {
+/// Lists one directory of the tree (`dir`, at `p`), sorted by name (byte
+/// order).
+fn list_dir(p: &Path, dir: TreeDir) -> Result<DirListing> {
     let cannot = |e: std::io::Error| Error::PkiDir {
         path: p.into(),
         why: format!("cannot list it: {e}"),
@@ -263,7 +219,7 @@ struct DirListing {
 /// Entries of one directory for a reader to read: `listing.entries[range]`,
 /// the `chunk`th share of directory `dir`.
 struct Unit {
-    dir: usize,
+    dir: TreeDir,
     chunk: usize,
     listing: Arc<DirListing>,
     range: std::ops::Range<usize>,
@@ -274,7 +230,7 @@ struct Unit {
 const UNIT_ENTRIES: usize = 2048;
 
 /// The shares of a listing, sent to the readers.
-fn enqueue(units: &mpsc::Sender<Unit>, listing: DirListing, dir: usize) {
+fn enqueue(units: &mpsc::Sender<Unit>, listing: DirListing, dir: TreeDir) {
     let listing = Arc::new(listing);
     let n = listing.entries.len();
     for (chunk, start) in (0..n).step_by(UNIT_ENTRIES).enumerate() {
@@ -307,16 +263,16 @@ pub(super) fn scan_tree(
     if !meta.is_dir() {
         return Err(bad("it is not a directory".into()));
     }
-    let paths: Vec<PathBuf> = TREE_DIRS.iter().map(|d| pki_dir.join(d)).collect();
+    let paths: Vec<PathBuf> = TreeDir::NAMES.iter().map(|d| pki_dir.join(d)).collect();
     let mut present = [false; 4];
-    for (i, (d, p)) in TREE_DIRS.iter().zip(&paths).enumerate() {
+    for (i, (d, p)) in TreeDir::NAMES.iter().zip(&paths).enumerate() {
         match std::fs::symlink_metadata(p) {
             Ok(m) if m.is_dir() => present[i] = true,
             Ok(_) => {
                 // The directories before it are listed first, as a scan in
                 // order would (their errors come first).
                 for j in (0..i).filter(|&j| present[j]) {
-                    list_dir(&paths[j], j)?;
+                    list_dir(&paths[j], TreeDir::ALL[j])?;
                 }
                 return Err(bad(format!(
                     "{d} is not a directory (symlinked directories are not followed)"
@@ -328,7 +284,7 @@ pub(super) fn scan_tree(
     if !present.iter().any(|&p| p) {
         return Err(bad(format!(
             "it has none of {}; is it a Salt pki_dir?",
-            TREE_DIRS.join(", ")
+            TreeDir::NAMES.join(", ")
         )));
     }
     let readers = std::thread::available_parallelism()
@@ -363,14 +319,14 @@ pub(super) fn scan_tree(
                 let d = done.fetch_add(n, std::sync::atomic::Ordering::Relaxed) + n;
                 progress(d, total.load(std::sync::atomic::Ordering::Relaxed));
             });
-            out.push(((u.dir, u.chunk), part));
+            out.push(((u.dir.index(), u.chunk), part));
         }
     };
     let list = |i: usize, units: &mpsc::Sender<Unit>| -> Result<()> {
         if present[i] {
-            let l = list_dir(&paths[i], i)?;
+            let l = list_dir(&paths[i], TreeDir::ALL[i])?;
             total.fetch_add(l.entries.len() as u64, std::sync::atomic::Ordering::Relaxed);
-            enqueue(units, l, i);
+            enqueue(units, l, TreeDir::ALL[i]);
         }
         Ok(())
     };
@@ -442,7 +398,7 @@ fn read_unit(
     for (n, e) in share.iter().enumerate() {
         let name = names.get(e.name);
         path.clear();
-        path.push(&prefixes[e.dir]);
+        path.push(&prefixes[e.dir.index()]);
         path.push(std::ffi::OsStr::from_bytes(name));
         let path = Path::new(&path);
         match read_key_file(path, e, name, &opts.params, opts.skip_long_ids, &mut p.buf)? {

@@ -21,9 +21,6 @@
 //! tree migrated does not have, banks and tree alike), the migration is
 //! refused before anything is written, naming them.
 
-use std::collections::BTreeSet;
-use std::os::unix::fs::DirBuilderExt;
-
 use super::*;
 use crate::id::MinionId;
 use crate::tree::{want_of, Sync, Want};
@@ -43,39 +40,6 @@ pub(super) fn same_dir(a: &Path, b: &Path) -> bool {
         (Ok(a), Ok(b)) => a == b,
         _ => false,
     }
-}
-
-/// The ids that have a key file in a state directory of `dir`'s tree
-/// (names that are valid minion ids, dot-files aside, as Salt's
-/// `localfs_key` lists them), none for a directory that is absent. Nothing
-/// is followed: a state directory that is not a directory is refused, as
-/// the tree writer refuses it.
-fn tree_ids(dir: &Path) -> Result<BTreeSet<String>> {
-    let mut out = BTreeSet::new();
-    for d in TREE_DIRS {
-        let path = dir.join(d);
-        match std::fs::symlink_metadata(&path) {
-            Ok(m) if m.is_dir() => {}
-            Ok(_) => {
-                return Err(Error::NotARegularFile {
-                    path,
-                    why: "a state directory of the key tree that is a symlink or not a \
-                          directory: keycache does not follow it; replace it with a directory",
-                })
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(Error::io(&path, "lstat", e)),
-        }
-        for e in std::fs::read_dir(&path).map_err(|e| Error::io(&path, "read directory", e))? {
-            let e = e.map_err(|e| Error::io(&path, "read directory", e))?;
-            if let Some(name) = e.file_name().to_str() {
-                if !name.starts_with('.') && crate::id::validate(name).is_ok() {
-                    out.insert(name.to_owned());
-                }
-            }
-        }
-    }
-    Ok(out)
 }
 
 impl Tree {
@@ -124,7 +88,7 @@ impl Tree {
             };
             finals.entry(id.to_owned()).or_default().1 = Some(pem);
         }
-        let present = tree_ids(dir)?;
+        let present = crate::tree::ids_with_key_files(dir)?;
         let lost: Vec<&String> = present
             .iter()
             .filter(|id| !finals.contains_key(*id))
@@ -173,7 +137,7 @@ pub(super) fn before(store: &Store, wants: &Wants) -> Result<Sync> {
 /// then creates the state directories still missing.
 pub(super) fn after(store: &Store, sync: Sync, wants: &Wants) -> Result<crate::tree::TreeChanges> {
     let changes = sync.after(wants)?;
-    state_dirs(store)?;
+    crate::tree::create_state_dirs(store)?;
     Ok(changes)
 }
 
@@ -192,32 +156,4 @@ pub(super) fn restore(store: &Store, sync: Sync, wants: &Wants) {
     if let Ok(now) = now {
         let _ = sync.after(&now);
     }
-}
-
-/// Creates the state directories of the store's tree that are missing
-/// (0755, owned as the store's files, the creation made durable), as
-/// Salt's `verify_env` makes them.
-fn state_dirs(store: &Store) -> Result<()> {
-    let dir = store.dir();
-    let owner = store.keys_table().ownership().owner;
-    let mut created = false;
-    for d in TREE_DIRS {
-        let path = dir.join(d);
-        match std::fs::DirBuilder::new().mode(0o755).create(&path) {
-            Ok(()) => created = true,
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(Error::io(&path, "create directory", e)),
-        }
-        if let Some((uid, gid)) = owner {
-            match std::os::unix::fs::lchown(&path, Some(uid), Some(gid)) {
-                Ok(()) => {}
-                Err(e) if e.raw_os_error() == Some(libc::EPERM) => {}
-                Err(e) => return Err(Error::io(&path, "chown", e)),
-            }
-        }
-    }
-    if created {
-        crate::files::sync_dir(dir)?;
-    }
-    Ok(())
 }

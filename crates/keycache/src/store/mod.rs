@@ -18,10 +18,15 @@ use crate::id::MinionId;
 pub use crate::key::{decode_key_value, encode_key_value, KeyBatch, KeyEntry, KeyRef, KeyState};
 use crate::table::{self, Applied, Found, OpenOptions, Stored, Table, TableStats, Txn, View};
 use crate::tree::{want_of, Want};
+// One path: `keycache::tree::{TreeSync, TreeChanges}`. This re-export is
+// kept, hidden, only while `merge/apply.rs`, the CLI's `cmd/merge.rs` and
+// CLI tests (`crash_tree.rs`, `tree_sync.rs`) still import them from here.
+#[doc(hidden)]
 pub use crate::tree::{TreeChanges, TreeSync};
 
 mod batch;
 mod reader;
+mod tree_source;
 
 pub use batch::Batch;
 pub use reader::Reader;

@@ -7,8 +7,8 @@ use super::*;
 /// writer, and Salt's, holds while it writes), shared or exclusive, for as
 /// long as the returned file is open. None when there is no lock file and
 /// `create` is false (no writer ever wrote the bank).
-fn bank_lock(store: &Store, exclusive: bool) -> Result<Option<File>> {
-    let path = crate::format::lock_path(store.keys_table().path());
+fn bank_lock(store: &dyn KeySource, exclusive: bool) -> Result<Option<File>> {
+    let path = crate::format::lock_path(store.keys_index());
     let f = match crate::files::open_regular(&path, true) {
         Ok(f) => f,
         Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
@@ -52,44 +52,44 @@ impl Wanted {
     }
 }
 
-fn wanted(store: &Store) -> Result<Wanted> {
+fn wanted(store: &dyn KeySource) -> Result<Wanted> {
     let mut w = Wanted {
         files: Default::default(),
         withheld: Default::default(),
         states: BTreeMap::new(),
         denied: BTreeSet::new(),
     };
-    for r in store.keys(None)? {
-        let (id, e) = r?;
-        let d = dir_of(e.state);
-        w.states.insert(id.clone(), e.state);
-        if crate::pem::holds_private_key(&e.public_key) {
+    store.each_key(&mut |id, state, pem| {
+        let d = TreeDir::of(state).index();
+        w.states.insert(id.clone(), state);
+        if crate::pem::holds_private_key(&pem) {
             w.withheld[d].insert(id);
         } else {
-            w.files[d].insert(id, e.public_key);
+            w.files[d].insert(id, pem);
         }
-    }
-    for r in store.denied_keys()? {
-        let (id, pem) = r?;
+    })?;
+    let denied = TreeDir::MinionsDenied.index();
+    store.each_denied(&mut |id, pem| {
         w.denied.insert(id.clone());
         if crate::pem::holds_private_key(&pem) {
-            w.withheld[DENIED].insert(id);
+            w.withheld[denied].insert(id);
         } else {
-            w.files[DENIED].insert(id, pem);
+            w.files[denied].insert(id, pem);
         }
-    }
+    })?;
     Ok(w)
 }
 
 /// The comparison behind [`check`] and [`mend`].
 fn compare(root: &Dir, w: &Wanted) -> Result<Vec<TreeDisagreement>> {
     let mut out = Vec::new();
-    for (d, name) in TREE_DIRS.iter().enumerate() {
+    for td in TreeDir::ALL {
+        let (d, name) = (td.index(), td.name());
         let dis = |problem, id: Option<&str>, path: PathBuf| TreeDisagreement {
             problem,
-            dir: TREE_DIRS[d],
+            dir: td,
             id: id.map(str::to_owned),
-            store: id.and_then(|id| held(w.states.get(id).copied(), w.denied.contains(id), d)),
+            store: id.and_then(|id| held(w.states.get(id).copied(), w.denied.contains(id), td)),
             path,
         };
         let dir = match root.sub(name) {
@@ -125,7 +125,7 @@ fn compare(root: &Dir, w: &Wanted) -> Result<Vec<TreeDisagreement>> {
                     Node::Other(_) => out.push(dis(TreeProblem::NotAFile, Some(n), path)),
                     Node::File(m) => match w.files[d].get(n) {
                         Some(pem) => {
-                            if m.len() != pem.len() as u64 || dir.read(n, m.len())? != *pem {
+                            if m.len() != pem.len() as u64 || !dir.content_is(n, pem)? {
                                 out.push(dis(TreeProblem::KeyDiffers, Some(n), path));
                             }
                         }
@@ -164,9 +164,9 @@ fn compare(root: &Dir, w: &Wanted) -> Result<Vec<TreeDisagreement>> {
 /// while it reads, so that a keycache writer's bank and tree writes are
 /// seen both or neither. Meant for a store that keeps a tree (see
 /// [`TreeSync::auto`]): without one, every key is reported missing.
-pub fn check(store: &Store) -> Result<Vec<TreeDisagreement>> {
+pub fn check(store: &dyn KeySource) -> Result<Vec<TreeDisagreement>> {
     let _lock = bank_lock(store, false)?;
-    let root = Dir::open_root(store.dir())?;
+    let root = Dir::open_root(store.dir(), Writer::Tree)?;
     let w = wanted(store)?;
     compare(&root, &w)
 }
@@ -176,8 +176,8 @@ pub fn check(store: &Store) -> Result<Vec<TreeDisagreement>> {
 /// key there, or the index was lost). A tree mended toward it would lose
 /// every key file ([`Error::PkiDir`], naming the directory and saying to
 /// run `keycache migrate`, which builds the store from the tree).
-pub fn require_store(store: &Store) -> Result<()> {
-    let index = store.keys_table().path();
+pub fn require_store(store: &dyn KeySource) -> Result<()> {
+    let index = store.keys_index();
     match std::fs::symlink_metadata(index) {
         Ok(_) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(Error::PkiDir {
@@ -203,19 +203,19 @@ pub fn require_store(store: &Store) -> Result<()> {
 /// Holds the `keys` bank's lock (`flock`, exclusive) throughout, as
 /// writers do. A store that does not exist is refused before anything is
 /// written ([`require_store`]).
-pub fn mend(store: &Store) -> Result<TreeRepair> {
+pub fn mend(store: &dyn KeySource) -> Result<TreeRepair> {
     const W: &str = "write (mending the key tree)";
     const R: &str = "remove (mending the key tree)";
     require_store(store)?;
     let _lock = bank_lock(store, true)?;
-    let root = Dir::open_root(store.dir())?;
+    let root = Dir::open_root(store.dir(), Writer::Tree)?;
     let w = wanted(store)?;
     let found = compare(&root, &w)?;
     let own = ownership(store);
     let mut out = TreeRepair::default();
     let mut dirs: [Option<Dir>; 4] = Default::default();
-    for (d, name) in TREE_DIRS.iter().enumerate() {
-        dirs[d] = match root.sub(name) {
+    for td in TreeDir::ALL {
+        dirs[td.index()] = match root.sub(td.name()) {
             Ok(dir) => dir,
             Err(Error::NotARegularFile { .. }) => None,
             Err(e) => return Err(e),
@@ -235,11 +235,11 @@ pub fn mend(store: &Store) -> Result<TreeRepair> {
             .unwrap_or_default()
     };
     // 1. What lets a minion in that the store does not vouch for.
-    if let Some(dir) = &dirs[ACCEPTED] {
+    if let Some(dir) = &dirs[TreeDir::Minions.index()] {
         let mut any = false;
         for x in found
             .iter()
-            .filter(|x| x.dir == TREE_DIRS[ACCEPTED] && removal(x))
+            .filter(|x| x.dir == TreeDir::Minions && removal(x))
         {
             if dir.remove(&name_of(x), R)? {
                 out.removed.push(x.path.clone());
@@ -254,7 +254,7 @@ pub fn mend(store: &Store) -> Result<TreeRepair> {
     let mut wrote = [false; 4];
     let mut items: Vec<(usize, &str, &[u8], Ownership)> = Vec::new();
     for x in &found {
-        let d = TREE_DIRS.iter().position(|n| *n == x.dir).unwrap_or(0);
+        let d = x.dir.index();
         match x.problem {
             TreeProblem::Missing | TreeProblem::KeyDiffers => {}
             TreeProblem::NotAFile | TreeProblem::NotADirectory => {
@@ -268,11 +268,11 @@ pub fn mend(store: &Store) -> Result<TreeRepair> {
             continue;
         };
         if dirs[d].is_none() {
-            if std::fs::symlink_metadata(root.at(x.dir)).is_ok() {
+            if std::fs::symlink_metadata(root.at(x.dir.name())).is_ok() {
                 // Not a directory: refused above (NotADirectory).
                 continue;
             }
-            dirs[d] = Some(root.sub_or_create(x.dir, &own)?);
+            dirs[d] = Some(root.sub_or_create(x.dir.name(), &own)?);
         }
         items.push((d, id.as_str(), pem.as_slice(), own));
         out.written.push(x.path.clone());
@@ -281,11 +281,11 @@ pub fn mend(store: &Store) -> Result<TreeRepair> {
     write_many(&dirs, &items, W)?;
     // 3. The other directories' strays, and leftover temporaries.
     let mut removed = [false; 4];
-    for x in found.iter().filter(|x| x.dir != TREE_DIRS[ACCEPTED]) {
+    for x in found.iter().filter(|x| x.dir != TreeDir::Minions) {
         if !removal(x) {
             continue;
         }
-        let d = TREE_DIRS.iter().position(|n| *n == x.dir).unwrap_or(0);
+        let d = x.dir.index();
         let Some(dir) = &dirs[d] else { continue };
         if dir.remove(&name_of(x), R)? {
             out.removed.push(x.path.clone());

@@ -2,13 +2,16 @@
 //! key files in them: looked at, written through temporaries, removed.
 
 use super::*;
+use crate::files::Refused;
 
 /// A directory opened without following a symlink, and reached through
 /// its descriptor from then on.
 #[derive(Debug)]
-pub(super) struct Dir {
+pub(crate) struct Dir {
     /// The open directory; `base` stays valid while it is open.
     fd: File,
+    /// Whose refusals and file modes.
+    by: Writer,
     /// `/proc/self/fd/N` (its entries resolve in the opened directory), or
     /// the path itself where `/proc` is not mounted.
     base: PathBuf,
@@ -17,53 +20,54 @@ pub(super) struct Dir {
 }
 
 /// What is under a name in a directory (not followed).
-pub(super) enum Node {
+pub(crate) enum Node {
     Absent,
     File(std::fs::Metadata),
     Other(std::fs::Metadata),
 }
 
 impl Dir {
-    fn from_file(fd: File, path: PathBuf) -> Result<Dir> {
+    fn from_file(fd: File, path: PathBuf, by: Writer) -> Result<Dir> {
         let proc = PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
         let me = fd.metadata().map_err(|e| Error::io(&path, "stat", e))?;
         let base = match std::fs::metadata(&proc) {
             Ok(m) if m.is_dir() && (m.dev(), m.ino()) == (me.dev(), me.ino()) => proc,
             _ => path.clone(),
         };
-        Ok(Dir { fd, base, path })
+        Ok(Dir { fd, by, base, path })
     }
 
-    /// The pki dir (the store's directory, followed as given).
-    pub(super) fn open_root(path: &Path) -> Result<Dir> {
+    /// The pki dir (the store's directory, or an export's, followed as
+    /// given), its state directories written `by`.
+    pub(crate) fn open_root(path: &Path, by: Writer) -> Result<Dir> {
         let fd = std::fs::OpenOptions::new()
             .read(true)
             .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
             .open(path)
             .map_err(|e| Error::io(path, "open directory", e))?;
-        Dir::from_file(fd, path.to_path_buf())
+        Dir::from_file(fd, path.to_path_buf(), by)
     }
 
-    pub(super) fn at(&self, name: &str) -> PathBuf {
+    pub(crate) fn at(&self, name: &str) -> PathBuf {
         self.base.join(name)
     }
 
-    pub(super) fn shown(&self, name: &str) -> PathBuf {
+    pub(crate) fn shown(&self, name: impl AsRef<Path>) -> PathBuf {
         self.path.join(name)
     }
 
     /// The state directory `name`, not followed; None when absent.
-    pub(super) fn sub(&self, name: &str) -> Result<Option<Dir>> {
+    pub(crate) fn sub(&self, name: &str) -> Result<Option<Dir>> {
         let shown = self.shown(name);
         match std::fs::OpenOptions::new()
             .read(true)
             .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .open(self.at(name))
         {
-            Ok(fd) => Dir::from_file(fd, shown).map(Some),
+            Ok(fd) => Dir::from_file(fd, shown, self.by).map(Some),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) if matches!(e.raw_os_error(), Some(libc::ELOOP) | Some(libc::ENOTDIR)) => {
-                Err(not_a_dir(&shown))
+                Err(self.by.not_a_dir(&shown))
             }
             Err(e) => Err(Error::io(&shown, "open directory", e)),
         }
@@ -71,7 +75,7 @@ impl Dir {
 
     /// The state directory `name`, created (0755, `own`'s owner) when
     /// absent, its creation made durable.
-    pub(super) fn sub_or_create(&self, name: &str, own: &Ownership) -> Result<Dir> {
+    pub(crate) fn sub_or_create(&self, name: &str, own: &Ownership) -> Result<Dir> {
         if let Some(d) = self.sub(name)? {
             return Ok(d);
         }
@@ -101,7 +105,7 @@ impl Dir {
         }
     }
 
-    pub(super) fn entry(&self, name: &str) -> Result<Node> {
+    pub(crate) fn entry(&self, name: &str) -> Result<Node> {
         match std::fs::symlink_metadata(self.at(name)) {
             Ok(m) if m.is_file() => Ok(Node::File(m)),
             Ok(m) => Ok(Node::Other(m)),
@@ -110,30 +114,24 @@ impl Dir {
         }
     }
 
-    /// The content of the regular file `name` when it is `len` bytes long
-    /// (at most `len + 1` bytes are read), without following a symlink.
-    pub(super) fn read(&self, name: &str, len: u64) -> Result<Vec<u8>> {
-        let shown = self.shown(name);
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
-            .open(self.at(name))
-            .map_err(|e| Error::io(&shown, "open", e))?;
-        let m = f.metadata().map_err(|e| Error::io(&shown, "stat", e))?;
-        if !m.is_file() {
-            return Err(not_a_key_file(&shown, &m));
+    /// Whether the regular file `name` holds exactly `pem`, read with
+    /// [`crate::files::read_small`] (at most `pem.len() + 1` bytes, no
+    /// symlink followed), without looking at the entry first: for callers
+    /// that saw a regular file of `pem`'s length there.
+    pub(crate) fn content_is(&self, name: &str, pem: &[u8]) -> Result<bool> {
+        let mut got = Vec::with_capacity(pem.len());
+        match crate::files::read_small(&self.at(name), pem.len() as u64, &mut got) {
+            Ok(_) => Ok(got == pem),
+            Err(Refused::TooLarge(_)) => Ok(false),
+            Err(Refused::NotRegular(kind)) => Err(self.by.not_a_key_file(&self.shown(name), kind)),
+            Err(Refused::Io(op, e)) => Err(Error::io(self.shown(name), op, e)),
         }
-        let mut out = Vec::with_capacity(len as usize);
-        f.take(len + 1)
-            .read_to_end(&mut out)
-            .map_err(|e| Error::io(&shown, "read", e))?;
-        Ok(out)
     }
 
     /// Whether `name` is a regular file holding exactly `pem`.
-    pub(super) fn holds(&self, name: &str, pem: &[u8]) -> Result<bool> {
+    pub(crate) fn holds(&self, name: &str, pem: &[u8]) -> Result<bool> {
         match self.entry(name)? {
-            Node::File(m) if m.len() == pem.len() as u64 => Ok(self.read(name, m.len())? == pem),
+            Node::File(m) if m.len() == pem.len() as u64 => self.content_is(name, pem),
             _ => Ok(false),
         }
     }
@@ -145,11 +143,11 @@ impl Dir {
     fn stage(&self, name: &str, pem: &[u8], own: &Ownership, op: &'static str) -> Result<Staged> {
         let shown = self.shown(name);
         let mut own = match self.entry(name)? {
-            Node::Other(m) => return Err(not_a_key_file(&shown, &m)),
+            Node::Other(m) => return Err(self.by.not_a_key_file(&shown, NotRegular::of(&m))),
             Node::File(_) => own.replacing(&self.at(name)),
             Node::Absent => *own,
         };
-        own.mode = 0o600;
+        own.mode = self.by.key_mode(own.mode);
         let tmp = format!("{TEMP_PREFIX}{}.{name}", std::process::id());
         let tmp_shown = self.shown(&tmp);
         if let Node::File(_) = self.entry(&tmp)? {
@@ -188,7 +186,7 @@ impl Dir {
             .sync_data()
             .map_err(|e| Error::io(self.shown(&st.tmp), op, e))
             .and_then(|()| match self.entry(&st.name)? {
-                Node::Other(m) => Err(not_a_key_file(&shown, &m)),
+                Node::Other(m) => Err(self.by.not_a_key_file(&shown, NotRegular::of(&m))),
                 _ => std::fs::rename(self.at(&st.tmp), self.at(&st.name))
                     .map_err(|e| Error::io(&shown, op, e)),
             });
@@ -205,11 +203,11 @@ impl Dir {
 
     /// Removes the regular file `name`; a non-regular entry is refused.
     /// Returns whether a file was removed.
-    pub(super) fn remove(&self, name: &str, op: &'static str) -> Result<bool> {
+    pub(crate) fn remove(&self, name: &str, op: &'static str) -> Result<bool> {
         let shown = self.shown(name);
         match self.entry(name)? {
             Node::Absent => Ok(false),
-            Node::Other(m) => Err(not_a_key_file(&shown, &m)),
+            Node::Other(m) => Err(self.by.not_a_key_file(&shown, NotRegular::of(&m))),
             Node::File(_) => match std::fs::remove_file(self.at(name)) {
                 Ok(()) => Ok(true),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
@@ -219,14 +217,14 @@ impl Dir {
     }
 
     /// Makes the directory's entries (creations, renames, removals) durable.
-    pub(super) fn sync(&self) -> Result<()> {
+    pub(crate) fn sync(&self) -> Result<()> {
         self.fd
             .sync_all()
             .map_err(|e| Error::io(&self.path, "fsync", e))
     }
 
     /// The names in the directory.
-    pub(super) fn names(&self) -> Result<Vec<std::ffi::OsString>> {
+    pub(crate) fn names(&self) -> Result<Vec<std::ffi::OsString>> {
         let rd = std::fs::read_dir(&self.base)
             .map_err(|e| Error::io(&self.path, "read directory", e))?;
         let mut out = Vec::new();
@@ -239,7 +237,7 @@ impl Dir {
 }
 
 /// A key file written under its temporary name ([`Dir::stage`]).
-pub(super) struct Staged {
+pub(crate) struct Staged {
     file: File,
     tmp: String,
     name: String,
@@ -247,13 +245,13 @@ pub(super) struct Staged {
 
 /// How many files are staged before they are committed (each holds a
 /// descriptor open).
-pub(super) const GROUP: usize = 128;
+pub(crate) const GROUP: usize = 128;
 
 /// Writes `items` (state directory, name, key) with [`Dir::stage`] and
 /// [`Dir::commit`], in
 /// groups: each group's temporaries are all written before the first is
 /// fsynced and renamed.
-pub(super) fn write_many(
+pub(crate) fn write_many(
     dirs: &[Option<Dir>; 4],
     items: &[(usize, &str, &[u8], Ownership)],
     op: &'static str,

@@ -6,7 +6,7 @@
 //! under `mmap_key`, a key accepted only in the banks fails every request,
 //! and a key deleted or rejected only in the banks keeps passing as long as
 //! its old file is there. A store with [`TreeSync::On`]
-//! ([`Store::set_tree`]) therefore writes the tree along with the banks, in
+//! ([`crate::Store::set_tree`]) therefore writes the tree along with the banks, in
 //! the store's own directory (where Salt's `mmap_key` keeps the banks and
 //! `validate_token` looks for the files): the accepted key in `minions/`,
 //! pending keys in `minions_pre/`, rejected ones in `minions_rejected/`,
@@ -87,17 +87,17 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsStr;
 use std::fs::File;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
-use crate::files::Ownership;
+use crate::files::{NotRegular, Ownership};
 use crate::id::MinionId;
-use crate::migrate::TREE_DIRS;
-use crate::store::{KeyState, Store};
+use crate::key::KeyState;
+pub use crate::key::TreeDir;
 
 /// Prefix of the temporary files a tree write creates in a state directory.
 pub const TEMP_PREFIX: &str = ".keycache-tree.";
@@ -120,13 +120,27 @@ pub fn is_key_name(name: &str) -> bool {
         && !name.starts_with(KEYCACHE_PREFIX)
 }
 
-/// Index of `minions/` in [`TREE_DIRS`].
-const ACCEPTED: usize = 0;
-/// Index of `minions_denied/` in [`TREE_DIRS`].
-const DENIED: usize = 3;
+/// The store as the tree sees it: where it is, who owns its files, what
+/// its two banks hold. [`crate::Store`] is one (`store` implements it);
+/// the tree knows nothing else of the store, which it lies below: the
+/// store's writes call the tree ([`TreeSync`]), never the other way.
+pub trait KeySource {
+    /// The store's directory: the pki dir whose tree is kept in step.
+    fn dir(&self) -> &Path;
+    /// The `keys` bank's index file (the bank's lock file is beside it;
+    /// its absence means there is no store).
+    fn keys_index(&self) -> &Path;
+    /// Owner and mode of the store's files (new key files and state
+    /// directories get that owner).
+    fn ownership(&self) -> Ownership;
+    /// Calls `f` with every entry of the `keys` bank: id, state, public key.
+    fn each_key(&self, f: &mut dyn FnMut(String, KeyState, Vec<u8>)) -> Result<()>;
+    /// Calls `f` with every entry of the `denied_keys` bank: id, public key.
+    fn each_denied(&self, f: &mut dyn FnMut(String, Vec<u8>)) -> Result<()>;
+}
 
-/// Whether a [`Store`]'s writes keep the `localfs_key` tree of its
-/// directory in step ([`Store::set_tree`]). The library's default is
+/// Whether a [`crate::Store`]'s writes keep the `localfs_key` tree of its
+/// directory in step ([`crate::Store::set_tree`]). The library's default is
 /// [`TreeSync::Off`]; [`TreeSync::auto`] is the CLI's default.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
@@ -148,7 +162,7 @@ impl TreeSync {
     /// symlink counts as a tree: the writes then refuse it by name rather
     /// than leave Salt reading a tree that is out of step.
     pub fn auto(dir: &Path) -> TreeSync {
-        match std::fs::symlink_metadata(dir.join(TREE_DIRS[ACCEPTED])) {
+        match std::fs::symlink_metadata(dir.join(TreeDir::Minions.name())) {
             Ok(m) if m.is_dir() || m.file_type().is_symlink() => TreeSync::On,
             _ => TreeSync::Off,
         }
@@ -209,9 +223,9 @@ pub enum TreeProblem {
 pub struct TreeDisagreement {
     /// What is wrong.
     pub problem: TreeProblem,
-    /// The state directory: `minions`, `minions_pre`, `minions_rejected`
-    /// or `minions_denied`.
-    pub dir: &'static str,
+    /// The state directory (serialized as Salt's folder name: `minions`,
+    /// `minions_pre`, `minions_rejected` or `minions_denied`).
+    pub dir: TreeDir,
     /// The minion id (None for a state directory or a temporary file).
     pub id: Option<String>,
     /// The entry's path.
@@ -227,7 +241,7 @@ impl TreeDisagreement {
     /// does not hold accepted with that key: a file (or anything Salt would
     /// read through) in `minions/` that the store does not vouch for.
     pub fn grants_access(&self) -> bool {
-        self.dir == TREE_DIRS[ACCEPTED]
+        self.dir == TreeDir::Minions
             && matches!(
                 self.problem,
                 TreeProblem::Stray
@@ -291,38 +305,91 @@ pub struct TreeRepair {
     pub refused: Vec<TreeDisagreement>,
 }
 
-/// The refusal for an entry under a key's name that is not a regular file.
-fn not_a_key_file(path: &Path, m: &std::fs::Metadata) -> Error {
-    Error::NotARegularFile {
-        path: path.into(),
-        why: if m.file_type().is_symlink() {
-            "a symlink in place of a key file of the tree: keycache neither follows, replaces \
-             nor removes it; remove it (or use --tree never), then try again"
-        } else if m.is_dir() {
-            "a directory in place of a key file of the tree: keycache neither replaces nor \
-             removes it; remove it (or use --tree never), then try again"
-        } else {
-            "not a regular file in place of a key file of the tree: keycache neither replaces \
-             nor removes it; remove it (or use --tree never), then try again"
-        },
-    }
+/// Who writes through a [`Dir`]: the tree kept in step with its store
+/// (store writes, `verify --repair`, migrate), or an export into another
+/// directory ([`crate::export`]). It decides the wording of refusals and
+/// the mode of a file that replaces another.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Writer {
+    /// The tree of the store's own directory.
+    Tree,
+    /// [`crate::export`].
+    Export,
 }
 
-fn not_a_dir(path: &Path) -> Error {
-    Error::NotARegularFile {
-        path: path.into(),
-        why: "a state directory of the tree that is a symlink or not a directory: keycache \
-              does not follow it; replace it with a directory (or use --tree never)",
+impl Writer {
+    /// The refusal for an entry under a key's name that is not a regular
+    /// file.
+    pub(crate) fn not_a_key_file(self, path: &Path, kind: NotRegular) -> Error {
+        let why = match (self, kind) {
+            (Writer::Tree, NotRegular::Symlink) => {
+                "a symlink in place of a key file of the tree: keycache neither follows, replaces \
+                 nor removes it; remove it (or use --tree never), then try again"
+            }
+            (Writer::Tree, NotRegular::Directory) => {
+                "a directory in place of a key file of the tree: keycache neither replaces nor \
+                 removes it; remove it (or use --tree never), then try again"
+            }
+            (Writer::Tree, NotRegular::Other) => {
+                "not a regular file in place of a key file of the tree: keycache neither replaces \
+                 nor removes it; remove it (or use --tree never), then try again"
+            }
+            (Writer::Export, NotRegular::Symlink) => {
+                "a symlink in place of a key file: export neither follows, replaces nor removes \
+                 it; remove it, then export again"
+            }
+            (Writer::Export, NotRegular::Directory) => {
+                "a directory in place of a key file: export neither replaces nor removes it; \
+                 remove it, then export again"
+            }
+            (Writer::Export, NotRegular::Other) => {
+                "not a regular file in place of a key file: export neither replaces nor removes \
+                 it; remove it, then export again"
+            }
+        };
+        Error::NotARegularFile {
+            path: path.into(),
+            why,
+        }
+    }
+
+    /// The refusal for a state directory (or an export's pki dir) that is a
+    /// symlink or not a directory.
+    pub(crate) fn not_a_dir(self, path: &Path) -> Error {
+        Error::NotARegularFile {
+            path: path.into(),
+            why: match self {
+                Writer::Tree => {
+                    "a state directory of the tree that is a symlink or not a directory: \
+                     keycache does not follow it; replace it with a directory (or use --tree \
+                     never)"
+                }
+                Writer::Export => "expected a directory (symlinks are not followed)",
+            },
+        }
+    }
+
+    /// The mode of a key file written where `own` (the new file's
+    /// [`Ownership`], or the one of the regular file it replaces) says
+    /// `mode`: 0600 for the tree; for an export, `mode` narrowed to 0600
+    /// at most (never wider than what it replaces).
+    fn key_mode(self, mode: u32) -> u32 {
+        match self {
+            Writer::Tree => 0o600,
+            Writer::Export => mode & 0o600,
+        }
     }
 }
 
 mod check;
 mod dir;
+mod listing;
 mod sync;
 #[cfg(test)]
 mod tests;
 
 pub use check::{check, mend, require_store};
-use dir::{write_many, Dir, Node};
-use sync::{dir_of, held, ownership};
+pub(crate) use dir::{write_many, Dir, Node};
+pub(crate) use listing::{create_state_dirs, ids_with_key_files};
+use sync::{held, ownership};
 pub(crate) use sync::{want_of, Sync, Want};

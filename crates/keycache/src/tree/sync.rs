@@ -13,28 +13,20 @@ pub(crate) fn want_of(keys: Option<(KeyState, Vec<u8>)>, denied: Option<Vec<u8>>
     let mut w: Want = Default::default();
     if let Some((s, pem)) = keys {
         if !crate::pem::holds_private_key(&pem) {
-            w[dir_of(s)] = Some(pem);
+            w[TreeDir::of(s).index()] = Some(pem);
         }
     }
     if let Some(pem) = denied {
         if !crate::pem::holds_private_key(&pem) {
-            w[DENIED] = Some(pem);
+            w[TreeDir::MinionsDenied.index()] = Some(pem);
         }
     }
     w
 }
 
-pub(super) fn dir_of(s: KeyState) -> usize {
-    match s {
-        KeyState::Accepted => 0,
-        KeyState::Pending => 1,
-        KeyState::Rejected => 2,
-    }
-}
-
 /// What the store holds for an id, for a report.
-pub(super) fn held(keys: Option<KeyState>, denied: bool, dir: usize) -> Option<&'static str> {
-    if dir == DENIED {
+pub(super) fn held(keys: Option<KeyState>, denied: bool, dir: TreeDir) -> Option<&'static str> {
+    if dir == TreeDir::MinionsDenied {
         denied.then_some("denied")
     } else {
         keys.map(KeyState::name)
@@ -43,8 +35,8 @@ pub(super) fn held(keys: Option<KeyState>, denied: bool, dir: usize) -> Option<&
 
 /// Ownership of the tree's new files: the store's (its bank files' owner,
 /// the pki dir's by default).
-pub(super) fn ownership(store: &Store) -> Ownership {
-    store.keys_table().ownership()
+pub(super) fn ownership(store: &dyn KeySource) -> Ownership {
+    store.ownership()
 }
 
 /// The tree writes of one batch, planned (and checked) before the banks
@@ -66,11 +58,11 @@ impl Sync {
     /// Looks at every entry the batch's ids have in the tree. An entry
     /// under an id's name that is not a regular file, or a state directory
     /// that is not one, fails here, before anything is written.
-    pub(crate) fn plan(store: &Store, wants: &[(MinionId, Want)]) -> Result<Sync> {
-        let root = Dir::open_root(store.dir())?;
+    pub(crate) fn plan(store: &dyn KeySource, wants: &[(MinionId, Want)]) -> Result<Sync> {
+        let root = Dir::open_root(store.dir(), Writer::Tree)?;
         let mut dirs: [Option<Dir>; 4] = Default::default();
-        for (d, name) in TREE_DIRS.iter().enumerate() {
-            dirs[d] = root.sub(name)?;
+        for td in TreeDir::ALL {
+            dirs[td.index()] = root.sub(td.name())?;
         }
         let mut early = Vec::new();
         let mut kept = std::collections::HashMap::new();
@@ -80,12 +72,14 @@ impl Sync {
                 let Some(dir) = dir else { continue };
                 match dir.entry(id)? {
                     Node::Absent => {}
-                    Node::Other(m) => return Err(not_a_key_file(&dir.shown(id), &m)),
+                    Node::Other(m) => {
+                        return Err(Writer::Tree.not_a_key_file(&dir.shown(id), NotRegular::of(&m)))
+                    }
                     Node::File(m) => {
-                        if d == ACCEPTED {
+                        if d == TreeDir::Minions.index() {
                             let keep = match &want[d] {
                                 Some(pem) if m.len() == pem.len() as u64 => {
-                                    dir.read(id, m.len())? == *pem
+                                    dir.content_is(id, pem)?
                                 }
                                 _ => false,
                             };
@@ -114,7 +108,7 @@ impl Sync {
         if self.early.is_empty() {
             return Ok(());
         }
-        let Some(dir) = &self.dirs[ACCEPTED] else {
+        let Some(dir) = &self.dirs[TreeDir::Minions.index()] else {
             return Ok(());
         };
         for id in &self.early {
@@ -134,9 +128,10 @@ impl Sync {
         const R: &str =
             "remove from the key tree after the store changed (keycache verify --repair mends it)";
         let mut touched = [false; 4];
-        for (d, name) in TREE_DIRS.iter().enumerate() {
+        for td in TreeDir::ALL {
+            let d = td.index();
             if wants.iter().any(|(_, w)| w[d].is_some()) && self.dirs[d].is_none() {
-                self.dirs[d] = Some(self.root.sub_or_create(name, &self.own)?);
+                self.dirs[d] = Some(self.root.sub_or_create(td.name(), &self.own)?);
             }
         }
         let mut items: Vec<(usize, &str, &[u8], Ownership)> = Vec::new();
@@ -150,10 +145,12 @@ impl Sync {
                     continue;
                 }
                 let own = match self.kept.get(id) {
-                    Some(&(uid, gid)) if d == ACCEPTED && !self.own.explicit => Ownership {
-                        owner: Some((uid, gid)),
-                        ..self.own
-                    },
+                    Some(&(uid, gid)) if d == TreeDir::Minions.index() && !self.own.explicit => {
+                        Ownership {
+                            owner: Some((uid, gid)),
+                            ..self.own
+                        }
+                    }
                     _ => self.own,
                 };
                 items.push((d, id, pem, own));

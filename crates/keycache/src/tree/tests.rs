@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::test_util::{pem, small_store};
+use crate::Store;
 use crate::{OpenOptions, Params};
 use std::os::unix::fs::PermissionsExt;
 
@@ -11,7 +12,7 @@ fn store(dir: &Path) -> Store {
 
 fn files(dir: &Path) -> Vec<String> {
     let mut v = Vec::new();
-    for d in TREE_DIRS {
+    for d in TreeDir::NAMES {
         if let Ok(rd) = std::fs::read_dir(dir.join(d)) {
             for e in rd {
                 v.push(format!("{d}/{}", e.unwrap().file_name().to_string_lossy()));
@@ -161,7 +162,7 @@ fn check_and_mend_treat_a_dot_id_as_an_id() -> Result<()> {
 #[test]
 fn mend_refuses_a_directory_without_a_store_and_touches_nothing() -> Result<()> {
     let t = tempfile::tempdir().unwrap();
-    for d in TREE_DIRS {
+    for d in TreeDir::NAMES {
         std::fs::create_dir(t.path().join(d)).unwrap();
         std::fs::write(t.path().join(d).join("k"), pem("k")).unwrap();
     }
