@@ -67,7 +67,9 @@ impl Batch<'_, '_> {
     /// Stages a removal from the `keys` bank.
     pub fn remove(&mut self, id: &MinionId) -> Result<()> {
         let k = id.as_str().as_bytes();
-        if self.keys.get(k)?.is_some() {
+        // An entry that cannot be read (a lost segment) is removed all the
+        // same, and logged: a removal of something.
+        if self.keys.get(k).map_or(true, |v| v.is_some()) {
             self.removed.push((false, k.to_vec()));
         }
         self.keys.remove(k)?;

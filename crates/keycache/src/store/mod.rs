@@ -502,7 +502,8 @@ impl Store {
                 Some(v) => denied.put(id, v)?,
                 None => {
                     if let Some(log) = log.as_deref_mut() {
-                        if denied.get(id)?.is_some() {
+                        // Unreadable (a lost segment): removed and logged.
+                        if denied.get(id).map_or(true, |v| v.is_some()) {
                             log.push((true, id.clone()));
                         }
                     }
