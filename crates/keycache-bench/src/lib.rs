@@ -1,19 +1,19 @@
-//! Shared by the criterion benches (`benches/*.rs`) and the comparison
-//! program (`examples/compare.rs`): realistic minion ids and PEM keys, a
-//! deterministic shuffle, and the stores and maps the contenders look up in.
+//! keycache's measurement kit: what the criterion benches (`benches/*.rs`)
+//! and the comparison tool (`examples/compare/`) measure on: realistic
+//! minion ids and PEM keys, the stores, maps and LMDB environments the
+//! contenders look up in. The measuring loop is the library's
+//! ([`keycache::bench`], which `keycache bench` uses too); the seeded
+//! generator is the test kit's ([`keycache_testkit::rng::Rng`]).
 //!
 //! Ids look like `web-0012345.dc1.example.com` (the shape of
 //! `tools/gen-pki-tree.py`), keys are PEM `BEGIN PUBLIC KEY` blocks of an
 //! RSA-2048 SubjectPublicKeyInfo (451 bytes, a minion's `minion.pub`).
-#![allow(dead_code)]
 use std::collections::HashMap as StdHashMap;
 use std::path::Path;
 
 use keycache::{KeyState, MinionId, OpenOptions, Params, Store};
 
-/// The seeded generator of the measurement kit (one copy for the benches,
-/// the comparison tool and `keycache bench`).
-pub use keycache_bench::Rng;
+use keycache_testkit::rng::Rng;
 
 const ROLES: &[(&str, u64)] = &[
     ("web", 24),
@@ -82,7 +82,7 @@ pub fn pem(n: u64) -> Vec<u8> {
     let mut r = Rng::new(n ^ 0x5EED_0000_0000);
     let start = der.len();
     for _ in 0..32 {
-        der.extend_from_slice(&r.next_u64().to_le_bytes());
+        der.extend_from_slice(&r.next().to_le_bytes());
     }
     der[start] |= 0x80;
     der[start + 255] |= 0x01;
@@ -116,7 +116,7 @@ pub fn state(n: u64) -> KeyState {
 /// caller more than the store.
 #[inline]
 pub fn touch(state: u8, key: &[u8]) -> u64 {
-    u64::from(state).wrapping_add(keycache_bench::touch(key))
+    u64::from(state).wrapping_add(keycache::bench::touch(key))
 }
 
 /// A table size that Salt's default layout uses up to 400k minions; past
@@ -129,6 +129,7 @@ pub fn table_size_for(minions: u64) -> u64 {
     }
 }
 
+/// Open options of a store of table size `size`, the rest Salt's defaults.
 pub fn open_options(size: u64) -> OpenOptions {
     OpenOptions {
         params: Params {
@@ -178,6 +179,8 @@ pub fn shuffled_ids(n: u64, seed: u64) -> (Vec<MinionId>, Vec<MinionId>) {
 /// The in-memory contenders' value: state byte and key.
 pub type Value = (u8, Vec<u8>);
 
+/// A std `HashMap` of `entries` (id -> state byte and key): the in-memory
+/// contender.
 pub fn std_map(entries: &[(String, u8, Vec<u8>)]) -> StdHashMap<String, Value> {
     let mut m = StdHashMap::with_capacity(entries.len());
     for (id, s, k) in entries {
@@ -186,6 +189,7 @@ pub fn std_map(entries: &[(String, u8, Vec<u8>)]) -> StdHashMap<String, Value> {
     m
 }
 
+/// A hashbrown `HashMap` of `entries` (id -> state byte and key).
 pub fn hashbrown_map(entries: &[(String, u8, Vec<u8>)]) -> hashbrown::HashMap<String, Value> {
     let mut m = hashbrown::HashMap::with_capacity(entries.len());
     for (id, s, k) in entries {
