@@ -6,7 +6,7 @@
         [--dup-fraction 0.0] [--oddities] [--seed 1]
         [--id-template '{role}-{n:07d}.dc{dc}.example.com']
 
-Layout (see shared/FORMAT.md, "The legacy localfs_key tree"): one PEM file per minion id in
+Layout (see docs/format.md, "The legacy `localfs_key` tree"): one PEM file per minion id in
 OUT_DIR/minions (accepted), minions_pre (pending), minions_rejected (rejected) and
 minions_denied (denied).
 

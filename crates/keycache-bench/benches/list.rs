@@ -7,15 +7,12 @@
 //! `mmap_key.list_all` is in `tools/bench-compare.sh`.
 
 #![allow(missing_docs)] // criterion_group! makes undocumented public items
-#[path = "common/mod.rs"]
-mod common;
-
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::*;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use keycache::{KeyState, Store};
+use keycache_bench::*;
 
 const STATE_DIRS: [(&str, u8); 3] = [("minions", 1), ("minions_pre", 2), ("minions_rejected", 3)];
 

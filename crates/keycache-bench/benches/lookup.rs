@@ -10,15 +10,12 @@
 //! threads and several store sizes is `tools/bench-compare.sh`.
 
 #![allow(missing_docs)] // criterion_group! makes undocumented public items
-#[path = "common/mod.rs"]
-mod common;
-
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use common::*;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use keycache::{MinionId, Store};
+use keycache_bench::*;
 
 struct Cycle<'a> {
     ids: &'a [MinionId],

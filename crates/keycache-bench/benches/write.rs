@@ -6,14 +6,11 @@
 //! `cargo bench --bench write`. Numbers depend on the disk's fsync latency.
 
 #![allow(missing_docs)] // criterion_group! makes undocumented public items
-#[path = "common/mod.rs"]
-mod common;
-
 use std::time::Duration;
 
-use common::*;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use keycache::MinionId;
+use keycache_bench::*;
 
 const BASE: u64 = 10_000;
 const BATCH: u64 = 100;

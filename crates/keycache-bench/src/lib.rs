@@ -1,371 +1,316 @@
-//! keycache's measurement kit: what `keycache bench`, the criterion benches
-//! (`benches/`) and the comparison tool (`examples/compare.rs`) share: a
-//! seeded generator ([`Rng`]), what a caller does with a found key
-//! ([`touch`]), and the lookup-throughput measurement of `keycache bench`
-//! ([`bench_store`], reporting a [`BenchReport`]).
+//! keycache's measurement kit: what the criterion benches (`benches/*.rs`)
+//! and the comparison tool (`examples/compare/`) measure on: realistic
+//! minion ids and PEM keys, the stores, maps and LMDB environments the
+//! contenders look up in. The measuring loop is the library's
+//! ([`keycache::bench`], which `keycache bench` uses too); the seeded
+//! generator is the test kit's ([`keycache_testkit::rng::Rng`]).
+//!
+//! Ids look like `web-0012345.dc1.example.com` (the shape of
+//! `tools/gen-pki-tree.py`), keys are PEM `BEGIN PUBLIC KEY` blocks of an
+//! RSA-2048 SubjectPublicKeyInfo (451 bytes, a minion's `minion.pub`).
+use std::collections::HashMap as StdHashMap;
+use std::path::Path;
 
-use std::fmt;
-use std::time::{Duration, Instant};
+use keycache::{KeyState, MinionId, OpenOptions, Params, Store};
 
-use keycache::store::{KeyBatch, Store};
-use keycache::MinionId;
+use keycache_testkit::rng::Rng;
 
-/// A small xorshift generator: deterministic data and shuffles without a
-/// dependency.
-#[derive(Debug, Clone)]
-pub struct Rng(u64);
+const ROLES: &[(&str, u64)] = &[
+    ("web", 24),
+    ("app", 18),
+    ("k8s-node", 20),
+    ("db", 7),
+    ("cache", 6),
+    ("lb", 2),
+    ("mon", 2),
+    ("ci-runner", 5),
+    ("batch", 6),
+    ("mq", 3),
+    ("search", 3),
+    ("storage", 4),
+];
 
-impl Rng {
-    /// A generator seeded with `seed`, mixed (multiplied by the golden
-    /// ratio) so that neighbouring seeds give unrelated sequences.
-    pub fn new(seed: u64) -> Rng {
-        Rng::with_state(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15))
-    }
-
-    /// A generator whose state is `state` as given (zero, which xorshift
-    /// never leaves, taken as one).
-    pub fn with_state(state: u64) -> Rng {
-        Rng(state.max(1))
-    }
-
-    /// The next number.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    /// A number below `n` (below 1 when `n` is 0).
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n.max(1)
-    }
-
-    /// Shuffles `v` (Fisher-Yates).
-    pub fn shuffle<T>(&mut self, v: &mut [T]) {
-        for i in (1..v.len()).rev() {
-            let j = self.below(i as u64 + 1) as usize;
-            v.swap(i, j);
+/// The id of minion number `n`: `{role}-{n:07}.dc{dc}.example.com`, role
+/// and data centre drawn from `n`. Distinct for distinct `n`.
+pub fn minion_id(n: u64) -> String {
+    let mut r = Rng::new(n ^ 0xA5A5_0000);
+    let total: u64 = ROLES.iter().map(|r| r.1).sum();
+    let mut pick = r.below(total);
+    let mut role = ROLES[0].0;
+    for &(name, w) in ROLES {
+        if pick < w {
+            role = name;
+            break;
         }
+        pick -= w;
+    }
+    format!("{role}-{n:07}.dc{}.example.com", 1 + r.below(4))
+}
+
+const B64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+fn base64(data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(data.len().div_ceil(3) * 4);
+    for c in data.chunks(3) {
+        let b = [c[0], *c.get(1).unwrap_or(&0), *c.get(2).unwrap_or(&0)];
+        let v = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        out.push(B64[(v >> 18) as usize & 63]);
+        out.push(B64[(v >> 12) as usize & 63]);
+        out.push(if c.len() > 1 {
+            B64[(v >> 6) as usize & 63]
+        } else {
+            b'='
+        });
+        out.push(if c.len() > 2 {
+            B64[v as usize & 63]
+        } else {
+            b'='
+        });
+    }
+    out
+}
+
+/// The PEM public key of minion number `n` (451 bytes): an RSA-2048
+/// SubjectPublicKeyInfo with a seeded random modulus.
+pub fn pem(n: u64) -> Vec<u8> {
+    let mut der = Vec::with_capacity(294);
+    der.extend_from_slice(&[
+        0x30, 0x82, 0x01, 0x22, 0x30, 0x0d, 0x06, 0x09, 0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01,
+        0x01, 0x01, 0x05, 0x00, 0x03, 0x82, 0x01, 0x0f, 0x00, 0x30, 0x82, 0x01, 0x0a, 0x02, 0x82,
+        0x01, 0x01, 0x00,
+    ]);
+    let mut r = Rng::new(n ^ 0x5EED_0000_0000);
+    let start = der.len();
+    for _ in 0..32 {
+        der.extend_from_slice(&r.next().to_le_bytes());
+    }
+    der[start] |= 0x80;
+    der[start + 255] |= 0x01;
+    der.extend_from_slice(&[0x02, 0x03, 0x01, 0x00, 0x01]);
+    let b = base64(&der);
+    let mut out = Vec::with_capacity(451);
+    out.extend_from_slice(b"-----BEGIN PUBLIC KEY-----\n");
+    for (i, line) in b.chunks(64).enumerate() {
+        if i > 0 {
+            out.push(b'\n');
+        }
+        out.extend_from_slice(line);
+    }
+    out.extend_from_slice(b"\n-----END PUBLIC KEY-----\n");
+    out
+}
+
+/// The state of minion number `n`: 90% accepted, 6% pending, 4% rejected.
+pub fn state(n: u64) -> KeyState {
+    match Rng::new(n ^ 0x57A7E).below(100) {
+        0..=89 => KeyState::Accepted,
+        90..=95 => KeyState::Pending,
+        _ => KeyState::Rejected,
     }
 }
 
-/// Reads every byte of a found key, as a caller would: sums it as
-/// little-endian 8-byte words (vector adds; a byte-at-a-time sum would cost
-/// more than the lookup's own work and measure the caller).
+/// What every contender does with a found entry: reads every byte of the
+/// key and the state. The key is summed as little-endian 8-byte words
+/// (`keycache bench` does the same): vector adds, about 70 instructions for
+/// a 451-byte key, where a byte-at-a-time sum took 1,100 and measured the
+/// caller more than the store.
 #[inline]
-pub fn touch(key: &[u8]) -> u64 {
-    let mut words = key.chunks_exact(8);
-    let mut s = 0u64;
-    for w in &mut words {
-        s = s.wrapping_add(u64::from_le_bytes(w.try_into().unwrap_or([0; 8])));
-    }
-    words
-        .remainder()
-        .iter()
-        .fold(s, |s, &b| s.wrapping_add(u64::from(b)))
+pub fn touch(state: u8, key: &[u8]) -> u64 {
+    u64::from(state).wrapping_add(keycache::bench::touch(key))
 }
 
-/// Throughput of one kind of lookup.
-#[derive(Debug, Clone, Copy, PartialEq)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize))]
-pub struct Rate {
-    /// Lookups per second, all threads together.
-    pub lookups_per_s: f64,
-    /// Wall-clock nanoseconds per lookup and thread.
-    pub ns_per_lookup: f64,
-}
-
-/// Why a measurement could not be made.
-#[derive(Debug)]
-pub enum BenchError {
-    /// The store could not be read.
-    Store(keycache::Error),
-    /// The store's `keys` bank holds no entry to look up; the store's
-    /// directory.
-    Empty(std::path::PathBuf),
-    /// A measuring thread panicked (a rate without it would be wrong).
-    Panicked,
-    /// An argument out of its range (see [`check_args`]): what is wrong.
-    InvalidArgument(String),
-}
-
-/// The longest measurement [`measure`] makes, in seconds (an hour).
-pub const MAX_SECONDS: f64 = 3600.0;
-
-/// The most threads [`measure`] runs.
-pub const MAX_THREADS: usize = 256;
-
-/// Checks the arguments of a measurement: `seconds` finite, above 0 and at
-/// most [`MAX_SECONDS`]; `threads` from 1 to [`MAX_THREADS`].
-pub fn check_args(threads: usize, seconds: f64) -> Result<(), BenchError> {
-    if !(seconds.is_finite() && seconds > 0.0 && seconds <= MAX_SECONDS) {
-        return Err(BenchError::InvalidArgument(format!(
-            "seconds {seconds}: give a number above 0 and at most {MAX_SECONDS}"
-        )));
-    }
-    if !(1..=MAX_THREADS).contains(&threads) {
-        return Err(BenchError::InvalidArgument(format!(
-            "threads {threads}: give 1 to {MAX_THREADS}"
-        )));
-    }
-    Ok(())
-}
-
-impl fmt::Display for BenchError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            BenchError::Store(e) => e.fmt(f),
-            BenchError::Empty(dir) => write!(
-                f,
-                "{}: the keys bank is empty; nothing to look up",
-                dir.display()
-            ),
-            BenchError::Panicked => f.write_str("a benchmark thread panicked"),
-            BenchError::InvalidArgument(why) => f.write_str(why),
-        }
+/// A table size that Salt's default layout uses up to 400k minions; past
+/// that, keycache's own suggestion (at most half full).
+pub fn table_size_for(minions: u64) -> u64 {
+    if minions <= 400_000 {
+        Params::default().size
+    } else {
+        keycache::migrate::suggest_size(minions)
     }
 }
 
-impl std::error::Error for BenchError {}
-
-impl From<keycache::Error> for BenchError {
-    fn from(e: keycache::Error) -> BenchError {
-        BenchError::Store(e)
-    }
-}
-
-/// Runs `threads` threads for `seconds`, each calling `f(thread, i)` for
-/// i = 0, 1, ... in rounds of 64 calls of `per_call` lookups each, with an
-/// `f` of its own from `make` (its buffers); returns the rate and the sum
-/// of what the calls returned, [`BenchError::Panicked`], or
-/// [`BenchError::InvalidArgument`] for arguments [`check_args`] refuses.
-pub fn measure<F: FnMut(usize, usize) -> u64>(
-    threads: usize,
-    seconds: f64,
-    per_call: usize,
-    make: &(dyn Fn() -> F + Sync),
-) -> Result<(Rate, u64), BenchError> {
-    check_args(threads, seconds)?;
-    let deadline = Duration::try_from_secs_f64(seconds)
-        .map_err(|e| BenchError::InvalidArgument(format!("seconds {seconds}: {e}")))?;
-    let start = Instant::now();
-    let results: Option<Vec<(u64, u64, f64)>> = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..threads)
-            .map(|t| {
-                s.spawn(move || {
-                    let mut f = make();
-                    let t0 = Instant::now();
-                    let (mut n, mut sum, mut i) = (0u64, 0u64, 0usize);
-                    while t0.elapsed() < deadline {
-                        for _ in 0..64 {
-                            sum = sum.wrapping_add(f(t, i));
-                            i += 1;
-                            n += per_call as u64;
-                        }
-                    }
-                    (n, sum, t0.elapsed().as_secs_f64())
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().ok()).collect()
-    });
-    let results = results.ok_or(BenchError::Panicked)?;
-    let wall = start.elapsed().as_secs_f64();
-    let n: u64 = results.iter().map(|r| r.0).sum();
-    let per_thread_ns = results
-        .iter()
-        .map(|r| r.2 * 1e9 / r.0.max(1) as f64)
-        .sum::<f64>()
-        / threads as f64;
-    Ok((
-        Rate {
-            lookups_per_s: n as f64 / wall,
-            ns_per_lookup: per_thread_ns,
+/// Open options of a store of table size `size`, the rest Salt's defaults.
+pub fn open_options(size: u64) -> OpenOptions {
+    OpenOptions {
+        params: Params {
+            size,
+            ..Params::default()
         },
-        results.iter().fold(0, |a, r| a.wrapping_add(r.1)),
-    ))
+        ..OpenOptions::default()
+    }
 }
 
-/// The lookup throughput of a store ([`bench_store`]), per kind of lookup.
-#[derive(Debug, Clone, Copy, PartialEq)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize))]
-pub struct BenchReport {
-    /// Reader threads.
-    pub threads: usize,
-    /// Ids of the `keys` bank looked up.
-    pub keys: usize,
-    /// Ids per `get_many` call.
-    pub batch: usize,
-    /// `Store::get` of present ids.
-    pub hit: Rate,
-    /// `Store::get` of absent ids.
-    pub miss: Rate,
-    /// `Store::get_many`.
-    pub get_many: Rate,
-    /// `Store::get_in` of present ids.
-    pub get_in: Rate,
-    /// `Reader::get_in` of present ids, a `Reader` per thread.
-    pub reader_get_in: Rate,
-    /// `Store::get_many_in`.
-    pub get_many_in: Rate,
-    /// The sum of every key read (keeps the reads from being optimised
-    /// away).
-    pub checksum: u64,
+/// Builds a store of minions `1..=n` in `dir` (batches of 10k puts, one
+/// round of fsyncs each) and returns it.
+pub fn build_store(dir: &Path, n: u64, size: u64) -> Store {
+    std::fs::create_dir_all(dir).expect("store dir");
+    let store = Store::open_with(dir, &open_options(size)).expect("open store");
+    let mut i = 1;
+    while i <= n {
+        let end = (i + 10_000).min(n + 1);
+        store
+            .batch(|b| {
+                for k in i..end {
+                    b.put(&MinionId::new(minion_id(k))?, state(k), &pem(k))?;
+                }
+                Ok(())
+            })
+            .expect("batch");
+        i = end;
+    }
+    store
 }
 
-/// Measures, for `seconds` each with `threads` threads (at least one), the
-/// lookups of the ids of `store`'s `keys` bank in a seeded random order:
-/// `get` of present and of absent ids, `get_many`, `get_in`, a `Reader`'s
-/// `get_in`, and `get_many_in`, after one warm-up pass over every entry.
-/// Arguments out of range ([`check_args`]) are refused before the store is
-/// read.
-pub fn bench_store(store: &Store, threads: usize, seconds: f64) -> Result<BenchReport, BenchError> {
-    let threads = threads.max(1);
-    check_args(threads, seconds)?;
-    let mut ids: Vec<MinionId> = Vec::new();
-    for r in store.keys(None)? {
-        let (id, _) = r?;
-        if let Ok(m) = MinionId::new(id) {
-            ids.push(m);
-        }
-    }
-    if ids.is_empty() {
-        return Err(BenchError::Empty(store.dir().to_path_buf()));
-    }
-    let mut rng = Rng::with_state(0x5eed);
-    rng.shuffle(&mut ids);
-    let id_size = store.keys_table().params().id_size;
-    let misses: Vec<MinionId> = ids
-        .iter()
-        .enumerate()
-        .filter_map(|(n, i)| {
-            let s = format!("{}.absent{n}", i.as_str());
-            let s = if s.len() > id_size {
-                format!("absent-{n}")
-            } else {
-                s
-            };
-            MinionId::new(s).ok()
-        })
+/// Ids `1..=n` in a random order, and as many absent ids of the same shape
+/// (numbers `n+1..=2n`), also shuffled.
+pub fn shuffled_ids(n: u64, seed: u64) -> (Vec<MinionId>, Vec<MinionId>) {
+    let mut rng = Rng::new(seed);
+    let mut hits: Vec<MinionId> = (1..=n)
+        .map(|k| MinionId::new(minion_id(k)).unwrap())
         .collect();
-    let n = ids.len();
-    let hit = || {
-        |t: usize, i: usize| -> u64 {
-            let id = &ids[(i * threads + t) % n];
-            match store.get(id) {
-                Ok(Some(e)) => touch(&e.public_key),
-                _ => 0,
-            }
-        }
-    };
-    let hit_in = || {
-        let (ids, mut buf) = (&ids, Vec::new());
-        move |t: usize, i: usize| -> u64 {
-            let id = &ids[(i * threads + t) % n];
-            match store.get_in(id, &mut buf) {
-                Ok(Some(e)) => touch(e.public_key),
-                _ => 0,
-            }
-        }
-    };
-    // A Reader per thread, as a daemon's worker threads would keep.
-    let reader_in = || {
-        let (ids, mut buf, mut r) = (&ids, Vec::new(), store.reader());
-        move |t: usize, i: usize| -> u64 {
-            let id = &ids[(i * threads + t) % n];
-            match r.get_in(id, &mut buf) {
-                Ok(Some(e)) => touch(e.public_key),
-                _ => 0,
-            }
-        }
-    };
-    let miss = || {
-        |t: usize, i: usize| -> u64 {
-            let id = &misses[(i * threads + t) % misses.len()];
-            u64::from(matches!(store.get(id), Ok(None)))
-        }
-    };
-    // Batches of 64, or of every id when the store holds fewer (`ids` is
-    // not empty: checked above).
-    let batch_len = 64.min(n);
-    let batches: Vec<&[MinionId]> = ids.chunks_exact(batch_len).collect();
-    let many = || {
-        |t: usize, i: usize| -> u64 {
-            let b = batches[(i * threads + t) % batches.len()];
-            match store.get_many(b) {
-                Ok(v) => v
-                    .iter()
-                    .flatten()
-                    .fold(0, |s, e| s.wrapping_add(touch(&e.public_key))),
-                _ => 0,
-            }
-        }
-    };
-    let many_in = || {
-        let (batches, mut batch) = (&batches, KeyBatch::new());
-        move |t: usize, i: usize| -> u64 {
-            let b = batches[(i * threads + t) % batches.len()];
-            match store.get_many_in(b, &mut batch) {
-                Ok(()) => batch
-                    .iter()
-                    .flatten()
-                    .fold(0, |s, e| s.wrapping_add(touch(e.public_key))),
-                _ => 0,
-            }
-        }
-    };
-    // Warm up: touch every entry once, so the page tables are filled and
-    // what is measured is the steady state of a running master.
-    let warm_f = hit();
-    let warm: u64 = (0..n).map(|i| warm_f(0, i)).fold(0, u64::wrapping_add);
-    let (h, check) = measure(threads, seconds, 1, &hit)?;
-    let checksum = check.wrapping_add(warm);
-    let (m, _) = measure(threads, seconds, 1, &miss)?;
-    let (hi, _) = measure(threads, seconds, 1, &hit_in)?;
-    let (ri, _) = measure(threads, seconds, 1, &reader_in)?;
-    let (b, _) = measure(threads, seconds, batch_len, &many)?;
-    let (bi, _) = measure(threads, seconds, batch_len, &many_in)?;
-    Ok(BenchReport {
-        threads,
-        keys: n,
-        batch: batch_len,
-        hit: h,
-        miss: m,
-        get_many: b,
-        get_in: hi,
-        reader_get_in: ri,
-        get_many_in: bi,
-        checksum,
-    })
+    let mut misses: Vec<MinionId> = (n + 1..=2 * n)
+        .map(|k| MinionId::new(minion_id(k)).unwrap())
+        .collect();
+    rng.shuffle(&mut hits);
+    rng.shuffle(&mut misses);
+    (hits, misses)
 }
 
-#[cfg(test)]
-mod arg_tests {
-    use super::*;
+/// The in-memory contenders' value: state byte and key.
+pub type Value = (u8, Vec<u8>);
 
-    #[test]
-    fn measure_refuses_out_of_range_arguments_instead_of_panicking() {
-        let make = || |_: usize, _: usize| 0u64;
-        for secs in [f64::NAN, f64::INFINITY, -1.0, 0.0, 1e300, MAX_SECONDS + 1.0] {
-            assert!(
-                matches!(
-                    measure(1, secs, 1, &make),
-                    Err(BenchError::InvalidArgument(_))
-                ),
-                "{secs}"
-            );
-        }
-        for threads in [0, MAX_THREADS + 1, usize::MAX] {
-            assert!(
-                matches!(
-                    measure(threads, 0.01, 1, &make),
-                    Err(BenchError::InvalidArgument(_))
-                ),
-                "{threads}"
-            );
-        }
-        let (rate, _) = measure(2, 0.01, 1, &make).expect("in range");
-        assert!(rate.lookups_per_s > 0.0);
+/// A std `HashMap` of `entries` (id -> state byte and key): the in-memory
+/// contender.
+pub fn std_map(entries: &[(String, u8, Vec<u8>)]) -> StdHashMap<String, Value> {
+    let mut m = StdHashMap::with_capacity(entries.len());
+    for (id, s, k) in entries {
+        m.insert(id.clone(), (*s, k.clone()));
     }
+    m
+}
+
+/// A hashbrown `HashMap` of `entries` (id -> state byte and key).
+pub fn hashbrown_map(entries: &[(String, u8, Vec<u8>)]) -> hashbrown::HashMap<String, Value> {
+    let mut m = hashbrown::HashMap::with_capacity(entries.len());
+    for (id, s, k) in entries {
+        m.insert(id.clone(), (*s, k.clone()));
+    }
+    m
+}
+
+/// A lookup in [`hashbrown_map`]: the key's bytes summed with its state, 0
+/// when the id is absent.
+pub fn hashbrown_get(m: &hashbrown::HashMap<String, Value>, id: &str) -> u64 {
+    m.get(id).map_or(0, |(s, k)| touch(*s, k))
+}
+
+/// The value of the checked in-memory contender: xxh3 of the record's value
+/// and the value itself, `[state][key]`, as a keycache bank stores them.
+pub type CheckedValue = (u64, Vec<u8>);
+
+/// A hashbrown map holding what a keycache heap record holds, so that a
+/// lookup can do the two things a reader of shared memory must add to a
+/// hash table's: copy the value out and check its xxh3.
+pub fn checked_map(entries: &[(String, u8, Vec<u8>)]) -> hashbrown::HashMap<String, CheckedValue> {
+    let mut m = hashbrown::HashMap::with_capacity(entries.len());
+    for (id, s, k) in entries {
+        let state = KeyState::from_byte(*s).expect("a keys bank state");
+        let v = keycache::store::encode_key_value(state, k);
+        m.insert(id.clone(), (keycache::format::hash(&v), v));
+    }
+    m
+}
+
+/// A lookup in [`checked_map`]: the value copied into `buf` and its xxh3
+/// checked before the key is read, as `Store::get_in` does.
+pub fn checked_get(
+    m: &hashbrown::HashMap<String, CheckedValue>,
+    id: &str,
+    buf: &mut Vec<u8>,
+) -> u64 {
+    let Some((sum, v)) = m.get(id) else {
+        return 0;
+    };
+    buf.clear();
+    buf.extend_from_slice(v);
+    match buf.split_first() {
+        Some((s, k)) if keycache::format::hash(buf) == *sum => touch(*s, k),
+        _ => 0,
+    }
+}
+
+/// Every entry of the store's `keys` bank: (id, state byte, key).
+pub fn entries_of(store: &Store) -> Vec<(String, u8, Vec<u8>)> {
+    store
+        .keys(None)
+        .expect("list")
+        .map(|r| {
+            let (id, e) = r.expect("entry");
+            (id, e.state.byte(), e.public_key)
+        })
+        .collect()
+}
+
+/// An LMDB environment (through heed) in `dir` holding `entries`, keyed by
+/// id, valued `[state][pem]` like the keys bank; one write transaction.
+pub fn build_lmdb(
+    dir: &Path,
+    entries: &[(String, u8, Vec<u8>)],
+) -> (
+    heed::Env,
+    heed::Database<heed::types::Str, heed::types::Bytes>,
+) {
+    std::fs::create_dir_all(dir).expect("lmdb dir");
+    let (env, db) = open_lmdb(dir);
+    let mut sorted: Vec<&(String, u8, Vec<u8>)> = entries.iter().collect();
+    sorted.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+    let mut wtxn = env.write_txn().expect("write txn");
+    db.clear(&mut wtxn).expect("clear");
+    let mut v = Vec::new();
+    for (id, s, k) in sorted {
+        v.clear();
+        v.push(*s);
+        v.extend_from_slice(k);
+        db.put(&mut wtxn, id, &v).expect("lmdb put");
+    }
+    wtxn.commit().expect("commit");
+    (env, db)
+}
+
+/// Opens (creating) the LMDB environment in `dir`: 8 GiB map, default
+/// (durable) flags, 126 readers.
+// heed's `EnvOpenOptions::open` is an `unsafe` API (LMDB's contract on the
+// files); the one unsafe call of the benches, for a contender.
+#[allow(unsafe_code)]
+pub fn open_lmdb(
+    dir: &Path,
+) -> (
+    heed::Env,
+    heed::Database<heed::types::Str, heed::types::Bytes>,
+) {
+    std::fs::create_dir_all(dir).expect("lmdb dir");
+    // SAFETY: (heed's contract) the environment is opened once per process
+    // and its files are not modified behind its back.
+    let env = unsafe {
+        heed::EnvOpenOptions::new()
+            .map_size(8 << 30)
+            .max_dbs(1)
+            .open(dir)
+            .expect("open lmdb")
+    };
+    let mut wtxn = env.write_txn().expect("write txn");
+    let db = env
+        .create_database::<heed::types::Str, heed::types::Bytes>(&mut wtxn, Some("keys"))
+        .expect("create db");
+    wtxn.commit().expect("commit");
+    (env, db)
+}
+
+/// Minions in the benchmark stores: `KEYCACHE_BENCH_MINIONS`, 100,000 by
+/// default.
+pub fn minions() -> u64 {
+    std::env::var("KEYCACHE_BENCH_MINIONS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(100_000)
 }

@@ -182,19 +182,6 @@ fn advice(e: &keycache::Error) -> Option<String> {
     })
 }
 
-impl From<keycache_bench::BenchError> for CmdError {
-    fn from(e: keycache_bench::BenchError) -> CmdError {
-        let code = match e {
-            keycache_bench::BenchError::Panicked => 1,
-            _ => 2,
-        };
-        CmdError {
-            code,
-            message: e.to_string(),
-        }
-    }
-}
-
 /// What a command returns: its exit code, or why it failed.
 pub(crate) type CmdResult = Result<ExitCode, CmdError>;
 

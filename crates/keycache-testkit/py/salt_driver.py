@@ -25,7 +25,7 @@ Subcommands:
   list-bench       --repeat R
   migrate-bench    --pki-dir P [--cluster-pki-dir C]
 
-See tests/py/README.md for the op format and output shapes.
+See crates/keycache-testkit/py/README.md for the op format and output shapes.
 """
 
 import argparse

@@ -4,7 +4,7 @@
 //! - [`common`]: the Salt driver, layouts, PEM-like values, dumps;
 //! - [`peers`]: the snapshot and merge tests' masters, crafted snapshot
 //!   files and directory listings (re-exported by [`common`]);
-//! - [`rng`]: the tests' one seeded PRNG;
+//! - [`rng`]: the one seeded PRNG of the tests and benches;
 //! - [`scratch`]: scratch directories (`tempfile`);
 //! - [`skip`]: tests that cannot run here say so, visibly and countably;
 //! - [`sys`]: the only `unsafe` code of the tests, behind safe functions;

@@ -1,9 +1,10 @@
-//! The tests' one seeded pseudo-random generator: deterministic test data
-//! without a dependency.
+//! The workspace's one seeded pseudo-random generator, for the tests, the
+//! fuzz replay and the benches (`keycache-bench`'s data and the comparison
+//! tool's shuffles): deterministic data without a dependency.
 //!
 //! xorshift64 over a seed scrambled once with splitmix64, so any seed (0 and
 //! small neighbouring seeds such as thread numbers included) starts a
-//! well-mixed, distinct sequence. Not for anything but tests.
+//! well-mixed, distinct sequence. Not for anything but tests and benches.
 
 /// A seeded xorshift64 generator.
 #[derive(Debug, Clone)]

@@ -53,6 +53,7 @@
 //! ```
 #![deny(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
+pub mod bench;
 pub mod diff;
 pub mod error;
 pub mod export;

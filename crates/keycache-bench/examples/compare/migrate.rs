@@ -1,0 +1,247 @@
+//! Section `migrate`: `keycache migrate` of a tree against reading every
+//! file once and Salt's `rebuild_from_localfs` (extrapolated past
+//! `--salt-migrate-max`); its report table.
+
+use std::hint::black_box;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use keycache_bench::table_size_for;
+use serde_json::Value as Json;
+
+use crate::contenders::{run_json, salt_driver};
+use crate::data::Data;
+use crate::measure::{Cfg, Samples};
+use crate::report::Report;
+use crate::util::{die, fmt_rate, fmt_ratio, fmt_secs, log, size_label};
+
+pub(crate) const M_KC: &str = "keycache migrate (process)";
+pub(crate) const M_READ1: &str = "read every file once (1 thread)";
+pub(crate) const M_READ2: &str = "read every file once (2 threads)";
+pub(crate) const M_SALT: &str = "Salt 3008.5 rebuild_from_localfs";
+
+pub(crate) fn tree_files(tree: &Path) -> Vec<PathBuf> {
+    let mut v = Vec::new();
+    for d in [
+        "minions",
+        "minions_pre",
+        "minions_rejected",
+        "minions_denied",
+    ] {
+        for e in std::fs::read_dir(tree.join(d)).unwrap() {
+            v.push(e.unwrap().path());
+        }
+    }
+    v
+}
+
+/// Lists the tree and reads every file once, in `threads` threads; bytes read.
+pub(crate) fn read_tree(tree: &Path, threads: usize) -> u64 {
+    let files = tree_files(tree);
+    let chunk = files.len().div_ceil(threads).max(1);
+    std::thread::scope(|s| {
+        let hs: Vec<_> = files
+            .chunks(chunk)
+            .map(|c| {
+                s.spawn(move || {
+                    let mut n = 0u64;
+                    for f in c {
+                        let d = std::fs::read(f).unwrap();
+                        n += d.len() as u64;
+                        black_box(&d);
+                    }
+                    n
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).sum()
+    })
+}
+
+pub(crate) fn run_kc_migrate(data: &Data, tree: &Path, out: &Path, size: u64) -> (f64, f64) {
+    let _ = std::fs::remove_dir_all(out);
+    std::fs::create_dir_all(out).unwrap();
+    let t0 = Instant::now();
+    let o = Command::new(&data.keycache)
+        .arg("migrate")
+        .arg(tree)
+        .arg("--out")
+        .arg(out)
+        .args(["--size", &size.to_string(), "--json"])
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap();
+    let wall = t0.elapsed().as_secs_f64();
+    if !o.status.success() {
+        die("keycache migrate failed");
+    }
+    let j: Json = serde_json::from_slice(&o.stdout).unwrap();
+    (wall, j["seconds"].as_f64().unwrap_or(f64::NAN))
+}
+
+pub(crate) fn remove_banks(dir: &Path) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let e = e.unwrap();
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.starts_with(".mmap_") || name.starts_with(".mmcache_") {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
+pub(crate) fn tree_files_total(data: &Data, n: u64) -> f64 {
+    let j: Json =
+        serde_json::from_slice(&std::fs::read(data.dir.join(format!("tree-{n}.json"))).unwrap())
+            .unwrap();
+    j["files"].as_f64().unwrap()
+}
+
+/// `salt_per_key`: Salt's seconds per key file measured on a smaller tree,
+/// used (and said to be) for trees over `salt_max`.
+pub(crate) fn section_migrate(
+    cfg: &Cfg,
+    data: &Data,
+    n: u64,
+    salt_max: u64,
+    salt_per_key: &mut Option<(u64, f64)>,
+) -> Samples {
+    let mut s = Samples::default();
+    let tree = data.tree(n);
+    let size = table_size_for(n);
+    let out = data.dir.join("migrate-out");
+    log(&format!("migration of the {} tree", size_label(n)));
+    for round in 0..cfg.rounds {
+        let (wall, inner) = run_kc_migrate(data, &tree, &out, size);
+        s.add(M_KC, "seconds", wall);
+        s.add(M_KC, "inner", inner);
+        let t0 = Instant::now();
+        black_box(read_tree(&tree, 1));
+        s.add(M_READ1, "seconds", t0.elapsed().as_secs_f64());
+        let t0 = Instant::now();
+        black_box(read_tree(&tree, 2));
+        s.add(M_READ2, "seconds", t0.elapsed().as_secs_f64());
+        log(&format!(
+            "  round {}/{}: keycache migrate {} (inside {}), read once {} / {}",
+            round + 1,
+            cfg.rounds,
+            fmt_secs(wall),
+            fmt_secs(inner),
+            fmt_secs(s.0[M_READ1]["seconds"][round]),
+            fmt_secs(s.0[M_READ2]["seconds"][round]),
+        ));
+    }
+    let _ = std::fs::remove_dir_all(&out);
+    if cfg.salt && n <= salt_max {
+        // Salt writes its banks beside the tree (pki_dir), one locked,
+        // fsynced insert per key, at the same table size. One run: it is
+        // slow and fsync-bound, so rounds would not change the picture.
+        remove_banks(&tree);
+        log(&format!(
+            "  Salt rebuild_from_localfs on the {} tree (size {size}); about 6-13 ms per key",
+            size_label(n)
+        ));
+        let mut c = Command::new(cfg.python.as_ref().unwrap());
+        c.arg(salt_driver())
+            .args(["--size", &size.to_string(), "migrate-bench", "--pki-dir"])
+            .arg(&tree)
+            .stderr(Stdio::inherit());
+        let j = run_json(c);
+        remove_banks(&tree);
+        let secs = j["seconds"].as_f64().unwrap();
+        let keys = j["counts"]["total"].as_f64().unwrap();
+        s.add(M_SALT, "seconds", secs);
+        s.add(M_SALT, "keys", keys);
+        *salt_per_key = Some((n, secs / keys));
+        log(&format!("  Salt: {}", fmt_secs(secs)));
+    } else if let (true, Some((from, per_key))) = (cfg.salt, *salt_per_key) {
+        // Salt's migration costs the same per key at any tree size (one
+        // locked, fsynced insert per key), so a larger tree is extrapolated
+        // from the per-key time measured on the smaller one.
+        let keys = tree_files_total(data, n);
+        s.add(M_SALT, "seconds", per_key * keys);
+        s.add(M_SALT, "keys", keys);
+        s.add(M_SALT, "extrapolated_from", from as f64);
+        log(&format!(
+            "  Salt: {} (extrapolated from {} per key on the {} tree)",
+            fmt_secs(per_key * keys),
+            fmt_secs(per_key),
+            size_label(from)
+        ));
+    }
+    s
+}
+
+pub(crate) fn report_migrate(r: &mut Report, all: &[(u64, Samples)]) {
+    if all.is_empty() {
+        return;
+    }
+    r.line("### Migrating a `localfs_key` tree (median seconds; files in the page cache)");
+    r.line("");
+    r.line("| tree | what | seconds | it ÷ keycache migrate | keys/s |");
+    r.line("|---|---|---:|---:|---:|");
+    for (n, s) in all {
+        let kc = s.med(M_KC, "seconds");
+        for c in [M_KC, M_READ1, M_READ2, M_SALT] {
+            if !s.0.contains_key(c) {
+                continue;
+            }
+            let v = s.med(c, "seconds");
+            let ratio = if c == M_KC {
+                "—".into()
+            } else {
+                fmt_ratio(v / kc)
+            };
+            let name = if c == M_KC {
+                format!("{c}; inside: {}", fmt_secs(s.med(M_KC, "inner")))
+            } else if c == M_SALT {
+                let from = s.med(M_SALT, "extrapolated_from");
+                if from.is_finite() {
+                    format!(
+                        "{c}: **extrapolated** from its time per key on the {} tree",
+                        size_label(from as u64)
+                    )
+                } else {
+                    format!("{c} (one run, {} keys)", s.med(M_SALT, "keys"))
+                }
+            } else {
+                c.to_string()
+            };
+            r.line(&format!(
+                "| {} | {name} | {} | {ratio} | {} |",
+                size_label(*n),
+                fmt_secs(v),
+                fmt_rate(*n as f64 / v)
+            ));
+        }
+    }
+    r.line("");
+    if let Some((n, s)) = all.iter().rev().find(|(n, _)| *n >= 100_000).or(all.last()) {
+        let at = size_label(*n);
+        let kc = s.med(M_KC, "seconds");
+        if s.0.contains_key(M_SALT) {
+            let sl = s.med(M_SALT, "seconds");
+            r.target(
+                &format!("migration of the {at} tree: >= 200x faster than Salt"),
+                format!(
+                    "{} vs {} ({})",
+                    fmt_secs(kc),
+                    fmt_secs(sl),
+                    fmt_ratio(sl / kc)
+                ),
+                sl >= 200.0 * kc,
+            );
+        }
+        let floor = s.med(M_READ1, "seconds").min(s.med(M_READ2, "seconds"));
+        r.target(
+            &format!("migration of the {at} tree: within 2x of reading every file once"),
+            format!(
+                "{} vs {} ({})",
+                fmt_secs(kc),
+                fmt_secs(floor),
+                fmt_ratio(kc / floor)
+            ),
+            kc <= 2.0 * floor,
+        );
+    }
+}

@@ -1,0 +1,22 @@
+"""Paths, constants and logging shared by the modules of tools/bench-driver.py."""
+
+import os
+import sys
+
+
+# tools/, the directory of bench-driver.py and gen-pki-tree.py.
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(HERE)
+PEM_POOL = 256
+SEED = 1
+ALL_DRIVERS = ("noop", "keycache", "mmap_key", "localfs_key")
+ALL_TESTS = ("pair", "direct", "list", "store")
+NOOP_MODULE = "noop_key"
+
+
+def log(msg):
+    print(msg, file=sys.stderr, flush=True)
+
+
+class BenchError(Exception):
+    pass
