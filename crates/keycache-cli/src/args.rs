@@ -12,7 +12,8 @@ use clap::Args;
 
 use keycache::files::{Ownership, DEFAULT_MODE};
 use keycache::format::{self, Params};
-use keycache::store::{Store, DENIED_INDEX, KEYS_INDEX};
+use keycache::format::{DENIED_INDEX, KEYS_INDEX};
+use keycache::store::Store;
 use keycache::table::OpenOptions;
 use keycache::MinionId;
 

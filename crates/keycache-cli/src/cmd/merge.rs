@@ -155,7 +155,7 @@ struct Report {
     /// Entries of the store written (0 in a dry run).
     written: usize,
     /// Key files written and removed (paths), when the tree is kept.
-    tree: Option<keycache::store::TreeChanges>,
+    tree: Option<keycache::tree::TreeChanges>,
     /// Where the next base was written, if it was.
     base_written: Option<String>,
 }

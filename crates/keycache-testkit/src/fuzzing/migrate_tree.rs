@@ -114,7 +114,7 @@ pub fn migrate_tree(data: &[u8]) {
     // Which state directories exist; one may be a symlink to a directory
     // outside the tree (the tree is then refused).
     let mut symlinked_dir = None;
-    for (i, d) in migrate::TREE_DIRS.iter().enumerate() {
+    for (i, d) in keycache::tree::TreeDir::NAMES.iter().enumerate() {
         if layout_byte & (1 << i) != 0 {
             continue;
         }
@@ -160,7 +160,7 @@ pub fn migrate_tree(data: &[u8]) {
         let dir = if d == 4 {
             pki.clone()
         } else if present[d] {
-            pki.join(migrate::TREE_DIRS[d])
+            pki.join(keycache::tree::TreeDir::NAMES[d])
         } else {
             continue;
         };
@@ -237,7 +237,7 @@ pub fn migrate_tree(data: &[u8]) {
     order.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
     for (d, name, kind, content) in &order {
         let path = pki
-            .join(migrate::TREE_DIRS[*d])
+            .join(keycache::tree::TreeDir::NAMES[*d])
             .join(std::ffi::OsStr::from_bytes(name));
         let skip = match (kind, std::str::from_utf8(name)) {
             (Kind::SymlinkOut | Kind::SymlinkIn, _) => Some(SkipReason::Symlink),
@@ -388,7 +388,7 @@ pub fn migrate_tree(data: &[u8]) {
     );
     for e in std::fs::read_dir(&out).expect("list").flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
-        if migrate::TREE_DIRS.contains(&name.as_str()) {
+        if keycache::tree::TreeDir::NAMES.contains(&name.as_str()) {
             assert!(e.file_type().expect("stat").is_dir(), "{name}");
             continue;
         }

@@ -8,7 +8,8 @@ use std::path::Path;
 
 use keycache::error::Error;
 use keycache::format::{self, Params, DELETED, EMPTY, OCCUPIED, ROSTER_TOMBSTONE};
-use keycache::store::{Store, DENIED_INDEX, KEYS_INDEX};
+use keycache::format::{DENIED_INDEX, KEYS_INDEX};
+use keycache::store::Store;
 use keycache::table::Table;
 use keycache::verify;
 use keycache::MinionId;

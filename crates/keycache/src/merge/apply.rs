@@ -7,7 +7,8 @@ use crate::error::{Error, Result};
 use crate::history::{value_hash, History, Kind, Peer};
 use crate::id::MinionId;
 use crate::snapshot::Bank;
-use crate::store::{Store, TreeChanges};
+use crate::store::Store;
+use crate::tree::TreeChanges;
 
 /// What [`super::merge`] wrote.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -26,6 +26,7 @@ use crate::format::Params;
 use crate::format::{DENIED_INDEX, KEYS_INDEX};
 use crate::key::KeyState;
 use crate::rebuild::{self, Image};
+use crate::store::Counts;
 use crate::store::Store;
 use crate::table::OpenOptions;
 use crate::tree::TreeDir;
@@ -136,20 +137,6 @@ pub struct Duplicate {
     pub state: KeyState,
 }
 
-/// Per-state numbers.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize))]
-pub struct StateCounts {
-    /// Accepted.
-    pub accepted: u64,
-    /// Pending.
-    pub pending: u64,
-    /// Rejected.
-    pub rejected: u64,
-    /// Denied.
-    pub denied: u64,
-}
-
 /// What a migration did (or, dry, would do).
 #[derive(Debug, Clone)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
@@ -161,15 +148,15 @@ pub struct Report {
     /// Whether nothing was written.
     pub dry_run: bool,
     /// Key files found per state, as Salt's runner counts them.
-    pub found: StateCounts,
+    pub found: Counts,
     /// Entries of the tree migrated, per state after precedence.
-    pub migrated: StateCounts,
+    pub migrated: Counts,
     /// Entries already in the target banks that the tree lacks, kept.
-    pub kept: StateCounts,
+    pub kept: Counts,
     /// Entries of the target banks dropped by `replace`.
     pub dropped: u64,
     /// Entries of the banks afterwards.
-    pub total: StateCounts,
+    pub total: Counts,
     /// Ids found in several states.
     pub duplicates: Vec<Duplicate>,
     /// Entries skipped.
@@ -220,12 +207,12 @@ struct MigrationPlan {
     denied: Vec<Src>,
     kept_keys: Vec<KeptEntry>,
     kept_denied: Vec<KeptEntry>,
-    kept: StateCounts,
+    kept: Counts,
     dropped: u64,
     /// Ids of the target banks that `replace` drops.
     dropped_keys: Vec<String>,
     dropped_denied: Vec<String>,
-    total: StateCounts,
+    total: Counts,
     load_factor: f64,
 }
 
@@ -290,7 +277,7 @@ pub fn migrate(
     }
     let parts = scan_tree(pki_dir, opts, progress)?;
 
-    let mut found = StateCounts::default();
+    let mut found = Counts::default();
     let mut skipped = Vec::new();
     let mut keys_found = Vec::new();
     let mut bufs = Vec::with_capacity(parts.len());
@@ -390,7 +377,7 @@ pub fn migrate(
             state: tree.state(i),
         })
         .collect();
-    let mut migrated = StateCounts::default();
+    let mut migrated = Counts::default();
     for &i in &tree.keys {
         bump(&mut migrated, tree.found[i].dir);
     }
@@ -402,9 +389,9 @@ pub fn migrate(
         dry_run: opts.dry_run,
         found,
         migrated,
-        kept: StateCounts::default(),
+        kept: Counts::default(),
         dropped: 0,
-        total: StateCounts::default(),
+        total: Counts::default(),
         duplicates,
         skipped,
         size: opts.params.size,
@@ -536,7 +523,7 @@ impl std::hash::Hasher for IdHasher {
 
 type IdHash = std::hash::BuildHasherDefault<IdHasher>;
 
-fn bump(c: &mut StateCounts, dir: TreeDir) {
+fn bump(c: &mut Counts, dir: TreeDir) {
     match dir {
         TreeDir::Minions => c.accepted += 1,
         TreeDir::MinionsPre => c.pending += 1,

@@ -95,7 +95,7 @@ impl Tree {
         );
         check_load(&kpath, plan.keys.len() as u64, &opts.params)?;
         check_load(&dpath, plan.denied.len() as u64, &opts.params)?;
-        let mut total = StateCounts::default();
+        let mut total = Counts::default();
         for s in &plan.keys {
             let state = match *s {
                 Src::Tree(i) => self.state(i),

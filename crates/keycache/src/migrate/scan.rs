@@ -66,7 +66,7 @@ pub(super) struct Part {
     pub(super) keys: Vec<TreeKey>,
     /// Entries skipped, in scan order.
     pub(super) skipped: Vec<Skipped>,
-    pub(super) found: StateCounts,
+    pub(super) found: Counts,
     pub(super) buf: Vec<u8>,
 }
 
@@ -391,7 +391,7 @@ fn read_unit(
         ids: String::with_capacity(share.len() * 32),
         keys: Vec::with_capacity(share.len()),
         skipped: Vec::new(),
-        found: StateCounts::default(),
+        found: Counts::default(),
         buf: Vec::with_capacity(share.len() * 512),
     };
     let mut path = OsString::new();

@@ -13,7 +13,7 @@ use super::*;
 /// then compares with the store). The tree is written by
 /// [`crate::tree::mend`] (`keycache verify --repair`).
 pub fn missing_key_tree(store: &crate::Store) -> Result<Option<Finding>> {
-    let minions = store.dir().join(crate::migrate::TREE_DIRS[0]);
+    let minions = store.dir().join(crate::tree::TreeDir::Minions.name());
     match std::fs::symlink_metadata(&minions) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Ok(_) => return Ok(None),

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use keycache::store::KEYS_INDEX;
+use keycache::format::KEYS_INDEX;
 use keycache::{KeyState, MinionId, Store};
 use keycache_testkit::rng::Rng;
 

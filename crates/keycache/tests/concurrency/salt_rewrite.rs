@@ -8,7 +8,8 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use keycache::format::{self, Params};
-use keycache::store::{encode_key_value, KEYS_INDEX};
+use keycache::format::KEYS_INDEX;
+use keycache::store::encode_key_value;
 use keycache::{Error, KeyState, MinionId, Store};
 
 use super::*;
