@@ -54,6 +54,15 @@ pub const LOST_SUFFIX: &str = ".keycache-lost";
 /// Suffix (before `.<pid>`) of a new index file while it is created.
 pub const NEW_INDEX_SUFFIX: &str = ".keycache-new";
 
+/// The history's versions file, keycache's own, in the store directory
+/// (drawn in `docs/format.md`, "History files"; [`crate::history`]).
+pub const HISTORY_FILE: &str = ".keycache-history";
+/// The history's identity file, in the store directory: a store that has
+/// one takes part in merges.
+pub const IDENTITY_FILE: &str = ".keycache-identity";
+/// The removal log, in the store directory ([`crate::removals`]).
+pub const REMOVALS_FILE: &str = ".keycache-removed";
+
 /// Width of a slot's status byte.
 pub const STATUS_LEN: usize = 1;
 /// Width of a slot's packed heap offset.

@@ -36,8 +36,7 @@ use std::path::{Path, PathBuf};
 use crate::error::{Error, Result};
 use crate::files::Ownership;
 
-/// The removal log's name, in the store directory.
-pub const REMOVALS_FILE: &str = ".keycache-removed";
+use crate::format::REMOVALS_FILE;
 
 /// One logged removal.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -144,7 +143,7 @@ fn append_bytes(dir: &Path, bytes: &[u8]) -> Result<()> {
 /// in `dir`, durably, when the store has a history; does nothing
 /// otherwise. Call it holding the `keys` bank's lock.
 pub(crate) fn append(dir: &Path, ids: &[(bool, Vec<u8>)]) -> Result<()> {
-    if ids.is_empty() || !dir.join(crate::history::IDENTITY_FILE).exists() {
+    if ids.is_empty() || !dir.join(crate::format::IDENTITY_FILE).exists() {
         return Ok(());
     }
     let bytes: Vec<u8> = ids.iter().flat_map(|(d, id)| line(*d, id)).collect();
@@ -253,7 +252,7 @@ mod tests {
 
     fn history_dir() -> tempfile::TempDir {
         let d = tempfile::tempdir().unwrap();
-        std::fs::write(d.path().join(crate::history::IDENTITY_FILE), b"x").unwrap();
+        std::fs::write(d.path().join(crate::format::IDENTITY_FILE), b"x").unwrap();
         d
     }
 

@@ -336,7 +336,7 @@ impl Sim {
             5 => {
                 st.remove_denied(&id).expect("delete denied");
                 let joined = self.peers[p]
-                    .join(keycache::history::IDENTITY_FILE)
+                    .join(keycache::format::IDENTITY_FILE)
                     .exists();
                 if st.remove(&id).expect("delete") && joined {
                     self.know[p].revoked.insert(i, now);

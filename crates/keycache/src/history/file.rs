@@ -31,10 +31,7 @@ use crate::files::Ownership;
 use crate::hlc::Hlc;
 use crate::snapshot::Bank;
 
-/// The versions file, in the store directory.
-pub const HISTORY_FILE: &str = ".keycache-history";
-/// The identity file, in the store directory.
-pub const IDENTITY_FILE: &str = ".keycache-identity";
+use crate::format::{HISTORY_FILE, IDENTITY_FILE};
 
 const HIST_MAGIC: [u8; 8] = *b"KCHIST\r\n";
 const IDENT_MAGIC: [u8; 8] = *b"KCIDENT\n";

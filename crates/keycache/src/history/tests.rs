@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::*;
+use crate::format::{HISTORY_FILE, IDENTITY_FILE};
 use crate::test_util::{pem, small_store};
 use crate::MinionId;
 

@@ -146,7 +146,7 @@ fn an_entry_added_and_deleted_between_two_observations_leaves_a_tombstone() {
     t.a.put(&id("m1"), KeyState::Accepted, &pem("k1"))
         .expect("put");
     t.a.remove(&id("m1")).expect("delete");
-    let log = t.a.dir().join(crate::removals::REMOVALS_FILE);
+    let log = t.a.dir().join(crate::format::REMOVALS_FILE);
     assert!(
         std::fs::metadata(&log).expect("the log").len() > 0,
         "the removal is logged"
@@ -237,7 +237,7 @@ fn a_store_that_never_merged_logs_no_removal() {
     t.a.put(&id("m1"), KeyState::Accepted, &pem("k1"))
         .expect("put");
     t.a.remove(&id("m1")).expect("delete");
-    assert!(!t.a.dir().join(crate::removals::REMOVALS_FILE).exists());
+    assert!(!t.a.dir().join(crate::format::REMOVALS_FILE).exists());
 }
 
 #[test]

@@ -325,7 +325,7 @@ fn a_snapshot_taken_into_a_file_holds_what_take_holds() {
         )
         .expect_err("the store itself refuses private keys");
     std::fs::remove_file(&path).expect("rm");
-    let before = std::fs::read(dir.path().join(crate::history::HISTORY_FILE)).expect("history");
+    let before = std::fs::read(dir.path().join(crate::format::HISTORY_FILE)).expect("history");
     let err = take_to_file(
         &store,
         &SnapshotOptions {
@@ -337,7 +337,7 @@ fn a_snapshot_taken_into_a_file_holds_what_take_holds() {
     .expect_err("no directory to write in");
     assert!(err.to_string().contains("s.snap"), "{err}");
     assert_eq!(
-        std::fs::read(dir.path().join(crate::history::HISTORY_FILE)).expect("history"),
+        std::fs::read(dir.path().join(crate::format::HISTORY_FILE)).expect("history"),
         before,
         "nothing saved"
     );
