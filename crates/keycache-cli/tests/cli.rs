@@ -7,7 +7,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{keycache, keycache_json, pem, salt, Layout};
+use common::{keycache, keycache_json, pem, salt, small};
 use keycache_testkit::skip;
 use serde_json::{json, Value};
 
@@ -111,7 +111,7 @@ fn migrate_matches_salts_own_migration_on_a_generated_tree() {
     let b = t.path().join("b");
     copy_tree(&t.path().join("tree"), &a);
     copy_tree(&t.path().join("tree"), &b);
-    let layout = Layout::small(1009, 1 << 30);
+    let layout = small(1009, 1 << 30);
     let (out, rep) = keycache_json(&["migrate", s(&a), "--json", "--size", "1009"]);
     assert!(
         out.status.success(),
@@ -157,7 +157,7 @@ fn migrate_sample_tree_matches_salt_except_what_keycache_skips() {
     let b = t.path().join("b");
     copy_tree(&sample(), &a);
     copy_tree(&sample(), &b);
-    let layout = Layout::small(1009, 1 << 30);
+    let layout = small(1009, 1 << 30);
     let (out, rep) = keycache_json(&["migrate", s(&a), "--json", "--size", "1009"]);
     assert!(out.status.success());
     let reasons: Vec<(String, String)> = rep["skipped"]
@@ -537,7 +537,7 @@ fn list_get_state_changes_stats_like_salt_key() {
     );
 
     // Salt reads what the CLI wrote.
-    let layout = Layout::small(1009, 1 << 30);
+    let layout = small(1009, 1 << 30);
     let f = salt(
         &st,
         &layout,

@@ -26,14 +26,14 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::{keycache, pem, Layout, Rng};
+use common::{keycache, pem, Params, ParamsExt, Rng};
 use keycache::store::{DENIED_INDEX, KEYS_INDEX};
 use keycache::verify::{self, Finding};
 use keycache::{Error, KeyState, MinionId, Store};
 use keycache_testkit::sys;
 
-fn layout() -> Layout {
-    Layout {
+fn layout() -> Params {
+    Params {
         size: 257,
         max_segment_bytes: 3000,
         id_size: 64,
@@ -114,7 +114,7 @@ struct Damage {
     id_field: bool,
 }
 
-fn slot_range(p: &Layout, off: usize) -> Option<(usize, usize)> {
+fn slot_range(p: &Params, off: usize) -> Option<(usize, usize)> {
     let s = off / p.slot_size;
     (s > 0 && s < p.size as usize).then(|| (s, off % p.slot_size))
 }

@@ -10,6 +10,7 @@ mod common;
 use std::time::Duration;
 
 use keycache::Store;
+use keycache_testkit::common::ParamsExt;
 use keycache_testkit::crash::{assert_clean, history_store, layout, opts};
 use keycache_testkit::rng::Rng;
 use keycache_testkit::tracer;

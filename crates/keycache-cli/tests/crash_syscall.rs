@@ -19,7 +19,7 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use common::{pem, Layout};
+use common::{pem, Params, ParamsExt};
 use keycache::verify;
 use keycache::Store;
 use keycache_testkit::crash::{
@@ -197,7 +197,7 @@ fn compact_to_size_killed_at_every_step() {
                 "{ctx}: the banks are in two sizes ({k} and {d} bytes)"
             );
             let size = k / 96;
-            let l = Layout { size, ..layout() };
+            let l = Params { size, ..layout() };
             let store = Store::open_with(
                 dir,
                 &l.options_with(

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{keycache, keycache_json, pem, salt, Layout};
+use common::{keycache, keycache_json, pem, salt, small};
 use keycache::{KeyState, MinionId, OpenOptions, Params, Store};
 use serde_json::json;
 
@@ -204,7 +204,7 @@ fn get_and_list_withhold_values_holding_a_private_key() {
     let st = t.path().join("store");
     std::fs::create_dir(&st).unwrap();
     // Salt's own writer stores whatever it is given.
-    let layout = Layout::small(1009, keycache::format::DEFAULT_MAX_SEGMENT_BYTES);
+    let layout = small(1009, keycache::format::DEFAULT_MAX_SEGMENT_BYTES);
     salt(
         &st,
         &layout,

@@ -26,7 +26,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-use common::{keycache, pem, Layout};
+use common::{keycache, pem, Params, ParamsExt};
 use keycache::store::{DENIED_INDEX, KEYS_INDEX};
 use keycache::{Error, KeyState, MinionId, Store};
 use keycache_testkit::{skip, sys};
@@ -36,8 +36,8 @@ fn s(p: &Path) -> &str {
 }
 
 /// A layout with a 16-byte id field, so the length limits are easy to hit.
-fn narrow() -> Layout {
-    Layout {
+fn narrow() -> Params {
+    Params {
         size: 101,
         max_segment_bytes: 1 << 20,
         id_size: 16,
@@ -45,7 +45,7 @@ fn narrow() -> Layout {
     }
 }
 
-fn kc(args: &[&str], layout: &Layout) -> Output {
+fn kc(args: &[&str], layout: &Params) -> Output {
     let mut a: Vec<String> = args.iter().map(|x| x.to_string()).collect();
     a.extend(layout.args());
     let r: Vec<&str> = a.iter().map(|x| x.as_str()).collect();
@@ -361,7 +361,7 @@ fn the_migrator_stays_inside_the_tree_and_the_target() {
     std::os::unix::fs::symlink(&victim, out.join(KEYS_INDEX)).unwrap();
     let o = kc(
         &["migrate", s(&pki), "--out", s(&out)],
-        &common::Layout::small(1009, 1 << 20),
+        &common::small(1009, 1 << 20),
     );
     assert_eq!(o.status.code(), Some(2), "{}", err(&o));
     assert!(err(&o).contains("symlink"), "{}", err(&o));
@@ -369,7 +369,7 @@ fn the_migrator_stays_inside_the_tree_and_the_target() {
     std::fs::remove_file(out.join(KEYS_INDEX)).unwrap();
 
     // The real run, traced when strace is there.
-    let layout = common::Layout::small(1009, 1 << 20);
+    let layout = common::small(1009, 1 << 20);
     let mut args = vec![
         "migrate".to_owned(),
         s(&pki).to_owned(),
@@ -543,7 +543,7 @@ fn sample_tree(root: &Path, n: usize) {
 
 #[test]
 fn files_are_created_0600_and_never_widened() {
-    let l = common::Layout::small(1009, 1 << 20);
+    let l = common::small(1009, 1 << 20);
     let t = tempfile::tempdir().unwrap();
     let pki = t.path().join("pki");
     sample_tree(&pki, 3);
@@ -659,7 +659,7 @@ fn files_written_as_root_belong_to_the_directory_owner() {
     if !skip::needs_root("files_written_as_root_belong_to_the_directory_owner") {
         return;
     }
-    let l = common::Layout::small(1009, 1 << 20);
+    let l = common::small(1009, 1 << 20);
     let t = tempfile::tempdir().unwrap();
     let pki = t.path().join("pki");
     sample_tree(&pki, 2);

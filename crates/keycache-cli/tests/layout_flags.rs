@@ -14,20 +14,20 @@ mod common;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use common::{keycache, repo, salt_dump_many, Layout};
+use common::{keycache, repo, salt_dump_many, Params, ParamsExt};
 use keycache_testkit::rng::Rng;
 use serde_json::Value;
 
 /// The stores' true layouts.
-fn layouts() -> [Layout; 2] {
+fn layouts() -> [Params; 2] {
     [
-        Layout {
+        Params {
             size: 509,
             slot_size: 96,
             id_size: 64,
             max_segment_bytes: 4096,
         },
-        Layout {
+        Params {
             size: 307,
             slot_size: 112,
             id_size: 80,
@@ -62,8 +62,8 @@ fn copy_dir(from: &Path, to: &Path) {
     }
 }
 
-/// Layout flags: each of the four right, wrong, or left out.
-fn flags(rng: &mut Rng, truth: &Layout) -> Vec<String> {
+/// Params flags: each of the four right, wrong, or left out.
+fn flags(rng: &mut Rng, truth: &Params) -> Vec<String> {
     let mut f = Vec::new();
     let mut push = |name: &str, v: String| {
         f.push(format!("--{name}"));
@@ -157,7 +157,7 @@ fn wrong_layout_flags_never_cost_an_entry() {
 
     let mut rng = Rng::new(0x1a70_0f1a);
     // (base, store, layout after, deleted id, what ran)
-    let mut ran: Vec<(usize, PathBuf, Layout, Option<String>, String)> = Vec::new();
+    let mut ran: Vec<(usize, PathBuf, Params, Option<String>, String)> = Vec::new();
     let (mut refused, mut done) = (0, 0);
     for case in 0..cases {
         let b = rng.below(2) as usize;
@@ -209,7 +209,7 @@ fn wrong_layout_flags_never_cost_an_entry() {
         if ok {
             done += 1;
             let after = match args.iter().position(|a| a == "--to-size") {
-                Some(i) => Layout {
+                Some(i) => Params {
                     size: args[i + 1].parse().unwrap(),
                     ..*truth
                 },

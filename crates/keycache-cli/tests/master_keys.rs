@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use common::salt_master::{
     assert_bank_private, check_served, private_dir, salt_crypto, state_dirs, Master,
 };
-use common::Layout;
+use common::{small, Params, ParamsExt};
 use keycache::master_keys::{
     self, Collected, MasterKeyOptions, MasterKeySkipReason, MasterKeysReport, OnDiffer,
 };
@@ -25,8 +25,8 @@ use serde_json::{json, Value};
 
 const SIZE: u64 = 1009;
 
-fn layout() -> Layout {
-    Layout::small(SIZE, 1 << 30)
+fn layout() -> Params {
+    small(SIZE, 1 << 30)
 }
 
 fn names(c: &Collected) -> Vec<&str> {

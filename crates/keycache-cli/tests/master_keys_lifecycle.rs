@@ -12,14 +12,14 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 use common::salt_master::{assert_bank_private, check_served, salt_crypto, state_dirs, Master};
-use common::Layout;
+use common::{small, Params, ParamsExt};
 use keycache::master_keys::{self, MasterKeyOptions};
 use serde_json::{json, Value};
 
 const SIZE: u64 = 1009;
 
-fn layout(size: u64) -> Layout {
-    Layout::small(size, 1 << 30)
+fn layout(size: u64) -> Params {
+    small(size, 1 << 30)
 }
 
 /// Runs the keycache binary, which must succeed; returns stdout and stderr.

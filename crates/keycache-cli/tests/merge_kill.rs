@@ -42,7 +42,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::Layout;
+use common::{small, Params, ParamsExt};
 use keycache::merge::{self, MergeOptions};
 use keycache::snapshot::{self, Snapshot, SnapshotOptions};
 use keycache::{tree, KeyState, MinionId, Store};
@@ -51,8 +51,8 @@ use keycache_testkit::rng::Rng;
 use keycache_testkit::tracer;
 use serde_json::Value;
 
-fn layout() -> Layout {
-    Layout::small(1009, 16 * 1024)
+fn layout() -> Params {
+    small(1009, 16 * 1024)
 }
 
 /// `keycache ARGS[0] DIR ARGS[1..] <layout>`.

@@ -31,7 +31,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use common::{pem, salt, Layout, Rng};
+use common::{pem, salt, small, Params, ParamsExt, Rng};
 use keycache::history::{value_hash, Kind};
 use keycache::snapshot::{Bank, Snapshot};
 use serde_json::{json, Value};
@@ -41,8 +41,8 @@ use serde_json::{json, Value};
 /// `denied_keys` bank.
 type Model = BTreeMap<(Bank, String), (&'static str, String)>;
 
-fn layout() -> Layout {
-    Layout::small(1009, 1 << 20)
+fn layout() -> Params {
+    small(1009, 1 << 20)
 }
 
 /// Runs the keycache binary with the test layout; rebuilds do not wait

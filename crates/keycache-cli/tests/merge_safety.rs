@@ -555,7 +555,7 @@ fn a_mass_deletion_is_refused_unless_allowed() {
     assert_eq!(files_changed(&before, &files(&a)), Vec::<String>::new());
     let o = pull(&a, &b, &["--allow-mass-revoke"]);
     ok(&o);
-    let d = common::kc_dump(&a, &common::Layout::small(1009, 1 << 30));
+    let d = common::kc_dump(&a, &common::small(1009, 1 << 30));
     assert_eq!(d["keys"].as_object().unwrap().len(), 6, "{}", text(&o));
     for id in &doomed {
         assert!(!a.join("minions").join(id).exists(), "minions/{id} left");

@@ -21,12 +21,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{Layout, Rng};
+use common::{Params, ParamsExt, Rng};
 use keycache::{KeyState, MinionId, Store};
 use serde_json::{json, Value};
 
-fn layout() -> Layout {
-    Layout {
+fn layout() -> Params {
+    Params {
         size: 1009,
         max_segment_bytes: 64 * 1024,
         id_size: 64,

@@ -11,7 +11,7 @@ mod common;
 
 use std::path::Path;
 
-use common::{keycache, ok, pem, salt, Layout};
+use common::{keycache, ok, pem, salt, small, Params, ParamsExt};
 use keycache::{Error, KeyState, MinionId, Store};
 
 fn put_many(store: &Store, prefix: &str, n: usize, state: KeyState) {
@@ -45,13 +45,13 @@ fn files(dir: &Path) -> Vec<(String, Vec<u8>)> {
 fn opening_with_a_wrong_id_size_is_refused_naming_the_layout_of_the_files() {
     let t = tempfile::tempdir().unwrap();
     let dir = t.path();
-    let right = Layout::small(1009, 1 << 20);
+    let right = small(1009, 1 << 20);
     let store = Store::open_with(dir, &right.options()).unwrap();
     put_many(&store, "m", 12, KeyState::Accepted);
     drop(store);
     let before = files(dir);
     for id_size in [32usize, 48, 70] {
-        let wrong = Layout { id_size, ..right };
+        let wrong = Params { id_size, ..right };
         match Store::open_with(dir, &wrong.options()) {
             Err(Error::LayoutMismatch {
                 path, looks_like, ..
@@ -79,7 +79,7 @@ fn opening_with_a_wrong_id_size_is_refused_naming_the_layout_of_the_files() {
 fn a_lowered_segment_cap_rolls_to_a_new_segment_and_salt_reads_it() {
     let t = tempfile::tempdir().unwrap();
     let dir = t.path();
-    let big = Layout::small(1009, 1 << 20);
+    let big = small(1009, 1 << 20);
     let store = Store::open_with(dir, &big.options()).unwrap();
     put_many(&store, "old", 10, KeyState::Accepted);
     drop(store);
@@ -87,7 +87,7 @@ fn a_lowered_segment_cap_rolls_to_a_new_segment_and_salt_reads_it() {
     let heap_len = std::fs::metadata(&heap).unwrap().len();
     assert!(heap_len > 4096, "{heap_len}");
 
-    let small = Layout::small(1009, 2048);
+    let small = small(1009, 2048);
     let store = Store::open_with(dir, &small.options()).unwrap();
     put_many(&store, "new", 6, KeyState::Pending);
     store

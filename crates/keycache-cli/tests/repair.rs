@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::{kc_dump, keycache, keycache_json, salt_dump_many, Layout};
+use common::{kc_dump, keycache, keycache_json, salt_dump_many, small, Params, ParamsExt};
 use keycache::format;
 use keycache::store::KEYS_INDEX;
 use keycache::{KeyState, MinionId, Store};
@@ -23,8 +23,8 @@ use serde_json::Value;
 
 const SEG: u64 = 4096;
 
-fn layout() -> Layout {
-    Layout::small(1009, SEG)
+fn layout() -> Params {
+    small(1009, SEG)
 }
 
 fn args<'a>(cmd: &'a str, dir: &'a str, extra: &[&'a str], l: &'a [String]) -> Vec<&'a str> {

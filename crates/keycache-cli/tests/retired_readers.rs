@@ -14,14 +14,14 @@ use std::path::Path;
 use std::process::Output;
 use std::time::Duration;
 
-use common::{ok, pem, salt, Layout};
+use common::{ok, pem, salt, small, Params, ParamsExt};
 use keycache::table::RETIRED_MAGIC;
 use keycache::{KeyBatch, KeyState, MinionId, OpenOptions, Store};
 
 const VICTIM: &str = "victim.example.com";
 
-fn layout(size: u64) -> Layout {
-    Layout::small(size, 1 << 20)
+fn layout(size: u64) -> Params {
+    small(size, 1 << 20)
 }
 
 /// A reader's options: refreshes only every hour.

@@ -8,7 +8,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use common::{pem, salt, Layout, Rng};
+use common::{pem, salt, small, Params, ParamsExt, Rng};
 use keycache::store::KeyState;
 use keycache::{MinionId, Store};
 use serde_json::{json, Value};
@@ -64,7 +64,7 @@ fn apply_keycache(store: &Store, op: &Value) {
 }
 
 /// What keycache reads: the same shape as the driver's dump.
-fn keycache_view(dir: &Path, layout: &Layout) -> Value {
+fn keycache_view(dir: &Path, layout: &Params) -> Value {
     let store = Store::open_with(dir, &layout.options()).unwrap();
     let mut keys = serde_json::Map::new();
     let mut order = Vec::new();
@@ -86,14 +86,14 @@ fn keycache_view(dir: &Path, layout: &Layout) -> Value {
     json!({"keys": keys, "denied_keys": denied, "keys_order": order, "denied_order": dorder})
 }
 
-fn salt_view(dir: &Path, layout: &Layout) -> Value {
+fn salt_view(dir: &Path, layout: &Params) -> Value {
     let d = salt(dir, layout, &["dump"], None);
     json!({"keys": d["keys"], "denied_keys": d["denied_keys"], "keys_order": d["keys_order"], "denied_order": d["denied_order"]})
 }
 
 /// Both readers agree, entry for entry, and single lookups agree with the
 /// listing (through keycache's get and Salt's fetch).
-fn assert_same(dir: &Path, layout: &Layout, ids: &[String], ctx: &str) {
+fn assert_same(dir: &Path, layout: &Params, ids: &[String], ctx: &str) {
     let k = keycache_view(dir, layout);
     let s = salt_view(dir, layout);
     assert_eq!(k["keys"], s["keys"], "{ctx}: keys bank differs");
@@ -146,7 +146,7 @@ fn what_salt_writes_keycache_reads() {
     let ids = ids();
     for seed in [1u64, 2, 3] {
         let d = tempfile::tempdir().unwrap();
-        let layout = Layout::small(23, 400);
+        let layout = small(23, 400);
         let mut rng = Rng::new(seed * 7919);
         let ops: Vec<Value> = (0..120).map(|i| random_op(&mut rng, &ids, i)).collect();
         salt(d.path(), &layout, &["apply"], Some(&Value::Array(ops)));
@@ -164,7 +164,7 @@ fn what_keycache_writes_salt_reads() {
     let ids = ids();
     for seed in [11u64, 12, 13] {
         let d = tempfile::tempdir().unwrap();
-        let layout = Layout::small(23, 400);
+        let layout = small(23, 400);
         let store = Store::open_with(d.path(), &layout.options()).unwrap();
         let mut rng = Rng::new(seed * 104_729);
         for i in 0..120 {
@@ -199,7 +199,7 @@ fn what_keycache_writes_salt_reads() {
 fn salt_and_keycache_writers_alternate() {
     let ids = ids();
     let d = tempfile::tempdir().unwrap();
-    let layout = Layout::small(29, 300);
+    let layout = small(29, 300);
     let mut rng = Rng::new(424_242);
     for round in 0..8 {
         let ops: Vec<Value> = (0..25)
@@ -233,7 +233,7 @@ fn salt_and_keycache_writers_alternate() {
 fn a_bank_of_any_name_through_the_generic_table() {
     use keycache::table::Table;
     let d = tempfile::tempdir().unwrap();
-    let layout = Layout::small(17, 100);
+    let layout = small(17, 100);
     let idx = d.path().join(".mmap_master.idx");
     let t = Table::open(&idx, &layout.options()).unwrap();
     let mut want = BTreeMap::new();
@@ -318,7 +318,7 @@ fn layout_hash_is_pythons_xxh3() {
 #[test]
 fn salts_misplaced_tombstone_is_skipped_and_mended() {
     let d = tempfile::tempdir().unwrap();
-    let layout = Layout::small(17, 4096);
+    let layout = small(17, 4096);
     let ops = json!([
         {"op": "store", "bank": "keys", "id": "alpha", "state": "accepted", "pub": pem("a", 80)},
         {"op": "store", "bank": "keys", "id": "beta", "state": "pending", "pub": pem("b", 80)},

@@ -27,14 +27,14 @@ use std::hash::{Hash, Hasher};
 use std::io::{BufRead, BufReader};
 use std::time::{Duration, Instant};
 
-use common::Layout;
+use common::{small, Params, ParamsExt};
 use keycache::history::Kind;
 use keycache::snapshot::Snapshot;
 use serde_json::Value;
 
 /// Segments of 8 KiB: Salt's writer rolls one every dozen values.
-fn layout() -> Layout {
-    Layout::small(1009, 8 * 1024)
+fn layout() -> Params {
+    small(1009, 8 * 1024)
 }
 
 /// Salt's writer: random ops on a few ids until `stop` exists, each value

@@ -24,13 +24,14 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 use common::{
-    files, files_changed as changes, reseal, snapshot_bytes, snapshot_parts, Layout, RawEntry,
+    files, files_changed as changes, reseal, small, snapshot_bytes, snapshot_parts, Params,
+    ParamsExt, RawEntry,
 };
 use keycache::snapshot::{Snapshot, HEADER_LEN, MAGIC, TRAILER_LEN};
 use keycache::{KeyState, MinionId, Store};
 
-fn layout() -> Layout {
-    Layout::small(1009, 16 * 1024)
+fn layout() -> Params {
+    small(1009, 16 * 1024)
 }
 
 /// How a damaged file is handed to `keycache merge`: (how, arguments,

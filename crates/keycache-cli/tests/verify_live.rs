@@ -14,12 +14,12 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::{kc_dump, keycache_json, salt_dump_many, Layout};
+use common::{kc_dump, keycache_json, salt_dump_many, small, Params, ParamsExt};
 use serde_json::json;
 
 /// Segments of 16 KiB: Salt's writer rolls a new one every ~30 keys.
-fn layout() -> Layout {
-    Layout::small(20_011, 16 * 1024)
+fn layout() -> Params {
+    small(20_011, 16 * 1024)
 }
 
 /// Salt's writer, until `stop` exists: `keys` gets a pending key per

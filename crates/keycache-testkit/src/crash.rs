@@ -19,14 +19,14 @@ use keycache::verify::{self, Finding};
 use keycache::{KeyState, MinionId, Store};
 use serde_json::{json, Value};
 
-use crate::common::{self, pem, Layout};
+use crate::common::{self, pem, Params, ParamsExt};
 use crate::rng::Rng;
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
 use crate::{disk, tracer};
 
 /// The store layout of the crash tests.
-pub fn layout() -> Layout {
-    Layout {
+pub fn layout() -> Params {
+    Params {
         size: 127,
         max_segment_bytes: 4096,
         id_size: 64,

@@ -8,7 +8,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use keycache_testkit::common::{py_dir, python, Layout};
+use keycache_testkit::common::{py_dir, python, Params, ParamsExt};
 use serde_json::{json, Value};
 
 /// One master as the driver sees it.
@@ -24,12 +24,12 @@ pub struct Master {
     /// `master_sign_pubkey: True`.
     pub sign: bool,
     /// The layout (`mmap_key_size`, ...) of the `mmap_key` runs.
-    pub layout: Layout,
+    pub layout: Params,
 }
 
 impl Master {
     /// A standalone master with id `id`, its pki_dir `root/pki` (mode 0700).
-    pub fn new(root: &Path, id: &str, layout: Layout) -> Master {
+    pub fn new(root: &Path, id: &str, layout: Params) -> Master {
         Master {
             root: root.to_path_buf(),
             pki: private_dir(&root.join("pki")),
