@@ -312,11 +312,26 @@ pub fn run_py(script: &str, args: &[&str], stdin: Option<&Value>) -> Value {
         .unwrap_or_else(|e| panic!("{script} {args:?}: stdout is not JSON ({e})"))
 }
 
-/// Starts `script` (Python source run with `-c`) as a writer through Salt's
-/// own mmap_key, with the venv's Python and the arguments the concurrent
-/// tests' writers take: the test kit's `py/` directory, the store, the stop
-/// file (the writer ends when it appears) and `layout`'s four parameters.
-/// Its stdout is piped (the writer reports there), its stderr inherited.
+/// The start of every writer of [`spawn_salt_writer`]: imports `argparse`,
+/// `json`, `os`, `random`, `sys` and the driver (`sd`); sets `d` (the
+/// store), `stop` (the stop file), `args` (the layout) and `mk` (Salt's
+/// `mmap_key` on `d`).
+pub const SALT_WRITER_PRELUDE: &str = r#"
+import argparse, json, os, random, sys
+sys.path.insert(0, sys.argv[1])
+import salt_driver as sd
+d, stop = sys.argv[2], sys.argv[3]
+size, slot, ids, seg = (int(x) for x in sys.argv[4:8])
+args = argparse.Namespace(dir=d, size=size, slot_size=slot, id_size=ids, max_segment_bytes=seg)
+mk = sd._mmap_key_for(args, d)
+"#;
+
+/// Starts `script` (Python source run with `-c`, after
+/// [`SALT_WRITER_PRELUDE`]) as a writer through Salt's own mmap_key, with
+/// the venv's Python and the arguments the concurrent tests' writers take:
+/// the test kit's `py/` directory, the store, the stop file (the writer
+/// ends when it appears) and `layout`'s four parameters. Its stdout is
+/// piped (the writer reports there), its stderr inherited.
 pub fn spawn_salt_writer(
     script: &str,
     dir: &Path,
@@ -325,7 +340,7 @@ pub fn spawn_salt_writer(
 ) -> std::process::Child {
     Command::new(python())
         .arg("-c")
-        .arg(script)
+        .arg(format!("{SALT_WRITER_PRELUDE}{script}"))
         .arg(py_dir())
         .arg(dir)
         .arg(stop)

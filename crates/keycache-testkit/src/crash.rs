@@ -4,9 +4,10 @@
 //! by the real Salt at the end of a test, and the kill-at-every-step
 //! driver of the CLI's rebuilds.
 //!
-//! The crash tests (`crates/keycache-cli/tests/crash_*.rs`) re-execute
-//! their own test binary as the child writer: each defines an `#[ignore]`d
-//! `child_writer` test that calls [`child_writer_main`], and
+//! The crash tests (`crates/keycache-cli/tests/cli/crash/`) re-execute
+//! their own test binary as the child writer: its `#[ignore]`d
+//! `child_writer` test, at the root of the binary (`tests/cli/main.rs`, so
+//! that `--exact child_writer` names it), calls [`child_writer_main`], and
 //! [`writer_command`] runs it with `--ignored --exact child_writer`.
 
 use std::collections::{BTreeMap, HashSet};
@@ -252,7 +253,7 @@ impl Model {
 
 /// The child writer: runs random ops on `KEYCACHE_CRASH_DIR` until killed
 /// (or `KEYCACHE_CRASH_OPS` ops), printing `@@B seq op` before and `@@A seq`
-/// after each. The body of each crash test binary's `#[ignore]`d
+/// after each. The body of the CLI test binary's `#[ignore]`d
 /// `child_writer` test, which only [`writer_command`] runs.
 pub fn child_writer_main() {
     let Some(dir) = std::env::var_os("KEYCACHE_CRASH_DIR") else {
