@@ -8,6 +8,7 @@ use std::process::Output;
 
 pub use keycache_testkit::cmd::{check_fails, check_ok, parse_json, stderr, stdout, TestCommand};
 pub use keycache_testkit::common::*;
+pub use keycache_testkit::crash::env_u64;
 use keycache_testkit::crash::Cli;
 use serde_json::Value;
 

@@ -8,6 +8,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use keycache_testkit::cmd::check_ok;
 use keycache_testkit::common::{py_dir, python, Params, ParamsExt, TREE_DIRS};
 use serde_json::{json, Value};
 
@@ -83,11 +84,7 @@ impl Master {
     /// [`Master::try_run`], which must succeed; its JSON document.
     pub fn run(&self, driver: &str, args: &[&str]) -> Value {
         let out = self.try_run(driver, args);
-        assert!(
-            out.status.success(),
-            "master_keys.py {args:?} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        check_ok(&format!("master_keys.py {args:?} failed"), &out);
         serde_json::from_slice(&out.stdout).expect("master_keys.py prints JSON")
     }
 

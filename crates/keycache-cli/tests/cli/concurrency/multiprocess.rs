@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::common::{Params, ParamsExt, Rng};
+use crate::common::{env_u64, Params, ParamsExt, Rng};
 use keycache::{KeyState, MinionId, Store};
 use serde_json::{json, Value};
 
@@ -72,10 +72,7 @@ fn state_name(s: KeyState) -> &'static str {
 
 #[test]
 fn readers_writers_cli_and_salt_on_one_store() {
-    let secs: u64 = std::env::var("KEYCACHE_MP_SECONDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(8);
+    let secs = env_u64("KEYCACHE_MP_SECONDS", 8);
     assert_eq!(
         run(secs),
         0,

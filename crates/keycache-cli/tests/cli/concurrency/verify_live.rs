@@ -14,7 +14,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use crate::common::{kc_dump, keycache_json, salt_dump_many, small, Params, ParamsExt};
+use crate::common::{env_u64, kc_dump, keycache_json, salt_dump_many, small, Params, ParamsExt};
 use serde_json::json;
 
 /// Segments of 16 KiB: Salt's writer rolls a new one every ~30 keys.
@@ -69,10 +69,7 @@ fn occupied(dir: &Path) -> u64 {
 
 #[test]
 fn verify_and_repair_report_nothing_and_rebuild_nothing_while_salt_adds_keys() {
-    let runs: usize = std::env::var("KEYCACHE_LIVE_VERIFY_RUNS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(150);
+    let runs = env_u64("KEYCACHE_LIVE_VERIFY_RUNS", 150) as usize;
     let t = tempfile::tempdir().unwrap();
     let dir = t.path().join("s");
     std::fs::create_dir(&dir).unwrap();

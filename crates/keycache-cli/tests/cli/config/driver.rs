@@ -3,7 +3,7 @@
 //! `mmap_key` and `keycache` (the driver of `saltext.keycache`, which reads
 //! and writes the same banks) do not.
 
-use crate::common::keycache;
+use crate::common::{keycache, stderr};
 
 const WARNING: &str = "does not read these banks";
 
@@ -21,7 +21,7 @@ fn list_with(driver: Option<&str>) -> String {
     }
     std::fs::write(conf.join("master"), text).unwrap();
     let o = keycache(&["list", "-c", conf.to_str().unwrap()]);
-    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    let err = stderr(&o);
     assert!(o.status.success(), "{driver:?}: {err}");
     err
 }

@@ -42,7 +42,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use crate::common::{gen_pki_tree, small, Params, ParamsExt};
+use crate::common::{check_ok, gen_pki_tree, small, Params, ParamsExt};
 use keycache::merge::{self, MergeOptions};
 use keycache::snapshot::{self, Snapshot, SnapshotOptions};
 use keycache::{tree, KeyState, MinionId, Store};
@@ -65,13 +65,7 @@ fn kc_args(dir: &Path, args: &[&str]) -> Vec<String> {
 
 fn run_ok(kc: &Cli, dir: &Path, args: &[&str], ctx: &str) -> Vec<u8> {
     let out = kc.cmd().args(kc_args(dir, args)).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{ctx}: keycache {args:?}: exit {:?}: {}{}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    check_ok(&format!("{ctx}: keycache {args:?}"), &out);
     out.stdout
 }
 
@@ -424,12 +418,7 @@ fn merge_killed_at_random_points_leaves_old_or_new_state_whole() {
         check_tree(&dir, &got, &ctx);
         // The merge again: finishes to the new state.
         let out = make(&dir).stderr(Stdio::piped()).output().unwrap();
-        assert_eq!(
-            out.status.code(),
-            Some(0),
-            "{ctx}: the merge again: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        check_ok(&format!("{ctx}: the merge again"), &out);
         let again = common::kc_dump(&dir, &l);
         assert!(
             again == after,
@@ -458,12 +447,9 @@ fn merge_killed_at_random_points_leaves_old_or_new_state_whole() {
             }
         }
         let v = kc.cmd().args(kc_args(&dir, &["verify"])).output().unwrap();
-        assert_eq!(
-            v.status.code(),
-            Some(0),
-            "{ctx}: keycache verify (banks and key tree) after the merge again: {}{}",
-            String::from_utf8_lossy(&v.stdout),
-            String::from_utf8_lossy(&v.stderr)
+        check_ok(
+            &format!("{ctx}: keycache verify (banks and key tree) after the merge again"),
+            &v,
         );
         check_history(&dir, &ctx);
         if k % 8 == 0 {

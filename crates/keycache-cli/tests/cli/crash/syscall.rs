@@ -19,7 +19,7 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use crate::common::{pem, Params, ParamsExt, TREE_DIRS};
+use crate::common::{check_ok, pem, Params, ParamsExt, TREE_DIRS};
 use keycache::verify;
 use keycache::Store;
 use keycache_testkit::crash::{
@@ -176,12 +176,7 @@ fn compact_to_size_killed_at_every_step() {
             ];
             a.extend(l.args().into_iter().skip(2));
             let out = kc.cmd().args(&a).output().unwrap();
-            assert!(
-                out.status.success(),
-                "{ctx}: keycache verify without --size: {}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
+            check_ok(&format!("{ctx}: keycache verify without --size"), &out);
             let (k, d) = (len(".mmap_keys.idx"), len(".mmap_denied.idx"));
             assert_eq!(
                 k, d,

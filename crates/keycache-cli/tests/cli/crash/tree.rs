@@ -11,7 +11,7 @@
 //! Scale with `KEYCACHE_TREE_KILLS` (default 150).
 
 use crate::common;
-use crate::common::{open, sized, ParamsExt};
+use crate::common::{env_u64, open, sized, ParamsExt};
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -77,10 +77,7 @@ fn copy_minions(pki: &Path, to: &Path) {
 
 #[test]
 fn tree_writers_killed_at_random_moments_never_let_a_minion_in() {
-    let kills: u64 = std::env::var("KEYCACHE_TREE_KILLS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(150);
+    let kills = env_u64("KEYCACHE_TREE_KILLS", 150);
     let t = tempfile::tempdir().unwrap();
     let keys = t.path().join("keys");
     let pki = t.path().join("pki");

@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use crate::common::{keycache, pem, Params, ParamsExt, Rng};
+use crate::common::{env_u64, keycache, pem, Params, ParamsExt, Rng};
 use keycache::store::{DENIED_INDEX, KEYS_INDEX};
 use keycache::verify::{self, Finding};
 use keycache::{Error, KeyState, MinionId, Store};
@@ -561,10 +561,7 @@ fn with_watchdog<T: Send + 'static>(what: String, f: impl FnOnce() -> T + Send +
 #[test]
 fn damaged_files_never_panic_hang_or_lie() {
     install_sigbus();
-    let n = std::env::var("KEYCACHE_CORRUPTIONS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(600u64);
+    let n = env_u64("KEYCACHE_CORRUPTIONS", 600);
     let t = tempfile::tempdir().unwrap();
     let base = t.path().join("base");
     std::fs::create_dir(&base).unwrap();

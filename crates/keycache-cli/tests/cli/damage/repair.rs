@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::common::{
-    kc_dump, keycache, keycache_json, ok, salt_dump_many, small, Params, ParamsExt,
+    check_ok, kc_dump, keycache, keycache_json, ok, salt_dump_many, small, Params, ParamsExt,
 };
 use keycache::format;
 use keycache::store::KEYS_INDEX;
@@ -304,12 +304,7 @@ fn repair_case(name: &str, hits: &[Hit]) {
     }
     drop(s);
     let out = keycache(&args("verify", ds, &[], &l));
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{name}: {}",
-        String::from_utf8_lossy(&out.stdout)
-    );
+    check_ok(name, &out);
     assert_eq!(
         keys_of(&kc_dump(&dir, &layout())),
         keys_of(&before),

@@ -2,11 +2,7 @@
 //! accept/reject/delete ids and confirmation, the notice of a wait for a
 //! bank's lock.
 
-use super::{files, no_panic};
-use crate::common::{
-    keycache, keycache_exits, keycache_json, keycache_ok, keycache_ok_json, ok, pem, s, sample_pki,
-    sample_store, stderr, stdout, BIN,
-};
+use super::*;
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::PermissionsExt;

@@ -1,11 +1,7 @@
 //! The CLI's edges: refusals and damage: a layout that is not the files', stores that
 //! cannot be read in full, compact's load limit, `--user`.
 
-use super::{files, no_panic};
-use crate::common::{
-    keycache, keycache_exits, keycache_json, keycache_ok, keycache_ok_json, s, sample_pki,
-    sample_store, stderr, stdout, BIN,
-};
+use super::*;
 
 use std::path::Path;
 use std::process::Command;

@@ -1,11 +1,7 @@
 //! The CLI's edges: what the CLI prints: private key material never, a closed stdout,
 //! ids escaped in text output.
 
-use super::no_panic;
-use crate::common::{
-    keycache, keycache_json, keycache_ok, keycache_ok_json, open, pem, s, salt, sample_pki,
-    sample_store, sized, small, stderr, stdout, BIN, TREE_DIRS,
-};
+use super::*;
 
 use std::process::{Command, Output, Stdio};
 

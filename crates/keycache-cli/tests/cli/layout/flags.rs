@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use crate::common::{keycache, repo, salt_dump_many, Params, ParamsExt};
+use crate::common::{check_ok, env_u64, keycache, repo, salt_dump_many, Params, ParamsExt};
 use keycache_testkit::rng::Rng;
 use serde_json::Value;
 
@@ -117,10 +117,7 @@ fn salt_view(dump: &Value) -> BTreeMap<(String, String), String> {
 
 #[test]
 fn wrong_layout_flags_never_cost_an_entry() {
-    let cases: usize = std::env::var("KEYCACHE_LAYOUT_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(100);
+    let cases = env_u64("KEYCACHE_LAYOUT_CASES", 100) as usize;
     let t = tempfile::tempdir().unwrap();
     let sample = repo().join("tools/sample-pki");
     let mut bases = Vec::new();
@@ -131,11 +128,7 @@ fn wrong_layout_flags_never_cost_an_entry() {
         args.extend(l.args());
         let a: Vec<&str> = args.iter().map(String::as_str).collect();
         let o = keycache(&a);
-        assert!(
-            o.status.success(),
-            "migrate: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
+        check_ok("migrate", &o);
         let before = salt_view(&salt_dump_many(std::slice::from_ref(&base), l)[0].0);
         assert!(
             before.len() > 20,

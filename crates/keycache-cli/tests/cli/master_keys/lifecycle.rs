@@ -14,7 +14,7 @@ use std::path::Path;
 use crate::common::salt_master::{
     assert_bank_private, check_served, salt_crypto, state_dirs, Master,
 };
-use crate::common::{keycache_ok_texts, small, Params, ParamsExt};
+use crate::common::{check_fails, keycache_ok_texts, small, stderr, Params, ParamsExt};
 use keycache::master_keys::{self, MasterKeyOptions};
 use serde_json::{json, Value};
 
@@ -129,14 +129,8 @@ fn keycache_in(cwd: &Path, args: &[&str]) -> std::process::Output {
 
 /// Asserts that `o` failed with exit code 2; returns its stderr.
 fn refused(o: &std::process::Output) -> String {
-    let err = String::from_utf8_lossy(&o.stderr).into_owned();
-    assert_eq!(
-        o.status.code(),
-        Some(2),
-        "{}{err}",
-        String::from_utf8_lossy(&o.stdout)
-    );
-    err
+    check_fails("keycache", o, 2);
+    stderr(o)
 }
 
 /// Every regular file under `dir`, with its bytes and mode, to show that a

@@ -26,7 +26,7 @@
 //! its id on any peer: no revoked key comes back.
 
 use crate::common;
-use crate::common::{pem, s, salt, small, Params, ParamsExt, Rng};
+use crate::common::{check_ok, pem, s, salt, small, Params, ParamsExt, Rng};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -56,13 +56,7 @@ fn kc(args: &[&str]) -> Output {
 }
 
 fn ok(out: &Output, what: &str) {
-    assert!(
-        out.status.success(),
-        "{what}: exit {:?}\nstdout: {}\nstderr: {}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    check_ok(what, out);
 }
 
 fn state_name(s: &str) -> &'static str {
@@ -495,12 +489,7 @@ impl Peers {
             assert_eq!(read(d), self.models[i], "peer {i}");
             for j in i + 1..self.dirs.len() {
                 let out = kc(&["diff", s(d), s(&self.dirs[j])]);
-                assert_eq!(
-                    out.status.code(),
-                    Some(0),
-                    "diff peer {i} peer {j}: {}",
-                    String::from_utf8_lossy(&out.stdout)
-                );
+                check_ok(&format!("diff peer {i} peer {j}"), &out);
             }
             for ((bank, id), (state, key)) in &self.models[i] {
                 if *bank != Bank::Keys || *state != "accepted" {

@@ -104,9 +104,7 @@ impl Cluster {
             ids: ids.iter().map(|s| s.to_string()).collect(),
             m,
         };
-        c.pull_ok(1, 0);
-        c.pull_ok(0, 1);
-        c.pull_ok(1, 0);
+        c.pulls(&[(1, 0), (0, 1), (1, 0)]);
         for k in 2..names.len() {
             c.pull_ok(k, 0);
             c.pull_ok(0, k);
@@ -118,6 +116,13 @@ impl Cluster {
         let all: Vec<Vec<String>> = vec![c.ids.clone(); names.len()];
         assert_eq!(c.passing(), all, "every id accepted on every master");
         c
+    }
+
+    /// [`Cluster::pull_ok`] for each (a, b) in turn.
+    fn pulls(&self, pairs: &[(usize, usize)]) {
+        for &(a, b) in pairs {
+            self.pull_ok(a, b);
+        }
     }
 
     /// Master `a` merges master `b`'s snapshot by the timer recipe.
@@ -133,9 +138,7 @@ impl Cluster {
     }
 
     fn pull_ok(&self, a: usize, b: usize) -> String {
-        let o = self.pull(a, b, &[]);
-        ok(&o);
-        String::from_utf8_lossy(&o.stdout).into_owned()
+        ok(&self.pull(a, b, &[]))
     }
 
     /// Per master, the ids whose minion Salt's validate_token accepts.
@@ -187,11 +190,7 @@ fn a_new_peers_first_merges_keep_a_deletion() {
     ok(&kc(&["delete", s(&c.m[0]), "m1"]));
     // C is new: it merges from B (which still holds m1), then from A.
     c.m.push(pki_master(&common::cli(), t.path(), "c", &[], &size_1009()));
-    c.pull_ok(2, 1);
-    c.pull_ok(2, 0);
-    c.pull_ok(0, 2);
-    c.pull_ok(1, 0);
-    c.pull_ok(1, 2);
+    c.pulls(&[(2, 1), (2, 0), (0, 2), (1, 0), (1, 2)]);
     c.revoked_everywhere("m1", &["m2", "m3"]);
     c.same();
 }
@@ -260,8 +259,7 @@ fn a_replayed_older_snapshot_is_refused_and_changes_nothing() {
 fn lost_bases_do_not_re_add_a_deleted_key() {
     let t = tempfile::tempdir().unwrap();
     let c = Cluster::new(t.path(), &["a", "b"], &["m1", "m2"]);
-    c.pull_ok(0, 1);
-    c.pull_ok(1, 0);
+    c.pulls(&[(0, 1), (1, 0)]);
     for e in std::fs::read_dir(&c.t).unwrap() {
         let p = e.unwrap().path();
         if p.file_name()
@@ -647,9 +645,7 @@ fn a_key_deleted_right_after_a_merge_brought_it_stays_deleted() {
     assert_eq!(c.passing()[0], ["m1", "m2", "m3"]);
     // A's operator deletes it at once (before A's next merge).
     ok(&kc(&["delete", s(&c.m[0]), "m3"]));
-    c.pull_ok(1, 0);
-    c.pull_ok(0, 1);
-    c.pull_ok(1, 0);
+    c.pulls(&[(1, 0), (0, 1), (1, 0)]);
     c.revoked_everywhere("m3", &["m1", "m2"]);
     c.same();
 }

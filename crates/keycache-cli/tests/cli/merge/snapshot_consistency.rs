@@ -27,7 +27,7 @@ use std::hash::{Hash, Hasher};
 use std::io::{BufRead, BufReader};
 use std::time::{Duration, Instant};
 
-use crate::common::{small, Params, ParamsExt};
+use crate::common::{check_ok, env_u64, small, Params, ParamsExt};
 use keycache::history::Kind;
 use keycache::snapshot::Snapshot;
 use serde_json::Value;
@@ -158,10 +158,7 @@ fn read_snapshot(bytes: &[u8], ctx: &str) -> (State, u64, Tombstones) {
 
 #[test]
 fn snapshots_taken_while_salt_writes_are_moments_of_the_store() {
-    let secs: u64 = std::env::var("KEYCACHE_SNAP_SECONDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(8);
+    let secs = env_u64("KEYCACHE_SNAP_SECONDS", 8);
     let kc = common::cli();
     let t = tempfile::tempdir().unwrap();
     let dir = t.path().join("s");
@@ -210,12 +207,7 @@ fn snapshots_taken_while_salt_writes_are_moments_of_the_store() {
             cmd.arg("-o").arg(&file);
         }
         let o = cmd.output().unwrap();
-        assert_eq!(
-            o.status.code(),
-            Some(0),
-            "keycache snapshot {i} while Salt writes: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
+        check_ok(&format!("keycache snapshot {i} while Salt writes"), &o);
         let bytes = if to_stdout {
             o.stdout
         } else {

@@ -24,8 +24,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 use crate::common::{
-    files, files_changed as changes, gen_pki_tree, reseal, small, snapshot_bytes, snapshot_parts,
-    Params, ParamsExt, RawEntry,
+    check_ok, files, files_changed as changes, gen_pki_tree, reseal, small, snapshot_bytes,
+    snapshot_parts, stderr, Params, ParamsExt, RawEntry,
 };
 use keycache::snapshot::{Snapshot, HEADER_LEN, MAGIC, TRAILER_LEN};
 use keycache::{KeyState, MinionId, Store};
@@ -97,11 +97,7 @@ fn theirs_snapshot(root: &Path) -> Vec<u8> {
         .args(layout().args())
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "keycache snapshot: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    check_ok("keycache snapshot", &out);
     let b = std::fs::read(&snap).unwrap();
     let s = Snapshot::from_bytes(&b, "theirs.snap").expect("the intact snapshot reads");
     assert_eq!(s.entries.len(), 12 + 3);
@@ -279,12 +275,7 @@ fn base_variants(root: &Path, pki: &Path, good_file: &Path) -> Vec<Variant> {
         .args(layout().args())
         .output()
         .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "merge --write-base: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    check_ok("merge --write-base", &out);
     let good = std::fs::read(&base).unwrap();
     assert_eq!(&good[..8], b"KCBASE\r\n");
     let n = good.len();
@@ -377,7 +368,7 @@ fn damaged_snapshots_are_refused_and_change_nothing() {
             let mut cmd = kc.cmd();
             cmd.arg("merge").arg(&pki).args(&args).args(l.args());
             let out = run(&mut cmd, stdin);
-            let err = String::from_utf8_lossy(&out.stderr).into_owned();
+            let err = stderr(&out);
             let ctx = format!("{what}, as {how}");
             checked += 1;
             if out.status.code() != Some(2) {
@@ -423,13 +414,7 @@ fn damaged_snapshots_are_refused_and_change_nothing() {
         .args(l.args())
         .output()
         .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "the intact snapshot: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    check_ok("the intact snapshot", &out);
     let after = files(&pki);
     assert!(
         !changes(&before, &after).is_empty(),

@@ -8,7 +8,8 @@
 
 use crate::common;
 use crate::common::{
-    keycache_1009, ok, open, pki_master, s, size_1009, sized, timer_pull, vt_keygen, vt_passing,
+    check_ok, keycache_1009, ok, open, pki_master, s, size_1009, sized, stdout, timer_pull,
+    vt_keygen, vt_passing,
 };
 
 use std::path::Path;
@@ -25,24 +26,13 @@ fn passing(keys: &Path, pki: &Path, ids: &[&str]) -> Vec<String> {
 /// recipe must merge) and text output.
 fn pull(t: &Path, a: &Path, b: &Path) -> String {
     let out = timer_pull(&common::cli(), t, a, b, &size_1009(), &[]);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "merge: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    check_ok("merge", &out);
+    stdout(&out)
 }
 
 fn same(a: &Path, b: &Path) {
     let d = keycache_1009(&["diff", s(a), s(b)]);
-    assert_eq!(
-        d.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&d.stdout)
-    );
+    check_ok("keycache diff", &d);
 }
 
 #[test]

@@ -14,14 +14,14 @@
 //!   refused by name before the store or the tree changes.
 
 use crate::common;
-use crate::common::{keycache_1009, ok, open, s, sized, TREE_DIRS};
+use crate::common::{keycache_1009, ok, open, s, sized, stdout, TREE_DIRS};
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use keycache::store::TreeSync;
 use keycache::tree::{self, TreeProblem};
-use keycache::{KeyState, MinionId};
+use keycache::{KeyState, MinionId, Store};
 use serde_json::Value;
 
 /// Runs `validate_token.py ARGS`, feeding `stdin`; its JSON.
@@ -71,6 +71,19 @@ fn passing(keys: &Path, pki: &Path, ids: &[&str]) -> Vec<String> {
         .filter(|(_, ok)| *ok)
         .map(|(id, _)| id)
         .collect()
+}
+
+/// Salt key pairs for `ids` in `keys/`; their public keys put pending in
+/// `st`.
+fn keygen_pending(st: &Store, keys: &Path, ids: &[&str]) {
+    for (id, pem) in keygen(keys, ids) {
+        st.put(
+            &MinionId::new(id).unwrap(),
+            KeyState::Pending,
+            pem.as_bytes(),
+        )
+        .unwrap();
+    }
 }
 
 /// A migrated master: `pki/minions_pre/<id>` for each id, migrated into
@@ -280,14 +293,7 @@ fn auto_is_off_without_a_minions_dir_and_always_creates_the_tree() {
     std::fs::create_dir(&pki).unwrap();
     let ids = ["b-1", "b-2"];
     let st = open(&pki, &sized(1009));
-    for (id, pem) in keygen(&keys, &ids) {
-        st.put(
-            &MinionId::new(id).unwrap(),
-            KeyState::Pending,
-            pem.as_bytes(),
-        )
-        .unwrap();
-    }
+    keygen_pending(&st, &keys, &ids);
     assert_eq!(TreeSync::auto(&pki), TreeSync::Off);
     let o = keycache_1009(&["accept", s(&pki), "b-1", "--json"]);
     ok(&o);
@@ -456,7 +462,7 @@ fn verify_reports_the_tree_and_repair_mends_it_toward_the_store() {
         "the revoked key still passes"
     );
     let o = keycache_1009(&["verify", s(&pki)]);
-    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    let out = stdout(&o);
     assert_eq!(o.status.code(), Some(1), "{out}");
     assert!(
         out.contains("minions/v-1") && out.contains("validate_token"),
@@ -525,7 +531,7 @@ fn verify_repair_refuses_a_tree_without_a_store_and_touches_nothing() {
     }
     assert_eq!(passing(&keys, &pki, &ids), vec!["n-acc"]);
     let o = keycache_1009(&["verify", s(&pki)]);
-    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    let out = stdout(&o);
     assert_eq!(o.status.code(), Some(1), "{out}");
     assert_eq!(out.matches("tree: ").count(), 4, "{out}");
     let before = dir_state(&pki);
@@ -567,14 +573,7 @@ fn a_dot_id_is_an_id_for_verify_repair_and_export() {
     let ids = [".m", "web"];
     std::fs::create_dir_all(pki.join("minions")).unwrap();
     let st = open(&pki, &sized(1009));
-    for (id, pem) in keygen(&keys, &ids) {
-        st.put(
-            &MinionId::new(id).unwrap(),
-            KeyState::Pending,
-            pem.as_bytes(),
-        )
-        .unwrap();
-    }
+    keygen_pending(&st, &keys, &ids);
     let salts = [
         ("minions/.key_cache", &b"\x81\xa4salt's key list cache"[..]),
         (
@@ -605,7 +604,7 @@ fn a_dot_id_is_an_id_for_verify_repair_and_export() {
     ]));
     assert_eq!(passing(&keys, &pki, &ids), ids.to_vec());
     let o = keycache_1009(&["verify", s(&pki)]);
-    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    let text = stdout(&o);
     assert_eq!(o.status.code(), Some(1), "{text}");
     assert!(
         text.contains(&format!("{}: a key file", s(&pki.join("minions/.m"))))
@@ -619,7 +618,7 @@ fn a_dot_id_is_an_id_for_verify_repair_and_export() {
 
     // export makes the exported tree follow: .m no longer passes there.
     let o = keycache_1009(&["export", s(&pki), "--to", s(&out)]);
-    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    let text = stdout(&o);
     assert!(o.status.success(), "{text}");
     assert!(
         text.contains(&format!("removed: {}", s(&out.join("minions/.m")))),
@@ -684,7 +683,7 @@ fn export_replaces_a_re_keyed_accepted_key_without_force() {
         .unwrap();
 
     let o = keycache_1009(&["export", s(&sd), "--to", s(&tree), "--dry-run"]);
-    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    let text = stdout(&o);
     let r_path = s(&tree.join("minions/r")).to_owned();
     assert!(text.contains(&format!("would replace: {r_path}")), "{text}");
     assert_eq!(passing(&old, &tree, &["r"]), vec!["r"], "a dry run wrote");
