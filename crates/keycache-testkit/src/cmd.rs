@@ -121,6 +121,14 @@ impl TestCommand {
         out
     }
 
+    /// Runs the command; its output, whatever its status, and its stdout
+    /// parsed as JSON (which it must be).
+    pub fn output_json(&mut self) -> (Output, Value) {
+        let out = self.output();
+        let v = parse_json(&self.line(), &out);
+        (out, v)
+    }
+
     /// Runs the command, which must succeed; its output.
     pub fn ok_output(&mut self) -> Output {
         let out = self.output();

@@ -3,8 +3,9 @@
 
 use crate::common;
 use crate::common::{
-    gen_pki_tree, keycache, keycache_exits, keycache_fails, keycache_json, keycache_json_exits,
-    keycache_ok, keycache_ok_json, pem, s, salt, sample_pki, sample_store, small, TREE_DIRS,
+    finding_whats, gen_pki_tree, keycache, keycache_exits, keycache_fails, keycache_json,
+    keycache_json_exits, keycache_ok, keycache_ok_json, pem, s, salt, sample_pki, sample_store,
+    small, TREE_DIRS,
 };
 use keycache_testkit::crash::copy_tree;
 
@@ -491,12 +492,7 @@ fn verify_finds_damage_and_repair_mends_it() {
     // Drop the roster: a crash between index and roster.
     std::fs::write(st.join(".mmap_denied.idx.roster"), b"").unwrap();
     let v = keycache_json_exits(&["verify", d, "--json"], 1);
-    let what: Vec<String> = v["findings"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|f| f["finding"]["what"].as_str().unwrap().to_owned())
-        .collect();
+    let what = finding_whats(&v);
     assert!(what.iter().any(|w| w.contains("checksum")), "{what:?}");
     assert!(
         what.iter().any(|w| w.contains("missing from the roster")),

@@ -25,7 +25,7 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use keycache::store::{DENIED_INDEX, KEYS_INDEX};
 use keycache::{Error, KeyState, MinionId, Store};
@@ -49,23 +49,11 @@ import salt.utils.verify as v
 ids = json.load(sys.stdin)
 print(json.dumps([bool(v.valid_id({"pki_dir": "/srv/salt/pki/master"}, i)) for i in ids]))
 "#;
-    let mut c = Command::new(common::python())
-        .arg("-c")
-        .arg(script)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    use std::io::Write;
-    c.stdin
-        .take()
-        .unwrap()
-        .write_all(serde_json::to_string(ids).unwrap().as_bytes())
-        .unwrap();
-    let out = c.wait_with_output().unwrap();
-    ok(&out);
-    serde_json::from_slice(&out.stdout).unwrap()
+    let v = TestCommand::new(common::python())
+        .args(["-c", script])
+        .stdin(serde_json::to_string(ids).unwrap())
+        .json();
+    serde_json::from_value(v).unwrap()
 }
 
 #[test]

@@ -33,6 +33,15 @@ pub fn sample_pki() -> PathBuf {
     repo().join("tools/sample-pki")
 }
 
+/// `keycache export STORE --to TREE --size 1009`, to be given more
+/// arguments and run.
+pub fn export(store: &Path, tree: &Path) -> TestCommand {
+    let mut c = kc();
+    c.args(["export", s(store), "--to", s(tree)])
+        .args(SIZE_1009);
+    c
+}
+
 /// A generated `localfs_key` tree at `pki` (`tools/gen-pki-tree.py PKI
 /// ARGS`).
 pub fn gen_pki_tree(pki: &Path, args: &[&str]) {
@@ -122,6 +131,17 @@ pub fn keycache_json_exits(args: &[&str], code: i32) -> Value {
     let mut c = kc();
     let out = c.args(args).fails_output(code);
     parse_json(&c.line(), &out)
+}
+
+/// What each finding of a `keycache verify --json` report says
+/// (`findings[].finding.what`), in report order.
+pub fn finding_whats(report: &Value) -> Vec<&str> {
+    report["findings"]
+        .as_array()
+        .expect("a findings list")
+        .iter()
+        .map(|f| f["finding"]["what"].as_str().expect("a finding"))
+        .collect()
 }
 
 /// The skipped entries of a `keycache migrate --json` report, as (file

@@ -1,17 +1,17 @@
 //! Crash safety: a writer killed at random moments.
 //!
 //! A writer in a child process (the test binary re-executed as its
-//! `#[ignore]`d `child_writer` test, in `main.rs`: random puts, state changes, denies,
-//! removes, batches and compactions, each op printed before it starts and
-//! after it returns, i.e. once it is durable) is killed with SIGKILL after
-//! a random delay (any instruction, mapped-memory stores included). After
-//! every kill the store is reopened and checked: every acknowledged write is
-//! there, no id has a value that was never written for it (each id holds
-//! its value before or after the op in flight), `verify` is clean or finds
-//! only what a crash between the index and the roster leaves (header
-//! counters and roster entries) and `keycache verify --repair` mends it;
-//! Salt's own `mmap_key` then reads copies of the stores without error and
-//! agrees with keycache.
+//! `#[ignore]`d `child_writer` test, in `main.rs`: random puts, state
+//! changes, denies, removes, batches and compactions, each op printed
+//! before it starts and after it returns, i.e. once it is durable) is
+//! killed with SIGKILL after a random delay (any instruction, mapped-memory
+//! stores included). After every kill the store is reopened and checked:
+//! every acknowledged write is there, no id has a value that was never
+//! written for it (each id holds its value before or after the op in
+//! flight), `verify` is clean or finds only what a crash between the index
+//! and the roster leaves (header counters and roster entries) and `keycache
+//! verify --repair` mends it; Salt's own `mmap_key` then reads copies of
+//! the stores without error and agrees with keycache.
 //!
 //! Scale with `KEYCACHE_CRASH_KILLS` (default 300).
 

@@ -1,12 +1,12 @@
 //! Crash safety: power loss (x86_64 Linux, through ptrace).
 //!
 //! The writer of `crash/kill.rs` (the test binary re-executed as its
-//! `#[ignore]`d `child_writer` test, in `main.rs`) runs under a tracer that records, at
-//! every fsync/fdatasync/msync and every rename/unlink/create, what is
-//! durable (`keycache_testkit::disk`); at random points a disk image is
-//! built from the durable state of each file (as of its last sync) with the
-//! unsynced pages of each file dropped or kept page by page (torn tails,
-//! length before or after), and a namespace that is a prefix of the
+//! `#[ignore]`d `child_writer` test, in `main.rs`) runs under a tracer that
+//! records, at every fsync/fdatasync/msync and every rename/unlink/create,
+//! what is durable (`keycache_testkit::disk`); at random points a disk
+//! image is built from the durable state of each file (as of its last sync)
+//! with the unsynced pages of each file dropped or kept page by page (torn
+//! tails, length before or after), and a namespace that is a prefix of the
 //! directory operations since the last directory fsync. The images get the
 //! checks of the kill tests, and Salt reads some of them.
 //!

@@ -1,8 +1,8 @@
 //! Crash safety: kills at chosen system calls (x86_64 Linux, through ptrace).
 //!
 //! - The writer of `crash/kill.rs` (the test binary re-executed as its
-//!   `#[ignore]`d `child_writer` test, in `main.rs`) killed at the entry of a random
-//!   system call; the same checks after every kill (see
+//!   `#[ignore]`d `child_writer` test, in `main.rs`) killed at the entry
+//!   of a random system call; the same checks after every kill (see
 //!   `keycache_testkit::crash`).
 //! - `keycache compact`, `keycache compact --to-size` and `keycache migrate`
 //!   killed at every system call (or a wide sample), plus power-loss images

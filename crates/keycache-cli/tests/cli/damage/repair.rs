@@ -16,7 +16,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::common::{
-    check_ok, kc_dump, keycache, keycache_json, ok, salt_dump_many, small, Params, ParamsExt,
+    check_ok, finding_whats, kc_dump, keycache, keycache_json, ok, salt_dump_many, small, Params,
+    ParamsExt,
 };
 use keycache::format;
 use keycache::store::KEYS_INDEX;
@@ -366,12 +367,7 @@ fn stale_segments_past_a_gap_are_removed_and_nothing_is_lost() {
     std::fs::copy(seg_path(&dir, 2), &stale).unwrap();
     let (out, v) = keycache_json(&args("verify", ds, &["--json"], &l));
     assert_eq!(out.status.code(), Some(1), "{v:#}");
-    let what: Vec<&str> = v["findings"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|f| f["finding"]["what"].as_str().unwrap())
-        .collect();
+    let what = finding_whats(&v);
     assert_eq!(what.len(), 2, "segments 5 and 6 are missing: {v:#}");
     assert!(what[0].starts_with("heap segment 5 is missing") && what[0].contains("stale"));
     let (out, v) = keycache_json(&args("verify", ds, &["--repair", "--json"], &l));

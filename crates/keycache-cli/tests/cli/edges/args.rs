@@ -1,10 +1,10 @@
-//! The CLI's edges: arguments and their checks: bench's ranges, migrate's tree and target,
-//! accept/reject/delete ids and confirmation, the notice of a wait for a
-//! bank's lock.
+//! The CLI's edges: arguments and their checks (bench's ranges, migrate's
+//! tree and target, accept/reject/delete ids and confirmation) and the
+//! notice of a wait for a bank's lock.
 
 use super::*;
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -148,23 +148,16 @@ fn delete_all_asks_like_salt_key_unless_yes() {
     assert_eq!(files(&st), before);
     // On a terminal: anything but yes deletes nothing.
     let on_tty = |answer: &str| {
-        let mut c = Command::new("script")
-            .args([
-                "-qec",
-                &format!("\"{BIN}\" delete \"{}\" --all", s(&st)),
-                "/dev/null",
-            ])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        c.stdin
-            .take()
-            .unwrap()
-            .write_all(answer.as_bytes())
-            .unwrap();
-        c.wait_with_output().unwrap()
+        let mut c = TestCommand::new("script");
+        // The terminal as an operator has it: colours as the environment says.
+        c.cmd().env_remove("NO_COLOR");
+        c.args([
+            "-qec",
+            &format!("\"{BIN}\" delete \"{}\" --all", s(&st)),
+            "/dev/null",
+        ])
+        .stdin(answer)
+        .output()
     };
     let have_script = Command::new("script").arg("--version").output().is_ok();
     if have_script {

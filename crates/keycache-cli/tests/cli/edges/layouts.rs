@@ -1,5 +1,5 @@
-//! The CLI's edges: refusals and damage: a layout that is not the files', stores that
-//! cannot be read in full, compact's load limit, `--user`.
+//! The CLI's edges: a layout that is not the files', stores that cannot be
+//! read in full, compact's load limit, `--user`.
 
 use super::*;
 

@@ -15,7 +15,7 @@ use std::process::Output;
 
 use crate::common::{
     keycache, keycache_exits, keycache_json, keycache_ok, keycache_ok_json, ok, open, pem, s, salt,
-    sample_pki, sample_store, sized, small, stderr, stdout, BIN, TREE_DIRS,
+    sample_pki, sample_store, sized, small, stderr, stdout, TestCommand, BIN, TREE_DIRS,
 };
 
 /// Every file of a directory (not recursive), by name: the store's bytes.

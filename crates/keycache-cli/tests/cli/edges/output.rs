@@ -1,5 +1,5 @@
-//! The CLI's edges: what the CLI prints: private key material never, a closed stdout,
-//! ids escaped in text output.
+//! The CLI's edges: what the CLI prints (private key material never, a
+//! closed stdout, ids escaped in text output).
 
 use super::*;
 

@@ -33,7 +33,7 @@
 use crate::common;
 use crate::common::{
     files, files_changed, ok, pki_master, s, size_1009, snapshot_bytes, snapshot_parts, timer_pull,
-    vt_keygen, vt_passing, RawEntry, SIZE_1009, TREE_DIRS,
+    vt_keygen, vt_passing, Files, RawEntry, SIZE_1009, TREE_DIRS,
 };
 
 use std::path::{Path, PathBuf};
@@ -55,6 +55,11 @@ fn merge(store: &Path, theirs: &Path, base: &Path) -> Output {
         "--write-base",
         s(base),
     ])
+}
+
+/// Asserts that no file of `dir` changed since `before`.
+fn unchanged(before: &Files, dir: &Path) {
+    assert_eq!(files_changed(before, &files(dir)), Vec::<String>::new());
 }
 
 fn text(o: &Output) -> String {
@@ -242,10 +247,7 @@ fn a_replayed_older_snapshot_is_refused_and_changes_nothing() {
         }
         let o = kc(&args);
         refused(&o, &["older", "replay"]);
-        assert_eq!(
-            files_changed(&before, &files(&c.m[0])),
-            Vec::<String>::new()
-        );
+        unchanged(&before, &c.m[0]);
         assert_eq!(
             std::fs::read(&base).unwrap(),
             base_bytes,
@@ -292,20 +294,14 @@ fn another_clusters_snapshot_and_the_stores_own_are_refused() {
     let before = files(&c.m[0]);
     let o = merge(&c.m[0], &theirs, &base);
     refused(&o, &["another cluster"]);
-    assert_eq!(
-        files_changed(&before, &files(&c.m[0])),
-        Vec::<String>::new()
-    );
+    unchanged(&before, &c.m[0]);
     assert_eq!(std::fs::read(&base).unwrap(), base_bytes);
     // A's own snapshot, by the timer recipe's arguments.
     let own = c.snapshot(0, "a.snap");
     let before = files(&c.m[0]);
     let o = merge(&c.m[0], &own, &base);
     refused(&o, &["own"]);
-    assert_eq!(
-        files_changed(&before, &files(&c.m[0])),
-        Vec::<String>::new()
-    );
+    unchanged(&before, &c.m[0]);
     assert_eq!(
         std::fs::read(&base).unwrap(),
         base_bytes,
@@ -441,10 +437,7 @@ fn bases_that_cannot_be_written_or_read_refuse_the_merge() {
     std::fs::write(&file, b"x").unwrap();
     let o = kc(&["merge", a, s(&snap), "--write-base", s(&file.join("base"))]);
     refused(&o, &["a-file"]);
-    assert_eq!(
-        files_changed(&before, &files(&c.m[0])),
-        Vec::<String>::new()
-    );
+    unchanged(&before, &c.m[0]);
     // --base that exists but cannot be read as a base: a directory, junk.
     let dir = c.t.join("a-dir");
     std::fs::create_dir(&dir).unwrap();
@@ -459,10 +452,7 @@ fn bases_that_cannot_be_written_or_read_refuse_the_merge() {
             "{}",
             text(&o)
         );
-        assert_eq!(
-            files_changed(&before, &files(&c.m[0])),
-            Vec::<String>::new()
-        );
+        unchanged(&before, &c.m[0]);
     }
     assert_eq!(c.passing()[0], ["m1", "m2"]);
     // An older keycache's base (a version 1 snapshot) is read as no base:

@@ -6,10 +6,7 @@
 //! names that are not minion ids are left alone (a dot-id such as `.m` is
 //! an id), and private key material is never written.
 
-use crate::common::{
-    kc, keycache_json, keycache_ok, ok, open, pem, s, sized, stderr, stdout, TestCommand,
-    SIZE_1009, TREE_DIRS,
-};
+use crate::common::{export, keycache_ok, ok, open, pem, s, sized, stderr, stdout, TREE_DIRS};
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -85,15 +82,6 @@ fn expected(st: &Store) -> BTreeMap<String, Vec<u8>> {
     m
 }
 
-/// `keycache export STORE --to TREE --size 1009`, to be given more
-/// arguments and run.
-fn export(store: &Path, tree: &Path) -> TestCommand {
-    let mut c = kc();
-    c.args(["export", s(store), "--to", s(tree)])
-        .args(SIZE_1009);
-    c
-}
-
 #[test]
 fn export_follows_every_change_in_every_state() {
     let t = tempfile::tempdir().unwrap();
@@ -145,16 +133,9 @@ fn export_follows_every_change_in_every_state() {
     assert_eq!(stale.len(), 9, "{stale:?}");
 
     // --dry-run shows the removals first and changes nothing.
-    let (o, v) = keycache_json(&[
-        "export",
-        s(&sd),
-        "--to",
-        s(&tree),
-        "--size",
-        "1009",
-        "--dry-run",
-        "--json",
-    ]);
+    let (o, v) = export(&sd, &tree)
+        .args(["--dry-run", "--json"])
+        .output_json();
     assert_eq!(o.status.code(), Some(1), "rej-2 differs: {}", stderr(&o));
     assert_eq!(v["dry_run"], true);
     let removed: Vec<String> = v["removed"]

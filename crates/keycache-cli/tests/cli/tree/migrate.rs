@@ -7,7 +7,7 @@
 //! of a signed-in minion of a cluster peer.
 
 use crate::common;
-use crate::common::{keycache_1009, ok, s, sized, ParamsExt, TREE_DIRS};
+use crate::common::{finding_whats, keycache_1009, ok, s, sized, ParamsExt, TREE_DIRS};
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -225,12 +225,7 @@ fn verify_reports_a_live_store_without_a_key_tree() {
         String::from_utf8_lossy(&o.stdout)
     );
     let v: Value = serde_json::from_slice(&o.stdout).unwrap();
-    let what: Vec<&str> = v["findings"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|f| f["finding"]["what"].as_str().unwrap())
-        .collect();
+    let what = finding_whats(&v);
     assert_eq!(what.len(), 1, "{what:?}");
     assert!(
         what[0].contains("no key tree") && what[0].contains("1 accepted"),

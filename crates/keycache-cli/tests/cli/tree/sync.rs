@@ -14,7 +14,7 @@
 //!   refused by name before the store or the tree changes.
 
 use crate::common;
-use crate::common::{keycache_1009, ok, open, s, sized, stdout, TREE_DIRS};
+use crate::common::{export, keycache_1009, ok, open, s, sized, stdout, TREE_DIRS};
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -591,7 +591,7 @@ fn a_dot_id_is_an_id_for_verify_repair_and_export() {
         out_v.contains("clean"),
         "an accepted dot-id is not missing: {out_v}"
     );
-    ok(&keycache_1009(&["export", s(&pki), "--to", s(&out)]));
+    export(&pki, &out).ok();
     assert_eq!(passing(&keys, &out, &ids), ids.to_vec());
 
     // Deleted with --tree never: minions/.m still lets .m in.
@@ -617,7 +617,7 @@ fn a_dot_id_is_an_id_for_verify_repair_and_export() {
     );
 
     // export makes the exported tree follow: .m no longer passes there.
-    let o = keycache_1009(&["export", s(&pki), "--to", s(&out)]);
+    let o = export(&pki, &out).output();
     let text = stdout(&o);
     assert!(o.status.success(), "{text}");
     assert!(
@@ -674,7 +674,7 @@ fn export_replaces_a_re_keyed_accepted_key_without_force() {
         .unwrap();
     st.put(&id("p"), KeyState::Pending, old_pems[1].1.as_bytes())
         .unwrap();
-    ok(&keycache_1009(&["export", s(&sd), "--to", s(&tree)]));
+    export(&sd, &tree).ok();
     assert_eq!(passing(&old, &tree, &["r"]), vec!["r"]);
     // Re-keyed (deleted and accepted again with the minion's new key).
     st.put(&id("r"), KeyState::Accepted, new_pems[0].1.as_bytes())
@@ -688,15 +688,7 @@ fn export_replaces_a_re_keyed_accepted_key_without_force() {
     assert!(text.contains(&format!("would replace: {r_path}")), "{text}");
     assert_eq!(passing(&old, &tree, &["r"]), vec!["r"], "a dry run wrote");
 
-    let (o, v) = common::keycache_json(&[
-        "export",
-        s(&sd),
-        "--to",
-        s(&tree),
-        "--size",
-        "1009",
-        "--json",
-    ]);
+    let (o, v) = export(&sd, &tree).args(["--json"]).output_json();
     // p's pending file differs: left alone without --force (exit 1).
     assert_eq!(o.status.code(), Some(1), "{v}");
     assert_eq!(v["replaced"], serde_json::json!([r_path]));
