@@ -25,7 +25,7 @@ echo "==> Python venv with salt==3008.5, and saltext.keycache installed into it 
 py=$(tools/install-saltext.sh | tail -n 1)
 export KEYCACHE_PYTHON="$py"
 
-# strace lets tests/hostile.rs check that the migrator opens nothing outside the
+# strace lets tests/cli/hostile.rs check that the migrator opens nothing outside the
 # tree and the target; without it that check is skipped (and says so).
 if ! command -v strace >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
     echo "==> installing strace (Debian package)" >&2

@@ -1,10 +1,15 @@
 //! Helpers shared by the integration tests: the real Salt 3008.5 driver,
-//! layouts, PEM-like values and dumps of a store by Salt and by keycache.
+//! layouts ([`Params`] with [`ParamsExt`]), the `localfs_key` tree's
+//! folders, PEM-like values and dumps of a store by Salt and by keycache.
+//! (The CLI tests' command builder is [`crate::cmd::TestCommand`].)
 //! (The seeded PRNG is [`crate::rng::Rng`], re-exported here.)
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::time::Duration;
+
+pub use keycache::{OpenOptions, Params};
 
 use serde_json::Value;
 
@@ -35,26 +40,34 @@ pub fn python() -> PathBuf {
     p
 }
 
-/// Layout options for both the driver and the CLI.
-#[derive(Clone, Copy, Debug)]
-pub struct Layout {
-    pub size: u64,
-    pub max_segment_bytes: u64,
-    pub id_size: usize,
-    pub slot_size: usize,
+/// The four folders of Salt's `localfs_key` tree, in Salt's order:
+/// accepted, pending, rejected, denied.
+// One list for the tests until the library names them (a `TreeDir` enum in
+// `keycache::tree`); then this becomes that enum's names.
+pub const TREE_DIRS: [&str; 4] = [
+    "minions",
+    "minions_pre",
+    "minions_rejected",
+    "minions_denied",
+];
+
+/// The layout flags the CLI and the Salt driver take, and the open options
+/// of the tests, for a [`Params`] (the layout of a table: the tests' one
+/// layout type).
+pub trait ParamsExt {
+    /// `--size N --max-segment-bytes N --id-size N --slot-size N`.
+    fn args(&self) -> Vec<String>;
+    /// Open options of this layout: no refresh interval, the library's
+    /// default tunables.
+    fn options(&self) -> OpenOptions;
+    /// [`ParamsExt::options`] with the given read retry time and rebuild
+    /// settle time (zero: damaged stores read at full speed, rebuilds that
+    /// no Salt writer shares do not wait).
+    fn options_with(&self, read_retry: Duration, rebuild_settle: Duration) -> OpenOptions;
 }
 
-impl Layout {
-    pub fn small(size: u64, seg: u64) -> Layout {
-        Layout {
-            size,
-            max_segment_bytes: seg,
-            id_size: 64,
-            slot_size: 96,
-        }
-    }
-
-    pub fn args(&self) -> Vec<String> {
+impl ParamsExt for Params {
+    fn args(&self) -> Vec<String> {
         vec![
             "--size".into(),
             self.size.to_string(),
@@ -67,34 +80,16 @@ impl Layout {
         ]
     }
 
-    pub fn params(&self) -> keycache::Params {
-        keycache::Params {
-            size: self.size,
-            slot_size: self.slot_size,
-            id_size: self.id_size,
-            max_segment_bytes: self.max_segment_bytes,
+    fn options(&self) -> OpenOptions {
+        OpenOptions {
+            params: *self,
+            refresh: Duration::from_millis(0),
+            ..OpenOptions::default()
         }
     }
 
-    /// Open options of this layout: no refresh interval, the library's
-    /// default tunables.
-    pub fn options(&self) -> keycache::OpenOptions {
-        keycache::OpenOptions {
-            params: self.params(),
-            refresh: std::time::Duration::from_millis(0),
-            ..keycache::OpenOptions::default()
-        }
-    }
-
-    /// [`Layout::options`] with the given read retry time and rebuild
-    /// settle time (zero: damaged stores read at full speed, rebuilds that
-    /// no Salt writer shares do not wait).
-    pub fn options_with(
-        &self,
-        read_retry: std::time::Duration,
-        rebuild_settle: std::time::Duration,
-    ) -> keycache::OpenOptions {
-        keycache::OpenOptions {
+    fn options_with(&self, read_retry: Duration, rebuild_settle: Duration) -> OpenOptions {
+        OpenOptions {
             read_retry,
             rebuild_settle,
             ..self.options()
@@ -102,9 +97,34 @@ impl Layout {
     }
 }
 
+/// A layout of `size` slots and heap segments of at most `seg` bytes, with
+/// 64-byte ids in 96-byte slots (small stores that roll segments soon).
+pub fn small(size: u64, seg: u64) -> Params {
+    Params {
+        size,
+        max_segment_bytes: seg,
+        id_size: 64,
+        slot_size: 96,
+    }
+}
+
+/// Salt's default layout but for `size` slots.
+pub fn sized(size: u64) -> Params {
+    Params {
+        size,
+        ..Params::default()
+    }
+}
+
+/// The store of `dir` opened with `layout` ([`ParamsExt::options`]).
+pub fn open(dir: &Path, layout: &Params) -> keycache::Store {
+    keycache::Store::open_with(dir, &layout.options())
+        .unwrap_or_else(|e| panic!("open {}: {e}", dir.display()))
+}
+
 /// Runs the Salt driver: `salt_driver.py --dir DIR <layout> ARGS`, feeding
 /// `stdin`; panics with its stderr unless it succeeds; returns its JSON.
-pub fn salt(dir: &Path, layout: &Layout, args: &[&str], stdin: Option<&Value>) -> Value {
+pub fn salt(dir: &Path, layout: &Params, args: &[&str], stdin: Option<&Value>) -> Value {
     let mut cmd = Command::new(python());
     cmd.arg(py_dir().join("salt_driver.py"))
         .arg("--dir")
@@ -168,7 +188,7 @@ pub fn pem(tag: &str, len: usize) -> String {
 /// Salt's own view (`salt_driver.py dump`: `list_all` of both banks) of many
 /// store directories with one Python process. Returns, per directory, the
 /// dump and the Salt log lines (`salt: LEVEL ...`) it printed on stderr.
-pub fn salt_dump_many(dirs: &[PathBuf], layout: &Layout) -> Vec<(Value, Vec<String>)> {
+pub fn salt_dump_many(dirs: &[PathBuf], layout: &Params) -> Vec<(Value, Vec<String>)> {
     // Salt keeps every bank it opened open: a few dozen stores per process.
     if dirs.len() > 40 {
         return dirs
@@ -244,7 +264,7 @@ for line in sys.stdin:
 
 /// keycache's view of a store in the shape of the driver's dump: `keys`
 /// `{id: {"state", "pub"}}` and `denied_keys` `{id: [pem]}`.
-pub fn kc_dump(dir: &Path, layout: &Layout) -> Value {
+pub fn kc_dump(dir: &Path, layout: &Params) -> Value {
     let store = keycache::Store::open_with(dir, &layout.options()).expect("open");
     let mut keys = serde_json::Map::new();
     for r in store.keys(None).expect("list") {
@@ -292,20 +312,35 @@ pub fn run_py(script: &str, args: &[&str], stdin: Option<&Value>) -> Value {
         .unwrap_or_else(|e| panic!("{script} {args:?}: stdout is not JSON ({e})"))
 }
 
-/// Starts `script` (Python source run with `-c`) as a writer through Salt's
-/// own mmap_key, with the venv's Python and the arguments the concurrent
-/// tests' writers take: the test kit's `py/` directory, the store, the stop
-/// file (the writer ends when it appears) and `layout`'s four parameters.
-/// Its stdout is piped (the writer reports there), its stderr inherited.
+/// The start of every writer of [`spawn_salt_writer`]: imports `argparse`,
+/// `json`, `os`, `random`, `sys` and the driver (`sd`); sets `d` (the
+/// store), `stop` (the stop file), `args` (the layout) and `mk` (Salt's
+/// `mmap_key` on `d`).
+pub const SALT_WRITER_PRELUDE: &str = r#"
+import argparse, json, os, random, sys
+sys.path.insert(0, sys.argv[1])
+import salt_driver as sd
+d, stop = sys.argv[2], sys.argv[3]
+size, slot, ids, seg = (int(x) for x in sys.argv[4:8])
+args = argparse.Namespace(dir=d, size=size, slot_size=slot, id_size=ids, max_segment_bytes=seg)
+mk = sd._mmap_key_for(args, d)
+"#;
+
+/// Starts `script` (Python source run with `-c`, after
+/// [`SALT_WRITER_PRELUDE`]) as a writer through Salt's own mmap_key, with
+/// the venv's Python and the arguments the concurrent tests' writers take:
+/// the test kit's `py/` directory, the store, the stop file (the writer
+/// ends when it appears) and `layout`'s four parameters. Its stdout is
+/// piped (the writer reports there), its stderr inherited.
 pub fn spawn_salt_writer(
     script: &str,
     dir: &Path,
     stop: &Path,
-    layout: &Layout,
+    layout: &Params,
 ) -> std::process::Child {
     Command::new(python())
         .arg("-c")
-        .arg(script)
+        .arg(format!("{SALT_WRITER_PRELUDE}{script}"))
         .arg(py_dir())
         .arg(dir)
         .arg(stop)

@@ -4,9 +4,10 @@
 //! by the real Salt at the end of a test, and the kill-at-every-step
 //! driver of the CLI's rebuilds.
 //!
-//! The crash tests (`crates/keycache-cli/tests/crash_*.rs`) re-execute
-//! their own test binary as the child writer: each defines an `#[ignore]`d
-//! `child_writer` test that calls [`child_writer_main`], and
+//! The crash tests (`crates/keycache-cli/tests/cli/crash/`) re-execute
+//! their own test binary as the child writer: its `#[ignore]`d
+//! `child_writer` test, at the root of the binary (`tests/cli/main.rs`, so
+//! that `--exact child_writer` names it), calls [`child_writer_main`], and
 //! [`writer_command`] runs it with `--ignored --exact child_writer`.
 
 use std::collections::{BTreeMap, HashSet};
@@ -19,14 +20,14 @@ use keycache::verify::{self, Finding};
 use keycache::{KeyState, MinionId, Store};
 use serde_json::{json, Value};
 
-use crate::common::{self, pem, Layout};
+use crate::common::{self, pem, Params, ParamsExt};
 use crate::rng::Rng;
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
 use crate::{disk, tracer};
 
 /// The store layout of the crash tests.
-pub fn layout() -> Layout {
-    Layout {
+pub fn layout() -> Params {
+    Params {
         size: 127,
         max_segment_bytes: 4096,
         id_size: 64,
@@ -252,7 +253,7 @@ impl Model {
 
 /// The child writer: runs random ops on `KEYCACHE_CRASH_DIR` until killed
 /// (or `KEYCACHE_CRASH_OPS` ops), printing `@@B seq op` before and `@@A seq`
-/// after each. The body of each crash test binary's `#[ignore]`d
+/// after each. The body of the CLI test binary's `#[ignore]`d
 /// `child_writer` test, which only [`writer_command`] runs.
 pub fn child_writer_main() {
     let Some(dir) = std::env::var_os("KEYCACHE_CRASH_DIR") else {

@@ -2,6 +2,7 @@
 //! tests of every crate, the fuzz bodies, and the real Salt 3008.5 driver.
 //!
 //! - [`common`]: the Salt driver, layouts, PEM-like values, dumps;
+//! - [`cmd`]: the CLI tests' command builder;
 //! - [`peers`]: the snapshot and merge tests' masters, crafted snapshot
 //!   files and directory listings (re-exported by [`common`]);
 //! - [`rng`]: the one seeded PRNG of the tests and benches;
@@ -13,6 +14,7 @@
 //! - [`crash`]: the crash tests' op model, writer log and checks;
 //! - [`fuzzing`]: the fuzz target bodies.
 #![allow(missing_docs)]
+pub mod cmd;
 pub mod common;
 pub mod crash;
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]

@@ -168,12 +168,6 @@ fn library_store_seeds(out: &Path) -> usize {
 /// A store written by the real Salt (in-place rewrites and all).
 fn salt_store_seed(out: &Path) -> usize {
     let p = fuzzing::store_params(6 | 8, 0x18); // size 31, id 8, slot 29
-    let layout = common::Layout {
-        size: p.size,
-        max_segment_bytes: p.max_segment_bytes,
-        id_size: p.id_size,
-        slot_size: p.slot_size,
-    };
     let t = tempfile::tempdir().unwrap();
     let mut ops = Vec::new();
     for i in 0..12 {
@@ -196,7 +190,7 @@ fn salt_store_seed(out: &Path) -> usize {
     }
     common::salt(
         t.path(),
-        &layout,
+        &p,
         &["apply"],
         Some(&serde_json::Value::Array(ops)),
     );

@@ -1,0 +1,4 @@
+//! The Salt master config as the source of the arguments.
+
+mod args;
+mod driver;

@@ -1,0 +1,97 @@
+//! Crash safety: a writer killed at random moments.
+//!
+//! A writer in a child process (the test binary re-executed as its
+//! `#[ignore]`d `child_writer` test, in `main.rs`: random puts, state
+//! changes, denies, removes, batches and compactions, each op printed
+//! before it starts and after it returns, i.e. once it is durable) is
+//! killed with SIGKILL after a random delay (any instruction, mapped-memory
+//! stores included). After every kill the store is reopened and checked:
+//! every acknowledged write is there, no id has a value that was never
+//! written for it (each id holds its value before or after the op in
+//! flight), `verify` is clean or finds only what a crash between the index
+//! and the roster leaves (header counters and roster entries) and `keycache
+//! verify --repair` mends it; Salt's own `mmap_key` then reads copies of
+//! the stores without error and agrees with keycache.
+//!
+//! Scale with `KEYCACHE_CRASH_KILLS` (default 300).
+
+use crate::common;
+use crate::common::ok;
+
+use std::io::{BufRead, BufReader};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use keycache_testkit::crash::{
+    check_crashed, kills, models, parse_log, temp_files, writer_command, Model, SaltCheck, Tally,
+};
+use keycache_testkit::rng::Rng;
+
+#[test]
+fn writer_killed_at_random_moments() {
+    let kc = common::cli();
+    let n = kills();
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().join("store");
+    std::fs::create_dir(&dir).unwrap();
+    let mut rng = Rng::new(0x1234_5678_9abc);
+    let mut model = Model::default();
+    let mut seq = 0;
+    let mut tally = Tally::default();
+    let mut salt = SaltCheck::default();
+    let start = Instant::now();
+    for k in 0..n {
+        let mut child = writer_command(&dir, rng.next(), seq, None)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let reader = std::thread::spawn(move || {
+            let mut text = String::new();
+            let mut r = BufReader::new(out);
+            let mut line = String::new();
+            while r.read_line(&mut line).unwrap_or(0) > 0 {
+                if line.contains("@@READY") {
+                    let _ = tx.send(());
+                }
+                text.push_str(&line);
+                line.clear();
+            }
+            text
+        });
+        rx.recv_timeout(Duration::from_secs(30))
+            .expect("the writer starts");
+        // Kill within the first few ops, anywhere in them.
+        std::thread::sleep(Duration::from_micros(rng.below(30_000)));
+        child.kill().unwrap();
+        let status = child.wait().unwrap();
+        assert!(!status.success());
+        let text = reader.join().unwrap();
+        let log = parse_log(&text, seq);
+        assert!(log.error.is_none(), "writer failed: {:?}", log.error);
+        let (before, after, _) = models(&model, &log);
+        model = check_crashed(&kc, &dir, &before, &after, &format!("kill {k}"), &mut tally);
+        seq = log.next_seq;
+        if k % 10 == 9 {
+            salt.add(&dir, t.path().join(format!("salt-{k}")));
+        }
+    }
+    // A compaction clears what killed rebuilds and roster repairs left.
+    let out = kc.run(&dir, &["compact"]);
+    ok(&out);
+    assert_eq!(temp_files(&dir), Vec::<String>::new());
+    let salted = salt.run("timed kills");
+    eprintln!(
+        "timed kills: {n} kills, {seq} ops begun, {} in flight at the kill ({} applied), \
+         {} with findings (all repaired), {salted} copies read by Salt, {:.1} s",
+        tally.in_flight,
+        tally.in_flight_applied,
+        tally.with_findings,
+        start.elapsed().as_secs_f64()
+    );
+    assert!(
+        tally.in_flight > n / 4,
+        "too few kills landed inside an op: {tally:?}"
+    );
+}

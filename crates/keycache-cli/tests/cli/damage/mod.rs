@@ -1,0 +1,4 @@
+//! Damaged store files: never a panic, a hang or a wrong answer; repairs.
+
+mod corruption;
+mod repair;

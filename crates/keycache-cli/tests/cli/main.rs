@@ -1,0 +1,47 @@
+//! The `keycache` binary's tests: one test binary (one link), a module per
+//! area. The helpers they share are in [`common`] and in the test kit
+//! (`keycache_testkit`: the command builder, layouts, the real Salt
+//! driver).
+//!
+//! - [`commands`]: every command, every skip reason and refusal of
+//!   `migrate`, and `keycache migrate` against Salt's own migration;
+//! - [`edges`]: refused layouts, withheld private keys, a closed stdout,
+//!   user errors, migrate's target, confirmations, escaped ids;
+//! - [`config`]: the Salt master config as the source of the arguments;
+//! - [`tree`]: the `localfs_key` tree: migrate's `--out`, kept in step,
+//!   export;
+//! - [`layout`]: layout flags and opening with another layout;
+//! - [`hostile`], [`key_material`]: hostile ids, paths and modes; what a
+//!   key file may hold;
+//! - [`salt_interop`]: keycache and the real Salt on one store;
+//! - [`damage`]: damaged files and repairs;
+//! - [`concurrency`]: several processes on one store, readers opened
+//!   before a compaction, verify while Salt writes;
+//! - [`master_keys`]: the master key banks;
+//! - [`merge`]: snapshots and merges between masters;
+//! - [`crash`]: writers, compactions, migrations, merges and tree writers
+//!   killed or losing power; their child writer is [`child_writer`] below.
+
+mod commands;
+mod common;
+mod concurrency;
+mod config;
+mod crash;
+mod damage;
+mod edges;
+mod hostile;
+mod key_material;
+mod layout;
+mod master_keys;
+mod merge;
+mod salt_interop;
+mod tree;
+
+/// The child writer of the crash tests: `keycache_testkit::crash::writer_command`
+/// re-executes this binary with `--ignored --exact child_writer`, so it
+/// stays at the root of the binary (its name is its path).
+#[test]
+#[ignore = "the crash tests' child process, run by them"]
+fn child_writer() {
+    keycache_testkit::crash::child_writer_main();
+}
