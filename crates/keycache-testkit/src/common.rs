@@ -41,15 +41,10 @@ pub fn python() -> PathBuf {
 }
 
 /// The four folders of Salt's `localfs_key` tree, in Salt's order:
-/// accepted, pending, rejected, denied.
-// One list for the tests until the library names them (a `TreeDir` enum in
-// `keycache::tree`); then this becomes that enum's names.
-pub const TREE_DIRS: [&str; 4] = [
-    "minions",
-    "minions_pre",
-    "minions_rejected",
-    "minions_denied",
-];
+/// accepted, pending, rejected, denied (the library's [`TreeDir`] names).
+///
+/// [`TreeDir`]: keycache::tree::TreeDir
+pub const TREE_DIRS: [&str; 4] = keycache::tree::TreeDir::NAMES;
 
 /// The layout flags the CLI and the Salt driver take, and the open options
 /// of the tests, for a [`Params`] (the layout of a table: the tests' one

@@ -69,14 +69,9 @@ use crate::snapshot::Bank;
 use crate::store::Store;
 
 mod file;
-// Until the CLI tests import them from `format` (issue 20's move of the
-// CLI tests): not a second documented path.
-#[doc(hidden)]
-pub use crate::format::{HISTORY_FILE, IDENTITY_FILE};
 mod versions;
 
 use versions::Versions;
-
 
 /// The kind of value a version records.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

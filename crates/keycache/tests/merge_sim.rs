@@ -335,9 +335,7 @@ impl Sim {
             // before it joined is not a revocation of the cluster's.
             5 => {
                 st.remove_denied(&id).expect("delete denied");
-                let joined = self.peers[p]
-                    .join(keycache::format::IDENTITY_FILE)
-                    .exists();
+                let joined = self.peers[p].join(keycache::format::IDENTITY_FILE).exists();
                 if st.remove(&id).expect("delete") && joined {
                     self.know[p].revoked.insert(i, now);
                 }

@@ -44,12 +44,6 @@ pub const MAX_LOAD_FACTOR: f64 = 0.8;
 /// under 3 KiB).
 pub const MAX_KEY_BYTES: u64 = 64 * 1024;
 
-/// The four directories of a `localfs_key` tree, in Salt's scan order:
-/// [`TreeDir::NAMES`]. Kept only for `keycache-testkit`'s fuzzing, which
-/// still names it; use [`TreeDir`].
-#[doc(hidden)]
-pub const TREE_DIRS: [&str; 4] = TreeDir::NAMES;
-
 /// Options of [`migrate`].
 #[derive(Clone)]
 pub struct MigrateOptions {

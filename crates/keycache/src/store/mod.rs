@@ -9,20 +9,12 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
 use crate::format::Params;
-// The index names' one documented path is `crate::format`. This hidden
-// alias stays only until `keycache-testkit`'s fuzzing.rs and `migrate`
-// import them from there.
-#[doc(hidden)]
-pub use crate::format::{DENIED_INDEX, KEYS_INDEX};
+use crate::format::{DENIED_INDEX, KEYS_INDEX};
 use crate::id::MinionId;
 pub use crate::key::{decode_key_value, encode_key_value, KeyBatch, KeyEntry, KeyRef, KeyState};
 use crate::table::{self, Applied, Found, OpenOptions, Stored, Table, TableStats, Txn, View};
 use crate::tree::{want_of, Want};
-// One path: `keycache::tree::{TreeSync, TreeChanges}`. This re-export is
-// kept, hidden, only while `merge/apply.rs`, the CLI's `cmd/merge.rs` and
-// CLI tests (`crash_tree.rs`, `tree_sync.rs`) still import them from here.
-#[doc(hidden)]
-pub use crate::tree::{TreeChanges, TreeSync};
+use crate::tree::{TreeChanges, TreeSync};
 
 mod batch;
 mod reader;

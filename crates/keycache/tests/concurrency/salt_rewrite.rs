@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use keycache::format::{self, Params};
 use keycache::format::KEYS_INDEX;
+use keycache::format::{self, Params};
 use keycache::store::encode_key_value;
 use keycache::{Error, KeyState, MinionId, Store};
 

@@ -1,7 +1,7 @@
 //! Several processes on one store, for a bounded time: reader threads and a
 //! writer thread in this process, the keycache CLI (`accept`, `reject`,
 //! `delete`) in a loop of processes, and Salt's own Python writer
-//! (`mmap_key.store` / `flush_`, through `tests/py/salt_driver.py apply`,
+//! (`mmap_key.store` / `flush_`, through `crates/keycache-testkit/py/salt_driver.py apply`,
 //! which rewrites records in place when it can) in another. Each writer owns
 //! its ids, so the end state of every id is known.
 //!

@@ -176,7 +176,7 @@ fn a_marked_index_that_is_still_the_banks_is_read() {
     let t = tempfile::tempdir().unwrap();
     let dir = t.path();
     populate(dir, 1009);
-    let index = dir.join(keycache::store::KEYS_INDEX);
+    let index = dir.join(keycache::format::KEYS_INDEX);
     let store = Store::open_with(dir, &reader_opts(1009)).unwrap();
     let mut reader = store.reader();
     let f = std::fs::OpenOptions::new()
@@ -214,7 +214,7 @@ fn a_journal_is_finished_by_a_user_who_may_not_write_the_old_index() {
     let dir = t.path().join("store");
     std::fs::create_dir(&dir).unwrap();
     populate(&dir, 1009);
-    let index = dir.join(keycache::store::KEYS_INDEX);
+    let index = dir.join(keycache::format::KEYS_INDEX);
     // The new index a killed rebuild left under its temporary name, and
     // its journal.
     let tmp = dir.join(".keycache-tmp..mmap_keys.idx.1.1");

@@ -17,8 +17,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use keycache::store::TreeSync;
 use keycache::tree;
+use keycache::tree::TreeSync;
 use keycache::{KeyState, MinionId, Store};
 use keycache_testkit::rng::Rng;
 use serde_json::{json, Value};

@@ -25,7 +25,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use crate::common::{env_u64, keycache, pem, Params, ParamsExt, Rng};
-use keycache::store::{DENIED_INDEX, KEYS_INDEX};
+use keycache::format::{DENIED_INDEX, KEYS_INDEX};
 use keycache::verify::{self, Finding};
 use keycache::{Error, KeyState, MinionId, Store};
 use keycache_testkit::sys;

@@ -20,7 +20,7 @@ use crate::common::{
     ParamsExt,
 };
 use keycache::format;
-use keycache::store::KEYS_INDEX;
+use keycache::format::KEYS_INDEX;
 use keycache::{KeyState, MinionId, Store};
 use serde_json::Value;
 

@@ -302,7 +302,7 @@ impl Peers {
             }
         }
         // The revocations the history cannot find are taken back.
-        let joined = dir.join(keycache::history::IDENTITY_FILE).exists();
+        let joined = dir.join(keycache::format::IDENTITY_FILE).exists();
         for id in revokes {
             let found = joined
                 || self.known[p].contains(&id)

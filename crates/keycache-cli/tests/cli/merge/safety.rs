@@ -541,7 +541,7 @@ fn merge_killed_after_its_history(a: &Path, snap: &Path) {
         };
         let name = tracer::read_mem(st.pid, to, 4096);
         let name = &name[..name.iter().position(|&b| b == 0).unwrap_or(name.len())];
-        if name.ends_with(keycache::history::IDENTITY_FILE.as_bytes()) {
+        if name.ends_with(keycache::format::IDENTITY_FILE.as_bytes()) {
             renamed += 1;
             return tracer::Action::Kill;
         }

@@ -19,7 +19,7 @@ use crate::common::{export, keycache_1009, ok, open, s, sized, stdout, TREE_DIRS
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use keycache::store::TreeSync;
+use keycache::tree::TreeSync;
 use keycache::tree::{self, TreeProblem};
 use keycache::{KeyState, MinionId, Store};
 use serde_json::Value;
