@@ -178,6 +178,14 @@ fn advice(e: &keycache::Error) -> Option<String> {
         E::Mismatch { what, .. } if *what == keycache::table::INDEX_LENGTH => {
             "or give keycache the size (--size)".into()
         }
+        e if keycache::tree::in_the_way(e) => "--tree never leaves the key tree out".into(),
+        e if keycache::tree::out_of_step(e) => "keycache verify --repair mends the tree".into(),
+        e if keycache::tree::no_store(e) => {
+            "keycache migrate builds the store from the tree".into()
+        }
+        e if keycache::migrate::would_drop_tree_keys(e) => {
+            "keycache migrate that tree first, or --replace drops them".into()
+        }
         _ => return None,
     })
 }

@@ -490,7 +490,7 @@ pub fn new_index_path(index: &Path, pid: u32) -> PathBuf {
 
 /// The files of the bank whose index is `index`, as Salt's `flush(bank)`
 /// removes them: the index, every heap segment (by number, past a missing
-/// one too: [`crate::heap`]'s discovery; a missing one below the highest is
+/// one too: `heap`'s discovery; a missing one below the highest is
 /// listed), the roster and the lock file. The index, segment 0, the
 /// roster and the lock are listed whether or not they exist. keycache's own
 /// companions ([`lost_path`]) are not the bank's: they are not listed.

@@ -104,9 +104,17 @@ impl Driver {
     }
 }
 
-/// keycache's error as the driver's exception.
+/// keycache's error as the driver's exception, with the driver's advice
+/// where the library's words leave the front end's part out.
 fn fail(py: Python<'_>, e: keycache::Error) -> PyErr {
-    error(py, format!("keycache: {e}"))
+    let advice = if keycache::tree::in_the_way(&e) {
+        "; keycache_tree: False in the master config leaves the key tree out"
+    } else if keycache::tree::out_of_step(&e) {
+        "; `keycache verify --repair` mends the tree"
+    } else {
+        ""
+    };
+    error(py, format!("keycache: {e}{advice}"))
 }
 
 #[pymethods]

@@ -35,6 +35,7 @@ mod plan;
 mod scan;
 mod tree;
 use scan::{scan_tree, state_bytes, Span, SUM};
+pub use tree::would_drop_tree_keys;
 
 /// The highest share of data slots a migration fills before it refuses and
 /// asks for a bigger table: linear probing degrades quickly past it.

@@ -41,11 +41,13 @@ impl Tree {
                     plan.dropped += 1;
                     plan.dropped_keys.push(id);
                 } else {
-                    let (state, _) = crate::store::decode_key_value(&r.value).ok_or_else(|| Error::Corrupt {
-                        path: kpath.clone(),
-                        id: Some(id.clone()),
-                        why: "existing value is not [state][public key]; run keycache verify --repair".into(),
-                    })?;
+                    let (state, _) =
+                        crate::store::decode_key_value(&r.value).ok_or_else(|| Error::Corrupt {
+                            path: kpath.clone(),
+                            id: Some(id.clone()),
+                            why: "existing value is not [state][public key]; repair the bank first"
+                                .into(),
+                        })?;
                     bump(&mut plan.kept, TreeDir::of(state));
                     plan.keys.push(Src::Kept(plan.kept_keys.len()));
                     plan.kept_keys.push((id, r.value, r.mtime));

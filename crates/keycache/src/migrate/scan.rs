@@ -103,7 +103,7 @@ fn read_key_file(
             SkipReason::DotFile,
             "names starting with '.' are skipped, as Salt's pki.migrate_to_mmap skips them \
              (a dot-id is still an id: its file in minions/ passes Salt's validate_token, and \
-             keycache verify reports it)"
+             a verification of the tree reports it)"
                 .into(),
         );
     }

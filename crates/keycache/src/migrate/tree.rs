@@ -35,6 +35,17 @@ type Final = (Option<(KeyState, Vec<u8>)>, Option<Vec<u8>>);
 /// Whether `a` and `b` are one directory (resolved: a relative path, a
 /// symlink or `..` do not make two). A directory that does not exist yet is
 /// another one.
+/// How the refusal of a target tree with key files the migration would
+/// drop begins ([`would_drop_tree_keys`] tells it).
+const UNMIGRATED: &str = "its key tree holds key files for";
+
+/// Whether `e` refuses a migration into another directory whose key tree
+/// holds key files the migrated store would not hold: a front end can say
+/// how to migrate that tree first, or to replace them.
+pub fn would_drop_tree_keys(e: &Error) -> bool {
+    matches!(e, Error::PkiDir { why, .. } if why.starts_with(UNMIGRATED))
+}
+
 pub(super) fn same_dir(a: &Path, b: &Path) -> bool {
     match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
         (Ok(a), Ok(b)) => a == b,
@@ -98,10 +109,10 @@ impl Tree {
             return Err(Error::PkiDir {
                 path: dir.into(),
                 why: format!(
-                    "its key tree holds key files for {} ids that neither the tree migrated nor \
+                    "{UNMIGRATED} {} ids that neither the tree migrated nor \
                      the banks hold ({}{}): writing the migrated store's tree there would remove \
-                     them. Migrate that tree first (keycache migrate {}), or drop them with \
-                     --replace; nothing was written",
+                     them. Migrate that tree ({}) first, or have this migration replace \
+                     them; nothing was written",
                     lost.len(),
                     shown.join(", "),
                     if lost.len() > 10 { ", ..." } else { "" },

@@ -155,7 +155,7 @@ impl Store {
                     expected: "the same length".into(),
                     found: format!(
                         "{KEYS_INDEX} {k} bytes, {DENIED_INDEX} {d} bytes; one of them is damaged \
-                         (run keycache verify with the size of mmap_key_size)"
+                         (verify the store with the size of mmap_key_size)"
                     ),
                 });
             }

@@ -171,11 +171,21 @@ pub fn check(store: &dyn KeySource) -> Result<Vec<TreeDisagreement>> {
     compare(&root, &w)
 }
 
+/// How [`require_store`]'s refusal begins.
+const NO_STORE: &str = "no key store here";
+
+/// Whether `e` is [`require_store`]'s refusal (no store to make the tree
+/// equal to): a front end can say how to build one from the tree.
+pub fn no_store(e: &Error) -> bool {
+    matches!(e, Error::PkiDir { why, .. } if why.starts_with(NO_STORE))
+}
+
 /// Refuses a store that does not exist, before anything is written: the
 /// `keys` bank has no index file (neither keycache nor Salt ever wrote a
 /// key there, or the index was lost). A tree mended toward it would lose
 /// every key file ([`Error::PkiDir`], naming the directory and saying to
-/// run `keycache migrate`, which builds the store from the tree).
+/// migrate the tree first, which builds the store from it; [`no_store`]
+/// tells this refusal).
 pub fn require_store(store: &dyn KeySource) -> Result<()> {
     let index = store.keys_index();
     match std::fs::symlink_metadata(index) {
@@ -183,9 +193,9 @@ pub fn require_store(store: &dyn KeySource) -> Result<()> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(Error::PkiDir {
             path: store.dir().to_path_buf(),
             why: format!(
-                "no key store here ({} does not exist): making the key tree equal to it would \
-                 remove every key file; run `keycache migrate` first to build the store from the \
-                 tree; nothing was changed",
+                "{NO_STORE} ({} does not exist): making the key tree equal to it would \
+                 remove every key file; migrate the tree into a store first; nothing was \
+                 changed",
                 index.display()
             ),
         }),

@@ -305,6 +305,42 @@ pub struct TreeRepair {
     pub refused: Vec<TreeDisagreement>,
 }
 
+/// The refusals of an entry in the way of the tree's writes (a symlink, a
+/// directory, another file type under a key's name): turning the key tree
+/// off (the CLI's `--tree never`, the driver's `keycache_tree: false`)
+/// avoids them; [`in_the_way`] tells them.
+const IN_THE_WAY: [&str; 3] = [
+    "a symlink in place of a key file of the tree: keycache neither follows, replaces nor \
+     removes it; remove it (or turn the key tree off), then try again",
+    "a directory in place of a key file of the tree: keycache neither replaces nor removes it; \
+     remove it (or turn the key tree off), then try again",
+    "not a regular file in place of a key file of the tree: keycache neither replaces nor \
+     removes it; remove it (or turn the key tree off), then try again",
+];
+
+/// What failed when the tree's files could not follow a store write that
+/// was made (the store is right; a repair of the tree mends it):
+/// [`out_of_step`] tells these errors.
+const AFTER_WRITE: &str =
+    "write the key tree after the store changed (a repair of the tree mends it)";
+/// See [`AFTER_WRITE`].
+const AFTER_REMOVE: &str =
+    "remove from the key tree after the store changed (a repair of the tree mends it)";
+
+/// Whether `e` refuses an entry in the way of the key tree's writes (a
+/// symlink, a directory or another file type under a key's name): a front
+/// end can say how to turn the tree off.
+pub fn in_the_way(e: &Error) -> bool {
+    matches!(e, Error::NotARegularFile { why, .. } if IN_THE_WAY.contains(why))
+}
+
+/// Whether `e` is the failure of a key tree write after the store was
+/// written: the store holds the change, the tree is out of step, and a
+/// repair of the tree (the CLI's `verify --repair`) mends it.
+pub fn out_of_step(e: &Error) -> bool {
+    matches!(e, Error::Io { op, .. } if *op == AFTER_WRITE || *op == AFTER_REMOVE)
+}
+
 /// Who writes through a [`Dir`]: the tree kept in step with its store
 /// (store writes, `verify --repair`, migrate), or an export into another
 /// directory ([`crate::export`]). It decides the wording of refusals and
@@ -322,18 +358,9 @@ impl Writer {
     /// file.
     pub(crate) fn not_a_key_file(self, path: &Path, kind: NotRegular) -> Error {
         let why = match (self, kind) {
-            (Writer::Tree, NotRegular::Symlink) => {
-                "a symlink in place of a key file of the tree: keycache neither follows, replaces \
-                 nor removes it; remove it (or use --tree never), then try again"
-            }
-            (Writer::Tree, NotRegular::Directory) => {
-                "a directory in place of a key file of the tree: keycache neither replaces nor \
-                 removes it; remove it (or use --tree never), then try again"
-            }
-            (Writer::Tree, NotRegular::Other) => {
-                "not a regular file in place of a key file of the tree: keycache neither replaces \
-                 nor removes it; remove it (or use --tree never), then try again"
-            }
+            (Writer::Tree, NotRegular::Symlink) => IN_THE_WAY[0],
+            (Writer::Tree, NotRegular::Directory) => IN_THE_WAY[1],
+            (Writer::Tree, NotRegular::Other) => IN_THE_WAY[2],
             (Writer::Export, NotRegular::Symlink) => {
                 "a symlink in place of a key file: export neither follows, replaces nor removes \
                  it; remove it, then export again"
@@ -388,7 +415,7 @@ mod sync;
 #[cfg(test)]
 mod tests;
 
-pub use check::{check, mend, require_store};
+pub use check::{check, mend, no_store, require_store};
 pub(crate) use dir::{write_many, Dir, Node};
 pub(crate) use listing::{create_state_dirs, ids_with_key_files};
 use sync::{held, ownership};

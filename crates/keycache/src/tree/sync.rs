@@ -123,10 +123,8 @@ impl Sync {
     /// missing or different, then removes those that no longer belong,
     /// fsyncing files and directories.
     pub(crate) fn after(mut self, wants: &[(MinionId, Want)]) -> Result<TreeChanges> {
-        const W: &str =
-            "write the key tree after the store changed (keycache verify --repair mends it)";
-        const R: &str =
-            "remove from the key tree after the store changed (keycache verify --repair mends it)";
+        const W: &str = super::AFTER_WRITE;
+        const R: &str = super::AFTER_REMOVE;
         let mut touched = [false; 4];
         for td in TreeDir::ALL {
             let d = td.index();

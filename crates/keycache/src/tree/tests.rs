@@ -171,7 +171,11 @@ fn mend_refuses_a_directory_without_a_store_and_touches_nothing() -> Result<()> 
     assert_eq!(check(&st)?.len(), 4);
     let e = mend(&st).unwrap_err();
     assert!(matches!(e, Error::PkiDir { .. }), "{e}");
-    assert!(e.to_string().contains("keycache migrate"), "{e}");
+    assert!(
+        no_store(&e) && e.to_string().contains("migrate the tree"),
+        "{e}"
+    );
+    assert!(!e.to_string().contains("keycache migrate"), "{e}");
     assert_eq!(files(t.path()).len(), 4);
     assert_eq!(
         std::fs::read_dir(t.path()).unwrap().count(),
@@ -188,4 +192,23 @@ fn mend_refuses_a_directory_without_a_store_and_touches_nothing() -> Result<()> 
     assert_eq!(r.removed.len(), 3);
     assert_eq!(files(t.path()), ["minions/k"]);
     Ok(())
+}
+
+#[test]
+fn refusals_of_the_tree_are_told_apart_and_name_no_cli_flag() {
+    let p = Path::new("/pki/minions/m1");
+    for kind in [
+        NotRegular::Symlink,
+        NotRegular::Directory,
+        NotRegular::Other,
+    ] {
+        let e = Writer::Tree.not_a_key_file(p, kind);
+        assert!(in_the_way(&e), "{e}");
+        assert!(!e.to_string().contains("--"), "{e}");
+        assert!(!in_the_way(&Writer::Export.not_a_key_file(p, kind)));
+    }
+    let io = |op| Error::io(p, op, std::io::Error::from_raw_os_error(libc::EIO));
+    assert!(out_of_step(&io(AFTER_WRITE)) && out_of_step(&io(AFTER_REMOVE)));
+    assert!(!out_of_step(&io("write")));
+    assert!(!AFTER_WRITE.contains("keycache") && !AFTER_REMOVE.contains("--"));
 }

@@ -336,6 +336,11 @@ fn symlinks_in_the_tree_are_refused_before_anything_changes() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains(s(&pki.join("minions/c-1"))), "{err}");
     assert!(err.contains("symlink"), "{err}");
+    // The CLI says how to leave the tree out; the library's words do not.
+    assert!(
+        err.contains("--tree never leaves the key tree out"),
+        "{err}"
+    );
     // Nothing changed: both still accepted, c-2's file still there.
     let st = open(&pki, &sized(1009));
     for id in ids {
