@@ -260,6 +260,20 @@ pub(crate) fn fallocate(f: &File, len: libc::off_t) -> i32 {
     unsafe { libc::posix_fallocate(f.as_raw_fd(), 0, len) }
 }
 
+/// `syncfs(f)`: writes back every dirty page and inode of the filesystem
+/// that holds `f`, and waits for it (one call instead of an fsync per file
+/// for the key tree's large batches).
+pub(crate) fn syncfs(f: &File) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: syncfs takes a file descriptor and touches no memory of ours;
+    // the descriptor is open for the borrow of `f`.
+    if unsafe { libc::syncfs(f.as_raw_fd()) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
 /// A cheap monotonic clock in nanoseconds (CLOCK_MONOTONIC_COARSE, a few
 /// milliseconds of resolution), for the readers' staleness checks.
 #[inline]

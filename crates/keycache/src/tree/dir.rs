@@ -179,11 +179,10 @@ impl Dir {
     /// Second half of a write: fsync, then the rename over the name
     /// (refused if a non-regular entry was planted there meanwhile). The
     /// directory is not fsynced (see [`Dir::sync`]).
-    fn commit(&self, st: Staged, op: &'static str) -> Result<()> {
+    fn commit(&self, st: Staged, synced: bool, op: &'static str) -> Result<()> {
         let shown = self.shown(&st.name);
-        let done = st
-            .file
-            .sync_data()
+        let data = if synced { Ok(()) } else { st.file.sync_data() };
+        let done = data
             .map_err(|e| Error::io(self.shown(&st.tmp), op, e))
             .and_then(|()| match self.entry(&st.name)? {
                 Node::Other(m) => Err(self.by.not_a_key_file(&shown, NotRegular::of(&m))),
@@ -214,6 +213,12 @@ impl Dir {
                 Err(e) => Err(Error::io(&shown, op, e)),
             },
         }
+    }
+
+    /// Writes back every dirty file of the directory's filesystem: the data
+    /// of a group of staged files at once ([`write_many`]).
+    fn sync_filesystem(&self, op: &'static str) -> Result<()> {
+        crate::map::syncfs(&self.fd).map_err(|e| Error::io(&self.path, op, e))
     }
 
     /// Makes the directory's entries (creations, renames, removals) durable.
@@ -247,6 +252,12 @@ pub(crate) struct Staged {
 /// descriptor open).
 pub(crate) const GROUP: usize = 128;
 
+/// From how many staged files a group is made durable by a write-back of
+/// the filesystem ([`crate::map::syncfs`]) instead of an fsync each: a
+/// single accept keeps its own fsync (a write-back would flush every other
+/// process's dirty pages too).
+const SYNC_WHOLE: usize = 16;
+
 /// Writes `items` (state directory, name, key) with [`Dir::stage`] and
 /// [`Dir::commit`], in
 /// groups: each group's temporaries are all written before the first is
@@ -269,11 +280,28 @@ pub(crate) fn write_many(
                 }
             }
         }
+        // A large group's data made durable by one write-back of the
+        // filesystem per directory, not by an fsync per file (100,000 key
+        // files: seconds instead of half a minute). Each file's data is
+        // durable before its rename either way.
+        let synced = failed.is_none() && staged.len() >= SYNC_WHOLE;
+        if synced {
+            let mut done = [false; 4];
+            for (d, _) in &staged {
+                if let (Some(dir), false) = (&dirs[*d], done[*d]) {
+                    done[*d] = true;
+                    if let Err(e) = dir.sync_filesystem(op) {
+                        failed = Some(e);
+                        break;
+                    }
+                }
+            }
+        }
         let mut it = staged.into_iter();
         if failed.is_none() {
             for (d, st) in it.by_ref() {
                 if let Some(dir) = &dirs[d] {
-                    if let Err(e) = dir.commit(st, op) {
+                    if let Err(e) = dir.commit(st, synced, op) {
                         failed = Some(e);
                         break;
                     }

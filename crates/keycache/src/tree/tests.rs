@@ -212,3 +212,32 @@ fn refusals_of_the_tree_are_told_apart_and_name_no_cli_flag() {
     assert!(!out_of_step(&io("write")));
     assert!(!AFTER_WRITE.contains("keycache") && !AFTER_REMOVE.contains("--"));
 }
+
+#[test]
+fn a_large_batch_is_written_whole_through_one_write_back() {
+    // More files than SYNC_WHOLE in one group: made durable by syncfs, then
+    // renamed; every file holds its key, no temporary is left.
+    let t = tempfile::tempdir().expect("tempdir");
+    let st = store(t.path());
+    let ids: Vec<crate::MinionId> = (0..40)
+        .map(|n| crate::MinionId::new(format!("m{n:02}")).expect("id"))
+        .collect();
+    st.batch(|b| {
+        for (n, id) in ids.iter().enumerate() {
+            let state = if n % 2 == 0 {
+                KeyState::Accepted
+            } else {
+                KeyState::Pending
+            };
+            b.put(id, state, &pem(id.as_str()))?;
+        }
+        Ok(())
+    })
+    .expect("batch");
+    assert_eq!(files(t.path()).len(), 40, "{:?}", files(t.path()));
+    for (n, id) in ids.iter().enumerate() {
+        let d = if n % 2 == 0 { "minions" } else { "minions_pre" };
+        let got = std::fs::read(t.path().join(d).join(id.as_str())).expect("key file");
+        assert_eq!(got, pem(id.as_str()));
+    }
+}
