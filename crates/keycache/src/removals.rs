@@ -139,11 +139,17 @@ fn append_bytes(dir: &Path, bytes: &[u8]) -> Result<()> {
     Ok(())
 }
 
+/// Whether the store in `dir` keeps a removal log: it has a history (its
+/// identity file), which the next observation reads the log into.
+pub(crate) fn kept_in(dir: &Path) -> bool {
+    dir.join(crate::format::IDENTITY_FILE).exists()
+}
+
 /// Appends the removals of `ids` (bank: `denied`) to the log of the store
 /// in `dir`, durably, when the store has a history; does nothing
 /// otherwise. Call it holding the `keys` bank's lock.
 pub(crate) fn append(dir: &Path, ids: &[(bool, Vec<u8>)]) -> Result<()> {
-    if ids.is_empty() || !dir.join(crate::format::IDENTITY_FILE).exists() {
+    if ids.is_empty() || !kept_in(dir) {
         return Ok(());
     }
     let bytes: Vec<u8> = ids.iter().flat_map(|(d, id)| line(*d, id)).collect();

@@ -130,6 +130,61 @@ def last_json(text):
     raise ValueError(f"no JSON in output: {text!r}")
 
 
+def salt_key_list(master_conf):
+    """``salt-key -L --out json`` of the master whose config dir is ``master_conf``."""
+    proc = run([salt_script("salt-key"), "-c", master_conf, "-L", "--out", "json"], timeout=60)
+    if proc.returncode != 0:
+        raise AssertionError(f"salt-key -L exited {proc.returncode}: {proc.stdout}{proc.stderr}")
+    return last_json(proc.stdout)
+
+
+def salt_ping(master_conf, minion_id, timeout):
+    """``salt <id> test.ping`` from that master: the minion's answer (True) or None, and the run."""
+    proc = run(
+        [
+            salt_script("salt"),
+            "-c",
+            master_conf,
+            "-t",
+            timeout,
+            minion_id,
+            "test.ping",
+            "--out",
+            "json",
+            "--static",
+        ],
+        timeout=timeout + 60,
+    )
+    answer = None
+    with contextlib.suppress(ValueError):
+        data = last_json(proc.stdout)
+        if isinstance(data, dict):
+            answer = data.get(minion_id)
+    return answer, proc
+
+
+def wait_salt_ping_true(master_conf, minion_id, where, alive, timeout):
+    """Wait for ``salt <id> test.ping`` from that master (``where``: " from master A") to
+    answer True, naming every attempt when it does not."""
+    seen = []
+
+    def attempt():
+        answer, proc = salt_ping(master_conf, minion_id, 4)
+        seen.append((answer, proc.returncode, proc.stdout[-300:], proc.stderr[-300:]))
+        return answer is True
+
+    try:
+        wait_for(
+            f"`salt {minion_id} test.ping`{where} to answer True",
+            attempt,
+            timeout,
+            interval=1,
+            alive=alive,
+        )
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\nattempts (answer, rc, stdout, stderr): {seen}") from None
+
+
 def tail(path, lines=80):
     try:
         data = pathlib.Path(path).read_text(errors="replace").splitlines()
@@ -410,36 +465,11 @@ class SaltPair:
         return json.loads(proc.stdout)
 
     def salt_key_list(self):
-        proc = run(
-            [salt_script("salt-key"), "-c", self.master_conf, "-L", "--out", "json"], timeout=60
-        )
-        if proc.returncode != 0:
-            raise AssertionError(f"salt-key -L exited {proc.returncode}: {proc.stdout}{proc.stderr}")
-        return last_json(proc.stdout)
+        return salt_key_list(self.master_conf)
 
     def ping(self, timeout=10):
         """``salt <id> test.ping``: the minion's answer (True) or None, and the raw output."""
-        proc = run(
-            [
-                salt_script("salt"),
-                "-c",
-                self.master_conf,
-                "-t",
-                timeout,
-                MINION_ID,
-                "test.ping",
-                "--out",
-                "json",
-                "--static",
-            ],
-            timeout=timeout + 60,
-        )
-        answer = None
-        with contextlib.suppress(ValueError):
-            data = last_json(proc.stdout)
-            if isinstance(data, dict):
-                answer = data.get(MINION_ID)
-        return answer, proc
+        return salt_ping(self.master_conf, MINION_ID, timeout)
 
     def wait_minion_ready(self, count_before, timeout=30):
         """Wait (at most ``timeout`` s, not an error) for the minion to log it is ready again.
@@ -456,23 +486,7 @@ class SaltPair:
         return False
 
     def wait_ping_true(self, timeout=60):
-        seen = []
-
-        def attempt():
-            answer, proc = self.ping(timeout=4)
-            seen.append((answer, proc.returncode, proc.stdout[-300:], proc.stderr[-300:]))
-            return answer is True
-
-        try:
-            wait_for(
-                f"`salt {MINION_ID} test.ping` to answer True",
-                attempt,
-                timeout,
-                interval=1,
-                alive=[self.master, self.minion],
-            )
-        except AssertionError as exc:
-            raise AssertionError(f"{exc}\nattempts (answer, rc, stdout, stderr): {seen}") from None
+        wait_salt_ping_true(self.master_conf, MINION_ID, "", [self.master, self.minion], timeout)
 
     def helper(self, *args, timeout=90):
         """Run this module as a script (a Salt client in its own process)."""

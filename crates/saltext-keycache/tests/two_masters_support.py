@@ -184,12 +184,7 @@ class Master:
         return found[0] if found else None
 
     def salt_key_list(self):
-        proc = mm.run(
-            [mm.salt_script("salt-key"), "-c", self.conf, "-L", "--out", "json"], timeout=60
-        )
-        if proc.returncode != 0:
-            raise AssertionError(f"salt-key -L exited {proc.returncode}: {proc.stdout}{proc.stderr}")
-        return {state: sorted(ids) for state, ids in mm.last_json(proc.stdout).items()}
+        return {state: sorted(ids) for state, ids in mm.salt_key_list(self.conf).items()}
 
     def accept_key_file(self, mid=MINION_ID):
         """The key in ``minions/<id>``, the file validate_token reads (stripped; None: absent)."""
@@ -198,46 +193,10 @@ class Master:
 
     def ping(self, timeout=4):
         """``salt <id> test.ping`` from this master: the answer (True) or None, and the run."""
-        proc = mm.run(
-            [
-                mm.salt_script("salt"),
-                "-c",
-                self.conf,
-                "-t",
-                timeout,
-                MINION_ID,
-                "test.ping",
-                "--out",
-                "json",
-                "--static",
-            ],
-            timeout=timeout + 60,
-        )
-        answer = None
-        with contextlib.suppress(ValueError):
-            data = mm.last_json(proc.stdout)
-            if isinstance(data, dict):
-                answer = data.get(MINION_ID)
-        return answer, proc
+        return mm.salt_ping(self.conf, MINION_ID, timeout)
 
     def wait_ping_true(self, alive, timeout=60):
-        seen = []
-
-        def attempt():
-            answer, proc = self.ping(timeout=4)
-            seen.append((answer, proc.returncode, proc.stdout[-200:], proc.stderr[-200:]))
-            return answer is True
-
-        try:
-            mm.wait_for(
-                f"`salt {MINION_ID} test.ping` from master {self.name} to answer True",
-                attempt,
-                timeout,
-                interval=1,
-                alive=alive,
-            )
-        except AssertionError as exc:
-            raise AssertionError(f"{exc}\nattempts (answer, rc, stdout, stderr): {seen}") from None
+        mm.wait_salt_ping_true(self.conf, MINION_ID, f" from master {self.name}", alive, timeout)
 
     # -- the README's merge timer ----------------------------------------------
 

@@ -10,7 +10,7 @@ pub struct Batch<'t, 'a> {
     pub(super) touched: Option<&'a mut Vec<MinionId>>,
     /// The ids this batch removes from `keys` that the bank (or the batch)
     /// held: logged for the store's history ([`crate::removals`]).
-    pub(super) removed: &'a mut Vec<(bool, Vec<u8>)>,
+    pub(super) removed: Option<&'a mut Vec<(bool, Vec<u8>)>>,
 }
 
 pub(super) fn check_pem(id: &MinionId, pem: &[u8]) -> Result<()> {
@@ -69,8 +69,10 @@ impl Batch<'_, '_> {
         let k = id.as_str().as_bytes();
         // An entry that cannot be read (a lost segment) is removed all the
         // same, and logged: a removal of something.
-        if self.keys.get(k).map_or(true, |v| v.is_some()) {
-            self.removed.push((false, k.to_vec()));
+        if let Some(log) = self.removed.as_deref_mut() {
+            if self.keys.get(k).map_or(true, |v| v.is_some()) {
+                log.push((false, k.to_vec()));
+            }
         }
         self.keys.remove(k)?;
         self.touch(id);
@@ -128,7 +130,7 @@ impl Store {
                 let mut keys = Txn::new(&self.keys);
                 let mut denied_ops: Vec<(Vec<u8>, Option<Vec<u8>>)> = Vec::new();
                 // A merge records its removals in the history itself: no log.
-                let (out, wants, _) = self.stage(f, &mut keys, &mut denied_ops)?;
+                let (out, wants, _) = self.stage(f, &mut keys, &mut denied_ops, false)?;
                 let (applied, changes) =
                     self.apply_both(kix, dix, keys, &denied_ops, wants, None)?;
                 after()?;

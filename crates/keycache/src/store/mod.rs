@@ -431,7 +431,10 @@ impl Store {
         self.keys.with_writer(|kix| {
             let mut keys = Txn::new(&self.keys);
             let mut denied_ops: Vec<(Vec<u8>, Option<Vec<u8>>)> = Vec::new();
-            let (out, wants, mut removed) = self.stage(f, &mut keys, &mut denied_ops)?;
+            // Removals are logged only in a store that keeps a history
+            // (else nothing reads the log, and nothing is read for it).
+            let log = crate::removals::kept_in(&self.dir);
+            let (out, wants, mut removed) = self.stage(f, &mut keys, &mut denied_ops, log)?;
             if denied_ops.is_empty() {
                 let plan = self.keys.plan(kix, keys)?;
                 crate::removals::append(&self.dir, &removed)?;
@@ -442,8 +445,14 @@ impl Store {
             // Both banks locked (keys first, always), both planned before
             // either is written: a batch that does not fit changes nothing.
             self.denied.with_writer(|dix| {
-                let (applied, changes) =
-                    self.apply_both(kix, dix, keys, &denied_ops, wants, Some(&mut removed))?;
+                let (applied, changes) = self.apply_both(
+                    kix,
+                    dix,
+                    keys,
+                    &denied_ops,
+                    wants,
+                    log.then_some(&mut removed),
+                )?;
                 Ok((out, applied, changes))
             })
         })
@@ -451,12 +460,14 @@ impl Store {
 
     /// Runs `f`, the writes of a batch, into `keys` and `denied_ops`; with
     /// the tree on, also returns what the tree must hold for each id the
-    /// batch touched once it is in; and the `keys` entries it removes.
+    /// batch touched once it is in; and, with `log`, the `keys` entries it
+    /// removes.
     fn stage<'t, T>(
         &self,
         f: impl FnOnce(&mut Batch<'_, '_>) -> Result<T>,
         keys: &mut Txn<'t>,
         denied_ops: &mut Vec<(Vec<u8>, Option<Vec<u8>>)>,
+        log: bool,
     ) -> Result<(T, Option<Wants>, Removed)> {
         let sync = self.tree.is_on();
         let mut touched: Vec<MinionId> = Vec::new();
@@ -465,7 +476,7 @@ impl Store {
             keys,
             denied: denied_ops,
             touched: sync.then_some(&mut touched),
-            removed: &mut removed,
+            removed: log.then_some(&mut removed),
         })?;
         let wants = if sync {
             Some(self.wants_after(keys, denied_ops, touched)?)
