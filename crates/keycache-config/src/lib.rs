@@ -72,6 +72,7 @@
 //! keep the last of duplicate keys, and `serde_yml` is deprecated.
 
 mod error;
+pub mod etcd;
 mod glob;
 mod load;
 mod paths;
@@ -272,6 +273,9 @@ pub struct MasterConfig {
     pub id: Option<Setting<String>>,
     /// `keys.cache_driver` (`None` inside: set to null).
     pub cache_driver: Option<Setting<Option<String>>>,
+    /// `keycache_etcd` (see [`etcd`]): the etcd cluster this master's
+    /// store is a replica of; `None` when unset, null or empty.
+    pub etcd: Option<Setting<etcd::EtcdSettings>>,
 }
 
 impl MasterConfig {

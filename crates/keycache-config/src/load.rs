@@ -315,6 +315,12 @@ impl MasterConfig {
                 _ => return Err(type_err(e, "id", "a string")),
             },
         };
+        let etcd = match o.get("keycache_etcd") {
+            None => None,
+            Some(e) => {
+                crate::etcd::parse(&e.file, &e.node)?.map(|v| setting(e, "keycache_etcd", v))
+            }
+        };
         let cfg = MasterConfig {
             conf_file: source.file.clone(),
             how: source.how,
@@ -333,6 +339,7 @@ impl MasterConfig {
             user: opt_str(o, "user", false)?,
             id,
             cache_driver,
+            etcd,
         };
         Ok(cfg)
     }

@@ -12,6 +12,7 @@
 //! - [`tracer`] and [`disk`] (x86_64 Linux): a ptrace tracer and a
 //!   power-loss disk simulator;
 //! - [`crash`]: the crash tests' op model, writer log and checks;
+//! - [`etcd`]: real etcd members on 127.0.0.1 for the replica tests;
 //! - [`fuzzing`]: the fuzz target bodies.
 #![allow(missing_docs)]
 pub mod cmd;
@@ -19,6 +20,7 @@ pub mod common;
 pub mod crash;
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
 pub mod disk;
+pub mod etcd;
 pub mod fuzzing;
 pub mod peers;
 pub mod rng;

@@ -326,7 +326,7 @@ pub(crate) fn now_ns() -> u64 {
 
 /// Replaces `path` with `bytes` atomically: a temporary file beside it
 /// (created with `own`), fsynced, renamed over it, the directory fsynced.
-pub(crate) fn replace_with(path: &Path, bytes: &[u8], own: &Ownership) -> Result<()> {
+pub fn replace_with(path: &Path, bytes: &[u8], own: &Ownership) -> Result<()> {
     let dir = path
         .parent()
         .map_or_else(|| PathBuf::from("."), Path::to_path_buf);

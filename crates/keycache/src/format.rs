@@ -62,6 +62,10 @@ pub const HISTORY_FILE: &str = ".keycache-history";
 pub const IDENTITY_FILE: &str = ".keycache-identity";
 /// The removal log, in the store directory ([`crate::removals`]).
 pub const REMOVALS_FILE: &str = ".keycache-removed";
+/// The replica's state, in the store directory of a master whose store is
+/// a replica of etcd (the `keycache-etcd` crate): the etcd cluster and
+/// prefix, and the revision the store holds.
+pub const REPLICA_FILE: &str = ".keycache-etcd";
 
 /// Width of a slot's status byte.
 pub const STATUS_LEN: usize = 1;

@@ -1,0 +1,282 @@
+//! `keycache_etcd`: where a master's key store is replicated from.
+//!
+//! ```yaml
+//! keys.cache_driver: keycache
+//! keycache_etcd:
+//!   endpoints: [https://10.0.0.1:2379, https://10.0.0.2:2379]
+//!   prefix: /keycache/prod/          # default /keycache/<cluster_id or default>/
+//!   ca: /etc/salt/etcd/ca.pem        # TLS: the CA, and a client certificate
+//!   cert: /etc/salt/etcd/client.pem
+//!   key: /etc/salt/etcd/client-key.pem
+//!   user: salt                       # etcd's own auth
+//!   password: secret
+//!   write_timeout: 10                # seconds a write waits for etcd and the replica
+//!   stale_after: 30                  # seconds without etcd before the replica is stale
+//! ```
+//!
+//! Salt ignores options it does not know, so the mapping sits beside the
+//! master's own options. A value of the wrong type is refused with its file
+//! and line, as the other options are.
+
+use std::path::PathBuf;
+
+use serde::Serialize;
+
+use crate::yaml::{Kind, Node};
+use crate::ConfigError;
+
+/// The default seconds a write through etcd waits for the commit and for
+/// this master's replica to apply it.
+pub const DEFAULT_WRITE_TIMEOUT: u64 = 10;
+
+/// The default seconds without contact with etcd after which a replica
+/// counts as stale.
+pub const DEFAULT_STALE_AFTER: u64 = 30;
+
+/// The `keycache_etcd` mapping of a master config.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct EtcdSettings {
+    /// `endpoints`: `http://host:port` or `https://host:port` (a bare
+    /// `host:port` is http).
+    pub endpoints: Vec<String>,
+    /// `prefix`, as written (`None`: the default).
+    pub prefix: Option<String>,
+    /// `ca`: the CA certificate that signs the servers' (PEM).
+    pub ca: Option<PathBuf>,
+    /// `cert`: the client certificate (PEM).
+    pub cert: Option<PathBuf>,
+    /// `key`: the client certificate's private key (PEM).
+    pub key: Option<PathBuf>,
+    /// `user`: etcd's auth user.
+    pub user: Option<String>,
+    /// `password`: etcd's auth password (never printed).
+    #[serde(skip)]
+    pub password: Option<String>,
+    /// `write_timeout`, seconds.
+    pub write_timeout: u64,
+    /// `stale_after`, seconds.
+    pub stale_after: u64,
+}
+
+fn err(file: &std::path::Path, node: &Node, key: &str, expected: &'static str) -> ConfigError {
+    let found = match &node.kind {
+        Kind::Str(s) => format!("the string {s:?}"),
+        Kind::Int(i) => format!("the integer {i}"),
+        other => other.type_name().to_string(),
+    };
+    ConfigError::Type {
+        file: file.to_path_buf(),
+        line: node.line,
+        key: format!("keycache_etcd.{key}"),
+        expected,
+        found,
+    }
+}
+
+/// Reads the `keycache_etcd` mapping `node` of `file`; `None` when it is
+/// null or empty (no etcd).
+pub(crate) fn parse(
+    file: &std::path::Path,
+    node: &Node,
+) -> Result<Option<EtcdSettings>, ConfigError> {
+    let map = match &node.kind {
+        Kind::Null => return Ok(None),
+        Kind::Map(m) if m.is_empty() => return Ok(None),
+        Kind::Map(m) => m,
+        _ => {
+            return Err(ConfigError::Type {
+                file: file.to_path_buf(),
+                line: node.line,
+                key: "keycache_etcd".into(),
+                expected: "a mapping",
+                found: node.kind.type_name().into(),
+            })
+        }
+    };
+    let mut s = EtcdSettings {
+        endpoints: Vec::new(),
+        prefix: None,
+        ca: None,
+        cert: None,
+        key: None,
+        user: None,
+        password: None,
+        write_timeout: DEFAULT_WRITE_TIMEOUT,
+        stale_after: DEFAULT_STALE_AFTER,
+    };
+    for (k, v) in map {
+        let Kind::Str(name) = &k.kind else {
+            return Err(err(file, k, "?", "a mapping with string keys"));
+        };
+        let string = |what: &str| match &v.kind {
+            Kind::Str(x) if !x.is_empty() => Ok(x.clone()),
+            _ => Err(err(file, v, what, "a non-empty string")),
+        };
+        let seconds = |what: &str| match &v.kind {
+            Kind::Int(i) if *i > 0 && *i <= 86_400 => Ok(*i as u64),
+            _ => Err(err(file, v, what, "a number of seconds from 1 to 86400")),
+        };
+        match name.as_str() {
+            "endpoints" => {
+                s.endpoints = match &v.kind {
+                    Kind::Str(x) if !x.is_empty() => vec![x.clone()],
+                    Kind::Seq(items) if !items.is_empty() => items
+                        .iter()
+                        .map(|i| match &i.kind {
+                            Kind::Str(x) if !x.is_empty() => Ok(x.clone()),
+                            _ => Err(err(file, i, "endpoints", "a list of URLs")),
+                        })
+                        .collect::<Result<_, _>>()?,
+                    _ => return Err(err(file, v, "endpoints", "a URL or a list of URLs")),
+                }
+            }
+            "prefix" => s.prefix = Some(string("prefix")?),
+            "ca" => s.ca = Some(string("ca")?.into()),
+            "cert" => s.cert = Some(string("cert")?.into()),
+            "key" => s.key = Some(string("key")?.into()),
+            "user" => s.user = Some(string("user")?),
+            "password" => s.password = Some(string("password")?),
+            "write_timeout" => s.write_timeout = seconds("write_timeout")?,
+            "stale_after" => s.stale_after = seconds("stale_after")?,
+            other => {
+                return Err(ConfigError::Type {
+                    file: file.to_path_buf(),
+                    line: k.line,
+                    key: format!("keycache_etcd.{other}"),
+                    expected: "one of endpoints, prefix, ca, cert, key, user, password, \
+                               write_timeout, stale_after",
+                    found: "an unknown option".into(),
+                })
+            }
+        }
+    }
+    if s.endpoints.is_empty() {
+        return Err(ConfigError::Type {
+            file: file.to_path_buf(),
+            line: node.line,
+            key: "keycache_etcd.endpoints".into(),
+            expected: "a URL or a list of URLs",
+            found: "nothing".into(),
+        });
+    }
+    for (first, halves) in [
+        ("cert", s.cert.is_some() != s.key.is_some()),
+        ("user", s.user.is_some() != s.password.is_some()),
+    ] {
+        if halves {
+            return Err(ConfigError::Type {
+                file: file.to_path_buf(),
+                line: node.line,
+                key: format!("keycache_etcd.{first}"),
+                expected: if first == "cert" {
+                    "cert and key together"
+                } else {
+                    "user and password together"
+                },
+                found: "only one of them".into(),
+            });
+        }
+    }
+    Ok(Some(s))
+}
+
+impl crate::MasterConfig {
+    /// The etcd prefix of this master's key state, ending in `/`: the
+    /// `prefix` option, else `/keycache/<cluster_id>/` for a Salt cluster and
+    /// `/keycache/default/` for masters without one. `None` without
+    /// `keycache_etcd`.
+    pub fn etcd_prefix(&self) -> Option<String> {
+        let s = &self.etcd.as_ref()?.value;
+        let p = match (
+            &s.prefix,
+            self.cluster_id.as_ref().filter(|_| self.clustered),
+        ) {
+            (Some(p), _) => p.clone(),
+            (None, Some(c)) => format!("/keycache/{}/", c.value),
+            (None, None) => "/keycache/default/".to_string(),
+        };
+        Some(if p.ends_with('/') { p } else { format!("{p}/") })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{ConfigError, MasterConfig, Source};
+
+    fn load(text: &str) -> Result<MasterConfig, ConfigError> {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        std::fs::write(dir.path().join("master"), text).expect("write");
+        MasterConfig::load(&Source::config_dir(dir.path()))
+    }
+
+    #[test]
+    fn a_full_mapping_is_read_with_defaults_for_what_is_left_out() {
+        let c = load(
+            "cluster_id: prod\nkeycache_etcd:\n  endpoints: [http://127.0.0.1:2379, \
+             http://127.0.0.1:2380]\n  ca: /ca.pem\n  cert: /c.pem\n  key: /k.pem\n  user: u\n  \
+             password: p\n",
+        )
+        .expect("loads");
+        let e = &c.etcd.as_ref().expect("etcd").value;
+        assert_eq!(
+            e.endpoints,
+            ["http://127.0.0.1:2379", "http://127.0.0.1:2380"]
+        );
+        assert_eq!(e.ca.as_deref(), Some(std::path::Path::new("/ca.pem")));
+        assert_eq!(
+            (e.user.as_deref(), e.password.as_deref()),
+            (Some("u"), Some("p"))
+        );
+        assert_eq!(e.write_timeout, super::DEFAULT_WRITE_TIMEOUT);
+        assert_eq!(c.etcd_prefix().as_deref(), Some("/keycache/prod/"));
+    }
+
+    #[test]
+    fn prefix_defaults_and_gets_its_slash() {
+        let c = load("keycache_etcd: {endpoints: 'localhost:2379'}\n").expect("loads");
+        assert_eq!(c.etcd_prefix().as_deref(), Some("/keycache/default/"));
+        let c = load("keycache_etcd: {endpoints: [a:1], prefix: /kc/x}\n").expect("loads");
+        assert_eq!(c.etcd_prefix().as_deref(), Some("/kc/x/"));
+        assert_eq!(
+            load("keycache_etcd: {}\n").expect("loads").etcd_prefix(),
+            None
+        );
+        assert_eq!(load("pki_dir: /p\n").expect("loads").etcd, None);
+    }
+
+    #[test]
+    fn wrong_types_and_half_pairs_are_refused_with_the_line() {
+        for (text, key) in [
+            ("keycache_etcd: [a]\n", "keycache_etcd"),
+            (
+                "keycache_etcd:\n  endpoints: 5\n",
+                "keycache_etcd.endpoints",
+            ),
+            ("keycache_etcd:\n  prefix: /p/\n", "keycache_etcd.endpoints"),
+            (
+                "keycache_etcd:\n  endpoints: [a:1]\n  cert: /c\n",
+                "keycache_etcd.cert",
+            ),
+            (
+                "keycache_etcd:\n  endpoints: [a:1]\n  user: u\n",
+                "keycache_etcd.user",
+            ),
+            (
+                "keycache_etcd:\n  endpoints: [a:1]\n  stale_after: 0\n",
+                "keycache_etcd.stale_after",
+            ),
+            (
+                "keycache_etcd:\n  endpoints: [a:1]\n  endpoint: x\n",
+                "keycache_etcd.endpoint",
+            ),
+        ] {
+            match load(text) {
+                Err(ConfigError::Type { key: k, line, .. }) => {
+                    assert_eq!(k, key, "{text}");
+                    assert!(line >= 1, "{text}");
+                }
+                other => panic!("{text}: {other:?}"),
+            }
+        }
+    }
+}

@@ -1,0 +1,134 @@
+//! Settings (`keycache_etcd` in the master config) and the connection to
+//! etcd: endpoints balanced by etcd-client, TLS with a CA and a client
+//! certificate, etcd's user and password.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
+use keycache_config::MasterConfig;
+
+use crate::error::{Error, Result};
+use crate::layout::Layout;
+
+/// Everything a replicator or a writer needs to reach the key state in etcd.
+#[derive(Clone)]
+pub struct Settings {
+    /// The endpoints, each `http://` or `https://host:port`.
+    pub endpoints: Vec<String>,
+    /// The keys in etcd.
+    pub layout: Layout,
+    /// The CA certificate (PEM) that signs the servers'.
+    pub ca: Option<PathBuf>,
+    /// The client certificate and its key (PEM).
+    pub identity: Option<(PathBuf, PathBuf)>,
+    /// etcd's user and password.
+    pub user: Option<(String, String)>,
+    /// How long a write waits for etcd's commit and for the replica.
+    pub write_timeout: Duration,
+    /// How long without etcd before a replica counts as stale.
+    pub stale_after: Duration,
+}
+
+impl std::fmt::Debug for Settings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The password is never printed.
+        f.debug_struct("Settings")
+            .field("endpoints", &self.endpoints)
+            .field("prefix", &self.layout.prefix())
+            .field("ca", &self.ca)
+            .field("identity", &self.identity)
+            .field("user", &self.user.as_ref().map(|(u, _)| u))
+            .finish_non_exhaustive()
+    }
+}
+
+impl Settings {
+    /// The settings of a master config's `keycache_etcd`; `None` without
+    /// one.
+    pub fn from_config(cfg: &MasterConfig) -> Result<Option<Settings>> {
+        let (Some(e), Some(prefix)) = (&cfg.etcd, cfg.etcd_prefix()) else {
+            return Ok(None);
+        };
+        let e = &e.value;
+        let endpoints: Vec<String> = e
+            .endpoints
+            .iter()
+            .map(|u| {
+                if u.starts_with("http://") || u.starts_with("https://") {
+                    u.clone()
+                } else {
+                    format!("http://{u}")
+                }
+            })
+            .collect();
+        let tls = e.ca.is_some() || e.cert.is_some();
+        if tls {
+            if let Some(u) = endpoints.iter().find(|u| u.starts_with("http://")) {
+                return Err(Error::Config(format!(
+                    "endpoint {u} is plain http, but ca or cert is set: give https:// endpoints"
+                )));
+            }
+        }
+        Ok(Some(Settings {
+            endpoints,
+            layout: Layout::new(&prefix)?,
+            ca: e.ca.clone(),
+            identity: e.cert.clone().zip(e.key.clone()),
+            user: e.user.clone().zip(e.password.clone()),
+            write_timeout: Duration::from_secs(e.write_timeout),
+            stale_after: Duration::from_secs(e.stale_after),
+        }))
+    }
+
+    /// Settings for plain-http `endpoints` and `prefix`, with the default
+    /// timeouts (tests and tools).
+    pub fn plain(endpoints: Vec<String>, prefix: &str) -> Result<Settings> {
+        Ok(Settings {
+            endpoints,
+            layout: Layout::new(prefix)?,
+            ca: None,
+            identity: None,
+            user: None,
+            write_timeout: Duration::from_secs(keycache_config::etcd::DEFAULT_WRITE_TIMEOUT),
+            stale_after: Duration::from_secs(keycache_config::etcd::DEFAULT_STALE_AFTER),
+        })
+    }
+
+    /// Connects (lazily: the first request makes the connection).
+    pub async fn connect(&self) -> Result<Client> {
+        let mut opts = ConnectOptions::new()
+            .with_connect_timeout(Duration::from_secs(3))
+            .with_timeout(self.write_timeout)
+            .with_keep_alive(Duration::from_secs(5), Duration::from_secs(3))
+            .with_require_leader(true);
+        if self.ca.is_some() || self.identity.is_some() {
+            let mut tls = TlsOptions::new();
+            if let Some(ca) = &self.ca {
+                tls = tls.ca_certificate(Certificate::from_pem(read(ca)?));
+            }
+            if let Some((cert, key)) = &self.identity {
+                tls = tls.identity(Identity::from_pem(read(cert)?, read(key)?));
+            }
+            opts = opts.with_tls(tls);
+        }
+        if let Some((u, p)) = &self.user {
+            opts = opts.with_user(u.clone(), p.clone());
+        }
+        Client::connect(&self.endpoints, Some(opts))
+            .await
+            .map_err(|e| Error::etcd(&self.endpoints, "connect", e))
+    }
+
+    /// An error of a request to etcd.
+    pub(crate) fn err(&self, op: &'static str, e: impl std::fmt::Display) -> Error {
+        Error::etcd(&self.endpoints, op, e)
+    }
+}
+
+fn read(p: &Path) -> Result<Vec<u8>> {
+    std::fs::read(p).map_err(|e| Error::TlsFile {
+        path: p.to_path_buf(),
+        why: e.to_string(),
+    })
+}

@@ -1,0 +1,99 @@
+//! The one error type of the etcd replica.
+
+use std::path::PathBuf;
+
+/// What went wrong, with what to do about it.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The store (or the key tree) refused or failed.
+    #[error(transparent)]
+    Store(#[from] keycache::Error),
+    /// A setting that cannot be used.
+    #[error("keycache_etcd: {0}")]
+    Config(String),
+    /// A TLS file that cannot be read.
+    #[error("keycache_etcd: cannot read {path}: {why}")]
+    TlsFile {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        why: String,
+    },
+    /// etcd did not answer or refused a request.
+    #[error("etcd ({endpoints}): {op} failed: {why}")]
+    Etcd {
+        /// The endpoints tried.
+        endpoints: String,
+        /// What was asked.
+        op: &'static str,
+        /// etcd's or the transport's reason.
+        why: String,
+    },
+    /// The key state changed between the read and the write, every time
+    /// the write was tried.
+    #[error("etcd: {key} kept changing while it was being written ({tries} tries); nothing was written for it, try again")]
+    Conflict {
+        /// The etcd key.
+        key: String,
+        /// How many times.
+        tries: u32,
+    },
+    /// etcd holds another value for a key than the replica showed when the
+    /// write was decided: a change committed elsewhere has not reached this
+    /// master yet. Nothing was written.
+    #[error("etcd: {key} was changed elsewhere after this master's replica read it; nothing was written, try again")]
+    Changed {
+        /// The etcd key.
+        key: String,
+    },
+    /// etcd committed a write, but this master's replica did not apply it
+    /// in time.
+    #[error(
+        "etcd committed the change (revision {revision}), but the replica in {dir} has not \
+         applied it within {waited_ms} ms (it holds revision {holds}): is the replicator running \
+         for this store?"
+    )]
+    NotApplied {
+        /// The store directory.
+        dir: PathBuf,
+        /// The revision of the commit.
+        revision: i64,
+        /// The revision the replica holds.
+        holds: i64,
+        /// How long this waited.
+        waited_ms: u64,
+    },
+    /// The replica's state file cannot be used.
+    #[error("{path}: {why}")]
+    State {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        why: String,
+    },
+    /// A seed into a prefix that already holds keys.
+    #[error(
+        "etcd prefix {prefix} already holds {count} keys: a seed would overwrite another \
+         master's key state; seed only into an empty prefix, or ask for it explicitly"
+    )]
+    PrefixNotEmpty {
+        /// The prefix.
+        prefix: String,
+        /// How many keys it holds.
+        count: i64,
+    },
+}
+
+/// The crate's result.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    pub(crate) fn etcd(endpoints: &[String], op: &'static str, e: impl std::fmt::Display) -> Error {
+        Error::Etcd {
+            endpoints: endpoints.join(","),
+            op,
+            why: e.to_string(),
+        }
+    }
+}

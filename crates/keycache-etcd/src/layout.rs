@@ -1,0 +1,153 @@
+//! The key state in etcd: one etcd key per (bank, id) under one prefix per
+//! cluster, the value as the store's bank holds it.
+//!
+//! ```text
+//! <prefix>keys/<id>          [state: 1 accepted, 2 pending, 3 rejected][public key PEM]
+//! <prefix>denied_keys/<id>   [public key PEM]
+//! ```
+//!
+//! The `master_keys` bank never goes to etcd: the master's private keys stay
+//! on each master.
+
+use keycache::snapshot::Bank;
+use keycache::store::{decode_key_value, encode_key_value, KeyState};
+use keycache::MinionId;
+
+use crate::error::{Error, Result};
+
+/// The etcd keys of one cluster's key state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Layout {
+    prefix: String,
+}
+
+/// What one etcd key holds, decoded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Value {
+    /// A `keys` bank entry.
+    Key(KeyState, Vec<u8>),
+    /// A `denied_keys` bank entry.
+    Denied(Vec<u8>),
+}
+
+impl Value {
+    /// The bank it belongs to.
+    pub fn bank(&self) -> Bank {
+        match self {
+            Value::Key(..) => Bank::Keys,
+            Value::Denied(_) => Bank::Denied,
+        }
+    }
+
+    /// The bytes etcd holds.
+    pub fn encode(&self) -> Vec<u8> {
+        match self {
+            Value::Key(s, pem) => encode_key_value(*s, pem),
+            Value::Denied(pem) => pem.clone(),
+        }
+    }
+
+    /// Decodes what etcd holds for `bank`: a `keys` value must carry a
+    /// state byte and a key, neither may be empty, and no value may hold a
+    /// private key block (such a value would be refused by the store).
+    pub fn decode(bank: Bank, bytes: &[u8]) -> std::result::Result<Value, &'static str> {
+        let v = match bank {
+            Bank::Keys => match decode_key_value(bytes) {
+                Some((s, pem)) => Value::Key(s, pem.to_vec()),
+                None => return Err("not a keys value ([state 1..3][public key])"),
+            },
+            Bank::Denied if bytes.is_empty() => return Err("an empty denied key"),
+            Bank::Denied => Value::Denied(bytes.to_vec()),
+        };
+        let pem = match &v {
+            Value::Key(_, p) | Value::Denied(p) => p,
+        };
+        if keycache::pem::holds_private_key(pem) {
+            return Err("it holds a private key block");
+        }
+        Ok(v)
+    }
+}
+
+impl Layout {
+    /// The layout under `prefix`, which must start with `/`, end with `/`
+    /// and hold no NUL.
+    pub fn new(prefix: &str) -> Result<Layout> {
+        if !prefix.starts_with('/') || !prefix.ends_with('/') || prefix.contains('\0') {
+            return Err(Error::Config(format!(
+                "prefix {prefix:?} must start and end with / and hold no NUL"
+            )));
+        }
+        Ok(Layout {
+            prefix: prefix.to_owned(),
+        })
+    }
+
+    /// The prefix.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The etcd key of (`bank`, `id`).
+    pub fn key(&self, bank: Bank, id: &MinionId) -> Vec<u8> {
+        format!("{}{}/{}", self.prefix, bank.name(), id.as_str()).into_bytes()
+    }
+
+    /// The end of the prefix's range (etcd's `range_end` for a prefix).
+    pub fn range_end(&self) -> Vec<u8> {
+        let mut end = self.prefix.as_bytes().to_vec();
+        // The prefix ends with '/', so its last byte can be incremented.
+        if let Some(last) = end.last_mut() {
+            *last += 1;
+        }
+        end
+    }
+
+    /// The (bank, id) of an etcd key under the prefix; `None` for a key
+    /// that is not one of the two banks' or whose id is not a valid
+    /// minion id.
+    pub fn parse(&self, key: &[u8]) -> Option<(Bank, MinionId)> {
+        let rest = std::str::from_utf8(key).ok()?.strip_prefix(&self.prefix)?;
+        let (bank, id) = rest.split_once('/')?;
+        let bank = match bank {
+            "keys" => Bank::Keys,
+            "denied_keys" => Bank::Denied,
+            _ => return None,
+        };
+        Some((bank, MinionId::new(id).ok()?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_round_trip_and_stay_under_the_prefix() {
+        let l = Layout::new("/keycache/prod/").expect("prefix");
+        let id = MinionId::new("web-1").expect("id");
+        let k = l.key(Bank::Denied, &id);
+        assert_eq!(k, b"/keycache/prod/denied_keys/web-1");
+        assert_eq!(l.parse(&k), Some((Bank::Denied, id)));
+        assert!(k.as_slice() >= l.prefix().as_bytes() && k < l.range_end());
+        assert_eq!(l.range_end(), b"/keycache/prod0");
+        assert_eq!(l.parse(b"/keycache/prod/master_keys/master.pem"), None);
+        assert_eq!(l.parse(b"/keycache/other/keys/web-1"), None);
+        assert_eq!(l.parse(b"/keycache/prod/keys/../x"), None);
+        for bad in ["keycache/", "/keycache", "/a\0/"] {
+            assert!(Layout::new(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn values_are_checked_as_the_store_would() {
+        let pem = b"-----BEGIN PUBLIC KEY-----\nAB\n-----END PUBLIC KEY-----\n".to_vec();
+        let v = Value::Key(KeyState::Pending, pem.clone());
+        assert_eq!(Value::decode(Bank::Keys, &v.encode()), Ok(v));
+        assert!(Value::decode(Bank::Keys, &pem).is_err());
+        assert!(Value::decode(Bank::Keys, &[1]).is_err());
+        assert!(Value::decode(Bank::Denied, b"").is_err());
+        let private = b"-----BEGIN RSA PRIVATE KEY-----\nAB\n-----END RSA PRIVATE KEY-----\n";
+        assert!(Value::decode(Bank::Denied, private).is_err());
+    }
+}

