@@ -168,7 +168,8 @@ impl Replicator {
     /// Whether the recorded state lets the watch resume: the same prefix,
     /// the same etcd cluster, a revision etcd has reached.
     async fn resumable(&mut self, client: &mut Client) -> Result<bool> {
-        let Some(s) = ReplicaState::read(self.store.dir())? else {
+        // An unreadable state (a crash while it was replaced) lists again.
+        let Ok(Some(s)) = ReplicaState::read(self.store.dir()) else {
             return Ok(false);
         };
         let r = client

@@ -327,6 +327,19 @@ pub(crate) fn now_ns() -> u64 {
 /// Replaces `path` with `bytes` atomically: a temporary file beside it
 /// (created with `own`), fsynced, renamed over it, the directory fsynced.
 pub fn replace_with(path: &Path, bytes: &[u8], own: &Ownership) -> Result<()> {
+    replace(path, bytes, own, true)
+}
+
+/// [`replace_with`] without the fsyncs: readers see the old bytes or the
+/// new ones, never a mix, but a crash may leave either (or, on some file
+/// systems, an empty file). For records that may fall behind after a crash
+/// and whose reader copes with garbage: the etcd replica's revision, which
+/// a restart re-reads from etcd.
+pub fn replace_unsynced(path: &Path, bytes: &[u8], own: &Ownership) -> Result<()> {
+    replace(path, bytes, own, false)
+}
+
+fn replace(path: &Path, bytes: &[u8], own: &Ownership, durable: bool) -> Result<()> {
     let dir = path
         .parent()
         .map_or_else(|| PathBuf::from("."), Path::to_path_buf);
@@ -347,9 +360,14 @@ pub fn replace_with(path: &Path, bytes: &[u8], own: &Ownership) -> Result<()> {
             .and_then(|()| w.flush())
             .map_err(|e| Error::io(&tmp, "write", e))?;
         drop(w);
-        sync_data(&f, &tmp)?;
+        if durable {
+            sync_data(&f, &tmp)?;
+        }
         rename(&tmp, path)?;
-        sync_dir(&dir)
+        if durable {
+            sync_dir(&dir)?;
+        }
+        Ok(())
     })();
     if done.is_err() {
         let _ = std::fs::remove_file(&tmp);

