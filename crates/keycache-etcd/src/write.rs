@@ -13,7 +13,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp, TxnOpResponse};
+use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp, TxnOpResponse, TxnResponse};
 use keycache::snapshot::Bank;
 use keycache::store::KeyState;
 use keycache::MinionId;
@@ -28,6 +28,40 @@ use crate::state::ReplicaState;
 pub const IDS_PER_TXN: usize = 60;
 /// How many times a conditional write reads again after a conflict.
 pub const TRIES: u32 = 8;
+/// Transactions of one update in flight at once.
+pub const IN_FLIGHT: usize = 8;
+
+/// One chunk's planned transaction.
+#[derive(Default)]
+struct Planned {
+    cmp: Vec<Compare>,
+    ops: Vec<TxnOp>,
+    done: Vec<MinionId>,
+    skipped: Vec<(MinionId, String)>,
+}
+
+/// What a read transaction of `n` ids found (see [`Writer::read`]).
+fn currents(n: usize, r: &TxnResponse) -> Vec<Current> {
+    let mut out = vec![Current::default(); n];
+    for (i, op) in r.op_responses().into_iter().enumerate() {
+        let TxnOpResponse::Get(g) = op else { continue };
+        let bank = if i % 2 == 0 { Bank::Keys } else { Bank::Denied };
+        let Some(c) = out.get_mut(i / 2) else {
+            continue;
+        };
+        if let Some(kv) = g.kvs().first() {
+            c.revs[bank_index(bank)] = kv.mod_revision();
+            match Value::decode(bank, kv.value()) {
+                Ok(Value::Key(s, p)) => c.key = Some((s, p)),
+                Ok(Value::Denied(p)) => c.denied = Some(p),
+                // A value that grants nothing reads as absent, but its
+                // revision still guards the write.
+                Err(_) => {}
+            }
+        }
+    }
+    out
+}
 
 /// What etcd holds for one id: both banks' values and their revisions (0:
 /// absent).
@@ -96,6 +130,16 @@ impl Writer {
 
     /// Reads what etcd holds for `ids`, in one transaction.
     pub async fn read(&mut self, ids: &[MinionId]) -> Result<Vec<Current>> {
+        let r = self
+            .client
+            .txn(self.read_txn(ids))
+            .await
+            .map_err(|e| self.settings.err("txn (read)", e))?;
+        Ok(currents(ids.len(), &r))
+    }
+
+    /// The read-only transaction of both banks' keys of `ids`.
+    fn read_txn(&self, ids: &[MinionId]) -> Txn {
         let l = &self.settings.layout;
         let ops: Vec<TxnOp> = ids
             .iter()
@@ -103,87 +147,82 @@ impl Writer {
                 [Bank::Keys, Bank::Denied].map(|b| TxnOp::get(l.key(b, id), None::<GetOptions>))
             })
             .collect();
-        let r = self
-            .client
-            .txn(Txn::new().and_then(ops))
-            .await
-            .map_err(|e| self.settings.err("txn (read)", e))?;
-        let mut out = vec![Current::default(); ids.len()];
-        for (i, op) in r.op_responses().into_iter().enumerate() {
-            let TxnOpResponse::Get(g) = op else { continue };
-            let (c, bank) = (
-                &mut out[i / 2],
-                if i % 2 == 0 { Bank::Keys } else { Bank::Denied },
-            );
-            if let Some(kv) = g.kvs().first() {
-                c.revs[bank_index(bank)] = kv.mod_revision();
-                match Value::decode(bank, kv.value()) {
-                    Ok(Value::Key(s, p)) => c.key = Some((s, p)),
-                    Ok(Value::Denied(p)) => c.denied = Some(p),
-                    // A value that grants nothing reads as absent, but its
-                    // revision still guards the write.
-                    Err(_) => {}
-                }
+        Txn::new().and_then(ops)
+    }
+
+    /// Runs `txns`, at most [`IN_FLIGHT`] at a time (etcd commits
+    /// concurrent proposals together); the responses in the order given.
+    async fn run_all(&self, txns: Vec<Txn>, op: &'static str) -> Result<Vec<TxnResponse>> {
+        let mut out: Vec<Option<TxnResponse>> = (0..txns.len()).map(|_| None).collect();
+        let mut set = tokio::task::JoinSet::new();
+        let mut txns = txns.into_iter().enumerate();
+        loop {
+            while set.len() < IN_FLIGHT {
+                let Some((i, t)) = txns.next() else { break };
+                let mut c = self.client.clone();
+                set.spawn(async move { (i, c.txn(t).await) });
             }
+            let Some(done) = set.join_next().await else {
+                break;
+            };
+            let (i, r) = done.map_err(|e| self.settings.err(op, e))?;
+            out[i] = Some(r.map_err(|e| self.settings.err(op, e))?);
         }
-        Ok(out)
+        Ok(out.into_iter().flatten().collect())
     }
 
     /// Decides and writes each of `ids` (see [`Decision`]), in transactions
-    /// of [`IDS_PER_TXN`] ids, each committed only if none of its keys
-    /// changed since they were read; then waits for the replica.
+    /// of [`IDS_PER_TXN`] ids, [`IN_FLIGHT`] at a time, each committed only
+    /// if none of its keys changed since they were read (a transaction that
+    /// finds one changed is read, decided and tried again, up to [`TRIES`]
+    /// times); then waits for the replica.
     pub async fn update(
         &mut self,
         ids: &[MinionId],
         mut decide: impl FnMut(&MinionId, &Current) -> Decision,
     ) -> Result<Written> {
+        let chunks: Vec<&[MinionId]> = ids.chunks(IDS_PER_TXN).collect();
         let mut w = Written::default();
-        for chunk in ids.chunks(IDS_PER_TXN) {
-            let mut tries = 0;
-            loop {
-                tries += 1;
-                let cur = self.read(chunk).await?;
-                let l = &self.settings.layout;
-                let (mut cmp, mut ops, mut done, mut skipped) = (vec![], vec![], vec![], vec![]);
-                for (id, c) in chunk.iter().zip(&cur) {
-                    match decide(id, c) {
-                        Decision::Skip(why) => skipped.push((id.clone(), why)),
-                        Decision::Write(changes) => {
-                            for b in [Bank::Keys, Bank::Denied] {
-                                cmp.push(Compare::mod_revision(
-                                    l.key(b, id),
-                                    CompareOp::Equal,
-                                    c.revs[bank_index(b)],
-                                ));
-                            }
-                            for (b, v) in changes {
-                                ops.push(match v {
-                                    Some(v) => TxnOp::put(l.key(b, id), v.encode(), None),
-                                    None => TxnOp::delete(l.key(b, id), None),
-                                });
-                            }
-                            done.push(id.clone());
-                        }
-                    }
+        let mut pending: Vec<usize> = (0..chunks.len()).collect();
+        let mut tries = 0;
+        while let Some(&first) = pending.first() {
+            tries += 1;
+            if tries > TRIES {
+                let key = self.settings.layout.key(Bank::Keys, &chunks[first][0]);
+                return Err(Error::Conflict {
+                    key: String::from_utf8_lossy(&key).into_owned(),
+                    tries: TRIES,
+                });
+            }
+            let reads = pending.iter().map(|&i| self.read_txn(chunks[i])).collect();
+            let reads = self.run_all(reads, "txn (read)").await?;
+            let mut plans = Vec::new();
+            for (&i, r) in pending.iter().zip(&reads) {
+                let cur = currents(chunks[i].len(), r);
+                let p = self.plan(chunks[i], &cur, &mut decide);
+                if p.ops.is_empty() {
+                    w.skipped.extend(p.skipped);
+                } else {
+                    plans.push((i, p));
                 }
-                if ops.is_empty() {
-                    w.skipped.extend(skipped);
-                    break;
-                }
-                let r = self
-                    .client
-                    .txn(Txn::new().when(cmp).and_then(ops))
-                    .await
-                    .map_err(|e| self.settings.err("txn (write)", e))?;
+            }
+            let txns = plans
+                .iter_mut()
+                .map(|(_, p)| {
+                    Txn::new()
+                        .when(std::mem::take(&mut p.cmp))
+                        .and_then(std::mem::take(&mut p.ops))
+                })
+                .collect();
+            let results = self.run_all(txns, "txn (write)").await?;
+            pending.clear();
+            for ((i, p), r) in plans.into_iter().zip(results) {
                 if r.succeeded() {
-                    w.revision = r.header().map_or(w.revision, |h| h.revision());
-                    w.done.extend(done);
-                    w.skipped.extend(skipped);
-                    break;
-                }
-                if tries >= TRIES {
-                    let key = String::from_utf8_lossy(&l.key(Bank::Keys, &chunk[0])).into_owned();
-                    return Err(Error::Conflict { key, tries });
+                    w.revision = w.revision.max(r.header().map_or(0, |h| h.revision()));
+                    w.done.extend(p.done);
+                    w.skipped.extend(p.skipped);
+                } else {
+                    pending.push(i);
                 }
             }
         }
@@ -191,6 +230,38 @@ impl Writer {
             self.wait_applied(w.revision).await?;
         }
         Ok(w)
+    }
+
+    /// The transaction of one chunk: `decide` on what was read, each write
+    /// guarded by both banks' revisions of its id.
+    fn plan(
+        &self,
+        chunk: &[MinionId],
+        cur: &[Current],
+        decide: &mut impl FnMut(&MinionId, &Current) -> Decision,
+    ) -> Planned {
+        let l = &self.settings.layout;
+        let mut p = Planned::default();
+        for (id, c) in chunk.iter().zip(cur) {
+            match decide(id, c) {
+                Decision::Skip(why) => p.skipped.push((id.clone(), why)),
+                Decision::Write(changes) => {
+                    for b in [Bank::Keys, Bank::Denied] {
+                        let rev = c.revs[bank_index(b)];
+                        p.cmp
+                            .push(Compare::mod_revision(l.key(b, id), CompareOp::Equal, rev));
+                    }
+                    for (b, v) in changes {
+                        p.ops.push(match v {
+                            Some(v) => TxnOp::put(l.key(b, id), v.encode(), None),
+                            None => TxnOp::delete(l.key(b, id), None),
+                        });
+                    }
+                    p.done.push(id.clone());
+                }
+            }
+        }
+        p
     }
 
     /// Writes (`Some`) or removes (`None`) one entry, as the Salt driver's

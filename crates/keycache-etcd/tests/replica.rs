@@ -266,3 +266,47 @@ fn a_compacted_revision_lists_again_and_values_that_grant_nothing_are_removed() 
     assert_eq!(s.get(&id("a")).expect("get"), None);
     assert!(!dir.path().join("minions/a").exists());
 }
+
+#[test]
+fn an_accept_that_races_a_reject_elsewhere_reads_again_and_never_overwrites_it() {
+    let c = Cluster::start(1);
+    let st = settings(&c, "/keycache/t4/");
+    let dir = tempfile::tempdir().expect("dir");
+    let key_value = |state: u8| {
+        let mut v = vec![state];
+        v.extend_from_slice(pem("r", 100).as_bytes());
+        String::from_utf8(v).expect("utf8")
+    };
+    c.etcdctl(&["put", "/keycache/t4/keys/r", &key_value(2)])
+        .expect("put pending");
+    let _r = Running::start(&st, dir.path());
+    wait_for(dir.path(), c.revision());
+    let mut calls = 0;
+    let w = block_on(async {
+        let mut w = Writer::connect(st.clone(), dir.path()).await?;
+        w.update(&[id("r")], |_, cur| {
+            calls += 1;
+            if calls == 1 {
+                // Another master rejects r between this read and the write.
+                c.etcdctl(&["put", "/keycache/t4/keys/r", &key_value(3)])
+                    .expect("reject elsewhere");
+            }
+            match &cur.key {
+                Some((KeyState::Pending, p)) => Decision::Write(vec![(
+                    Bank::Keys,
+                    Some(Value::Key(KeyState::Accepted, p.clone())),
+                )]),
+                other => Decision::Skip(format!("is {:?}", other.as_ref().map(|k| k.0))),
+            }
+        })
+        .await
+    })
+    .expect("update");
+    assert_eq!(calls, 2, "read and decided again after the conflict");
+    assert!(w.done.is_empty(), "{w:?}");
+    assert_eq!(w.skipped.len(), 1);
+    let v = c
+        .etcdctl(&["get", "/keycache/t4/keys/r", "--print-value-only"])
+        .expect("get");
+    assert_eq!(v.as_bytes()[0], 3, "the reject stands");
+}
