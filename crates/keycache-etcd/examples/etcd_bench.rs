@@ -11,7 +11,7 @@
 //! 3. a new replica from an empty store: 100,000 keys (and `--big N`),
 //!    with the key tree on, as a master runs it.
 //!
-//! `cargo run --release -p keycache-etcd --example etcd_bench -- [--members 3] [--big 1000000]`
+//! `cargo run --release -p keycache-etcd --example etcd_bench -- [--members 3] [--big 1000000] [--only lag|accept|new]`
 //! (`KEYCACHE_PYTHON` names the venv's python, or `KEYCACHE_ETCD` the
 //! directory of the etcd binary).
 
@@ -204,6 +204,17 @@ fn accept_all(c: &Cluster, n: usize) -> Res<()> {
     let on_a = start.elapsed();
     wait_revision(b.path(), w.revision, Duration::from_secs(60))?;
     let on_b = start.elapsed();
+    let (mut batches, mut took) = (0, Duration::ZERO);
+    while let Ok((rep, _)) = _rb.0.try_recv() {
+        if let Report::Applied { took: t, .. } = rep {
+            batches += 1;
+            took += t;
+        }
+    }
+    println!(
+        "  B applied them in {batches} batches, {:.0} ms of store and tree writes",
+        ms(took)
+    );
     assert_eq!(w.done.len(), n, "every key accepted");
     let bs = Store::open_with(b.path(), &opts(100_003))?;
     let accepted = bs.counts()?.accepted;
@@ -213,6 +224,33 @@ fn accept_all(c: &Cluster, n: usize) -> Res<()> {
          every key accepted in B's replica after {:.0} ms",
         ms(on_a),
         ms(on_b)
+    );
+    // The same transactions alone (back to pending, through a writer whose
+    // replica claims every revision: it does not wait).
+    let nowait = tempfile::tempdir()?;
+    ReplicaState {
+        revision: i64::MAX,
+        ..ReplicaState::default()
+    }
+    .write(nowait.path())?;
+    let t = Instant::now();
+    let back = block_on(async {
+        let mut w = Writer::connect(st.clone(), nowait.path()).await?;
+        w.update(&ids, |_, cur| match &cur.key {
+            Some((KeyState::Accepted, p)) => Decision::Write(vec![(
+                Bank::Keys,
+                Some(Value::Key(KeyState::Pending, p.clone())),
+            )]),
+            _ => Decision::Skip("not accepted".into()),
+        })
+        .await
+    })?;
+    assert_eq!(back.done.len(), n);
+    println!(
+        "  of which etcd's transactions ({} ids per transaction, {} in flight): {:.0} ms",
+        keycache_etcd::write::IDS_PER_TXN,
+        keycache_etcd::write::IN_FLIGHT,
+        ms(t.elapsed())
     );
     Ok(())
 }
@@ -244,6 +282,37 @@ fn new_replica(c: &Cluster, n: usize) -> Res<()> {
     Ok(())
 }
 
+/// The replica's side alone: 10,000 pending keys accepted in one batch
+/// (`replica::apply_changes`), with and without the key tree.
+fn apply_alone(n: usize) -> Res<()> {
+    let pem = pem("apply", 400);
+    let ids: Vec<MinionId> = (0..n)
+        .map(|i| MinionId::new(format!("minion-{i:07}")))
+        .collect::<Result<_, _>>()?;
+    for tree in [TreeSync::On, TreeSync::Off] {
+        let d = tempfile::tempdir()?;
+        let s = Store::open_with(d.path(), &opts(100_003))?.with_tree(tree);
+        let change = |state| -> Vec<keycache_etcd::replica::Change> {
+            ids.iter()
+                .map(|id| keycache_etcd::replica::Change {
+                    bank: Bank::Keys,
+                    id: id.clone(),
+                    value: Some(Value::Key(state, pem.as_bytes().to_vec())),
+                })
+                .collect()
+        };
+        keycache_etcd::replica::apply_changes(&s, &change(KeyState::Pending))?;
+        let t = Instant::now();
+        keycache_etcd::replica::apply_changes(&s, &change(KeyState::Accepted))?;
+        println!(
+            "  {n} pending keys accepted in a replica's store in one batch, key tree {}: {:.0} ms",
+            if tree.is_on() { "on " } else { "off" },
+            ms(t.elapsed())
+        );
+    }
+    Ok(())
+}
+
 fn main() -> Res<()> {
     let args: Vec<String> = std::env::args().collect();
     let arg = |name: &str, default: usize| -> usize {
@@ -257,15 +326,28 @@ fn main() -> Res<()> {
     let big = arg("--big", 0);
     let c = Cluster::start(members);
     println!("etcd: {members} member(s) on 127.0.0.1");
-    for tree in [TreeSync::On, TreeSync::Off] {
-        lag(&c, 100, 5, tree)?;
-        lag(&c, 1_000, 5, tree)?;
+    // `--only lag|accept|new`: one part.
+    let only = args
+        .iter()
+        .position(|a| a == "--only")
+        .and_then(|i| args.get(i + 1))
+        .cloned();
+    let part = |p: &str| only.as_deref().is_none_or(|o| o == p);
+    if part("lag") {
+        for tree in [TreeSync::On, TreeSync::Off] {
+            lag(&c, 100, 5, tree)?;
+            lag(&c, 1_000, 5, tree)?;
+        }
     }
-    if std::env::var_os("ONLY_LAG").is_some() {
-        return Ok(());
+    if part("apply") {
+        apply_alone(10_000)?;
     }
-    accept_all(&c, 10_000)?;
-    new_replica(&c, 100_000)?;
+    if part("accept") {
+        accept_all(&c, 10_000)?;
+    }
+    if part("new") {
+        new_replica(&c, 100_000)?;
+    }
     if big > 0 {
         new_replica(&c, big)?;
     }

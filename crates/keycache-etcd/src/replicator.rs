@@ -59,6 +59,8 @@ pub enum Report {
         events: usize,
         /// What changed locally.
         applied: Applied,
+        /// How long the store (and tree) writes took.
+        took: Duration,
     },
     /// The watch's revision was compacted: listing again.
     Compacted {
@@ -292,6 +294,7 @@ impl Replicator {
                     }
                 }
             }
+            let t = std::time::Instant::now();
             if !changes.is_empty() {
                 let mut done = replica::apply_changes(&self.store, &changes)?;
                 done.refused
@@ -307,6 +310,7 @@ impl Replicator {
                     revision,
                     events: changes.len(),
                     applied,
+                    took: t.elapsed(),
                 });
             }
             if let Some(n) = next {

@@ -119,6 +119,40 @@ impl Sync {
         dir.sync()
     }
 
+    /// The state directory whose file of `id` can be renamed into
+    /// directory `to` instead of writing `pem` there: a regular file that
+    /// holds exactly `pem`, in a directory where `id` must lose its file
+    /// (`want`), with the owner a new file would get and a mode no wider
+    /// than a new file's, so that the moved file is what a write would
+    /// have made. `minions/` is never a source, and a key moves into
+    /// `minions/` only when no file of it was removed there before the
+    /// banks were written (a re-keyed id keeps that file's owner).
+    fn movable(&self, id: &str, to: usize, want: &Want, pem: &[u8]) -> Result<Option<usize>> {
+        let Some(owner) = self.own.owner else {
+            return Ok(None);
+        };
+        if to == TreeDir::Minions.index() && self.kept.contains_key(id) {
+            return Ok(None);
+        }
+        for (d, dir) in self.dirs.iter().enumerate() {
+            let Some(dir) = dir else { continue };
+            if d == to || d == TreeDir::Minions.index() || want[d].is_some() {
+                continue;
+            }
+            if let Node::File(m) = dir.entry(id)? {
+                let mode = m.mode() & 0o7777;
+                if m.len() == pem.len() as u64
+                    && (m.uid(), m.gid()) == owner
+                    && mode & !self.own.mode == 0
+                    && dir.content_is(id, pem)?
+                {
+                    return Ok(Some(d));
+                }
+            }
+        }
+        Ok(None)
+    }
+
     /// Step 3, once the banks hold `wants`: writes the files that are
     /// missing or different, then removes those that no longer belong,
     /// fsyncing files and directories.
@@ -141,6 +175,25 @@ impl Sync {
                 };
                 if dir.holds(id, pem)? {
                     continue;
+                }
+                let from = self.movable(id, d, want, pem)?;
+                if let Some((from, src)) = from.and_then(|f| Some((f, self.dirs[f].as_ref()?))) {
+                    // One rename instead of a new file: what Salt's own
+                    // `localfs_key` accept does (pending to accepted), and
+                    // the key is never in both directories.
+                    std::fs::rename(src.at(id), dir.at(id))
+                        .map_err(|e| Error::io(dir.shown(id), W, e))?;
+                    touched[from] = true;
+                    if !dir.holds(id, pem)? {
+                        // Replaced between the look and the rename: not
+                        // this key; written the usual way below.
+                        dir.remove(id, W)?;
+                    } else {
+                        self.changes.written.push(dir.shown(id));
+                        self.changes.removed.push(src.shown(id));
+                        touched[d] = true;
+                        continue;
+                    }
                 }
                 let own = match self.kept.get(id) {
                     Some(&(uid, gid)) if d == TreeDir::Minions.index() && !self.own.explicit => {

@@ -241,3 +241,30 @@ fn a_large_batch_is_written_whole_through_one_write_back() {
         assert_eq!(got, pem(id.as_str()));
     }
 }
+
+#[test]
+fn an_accept_moves_the_pending_file_keycache_wrote_and_rewrites_one_it_did_not() -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().expect("dir");
+    let s = store(dir.path()).with_tree(TreeSync::On);
+    let (a, b) = (MinionId::new("a")?, MinionId::new("b")?);
+    s.put(&a, KeyState::Pending, &pem("a"))?;
+    s.put(&b, KeyState::Pending, &pem("b"))?;
+    let pre = dir.path().join("minions_pre");
+    let ino = std::fs::metadata(pre.join("a")).expect("a").ino();
+    // b's pending file as Salt writes one: mode 0644.
+    std::fs::set_permissions(pre.join("b"), std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    s.set_state(&a, KeyState::Accepted)?;
+    s.set_state(&b, KeyState::Accepted)?;
+    let acc = dir.path().join("minions");
+    // a: the same file, renamed (what Salt's own accept does).
+    assert_eq!(std::fs::metadata(acc.join("a")).expect("a").ino(), ino);
+    // b: written anew, 0600, never the wider mode of a file keycache did not write.
+    assert_eq!(
+        std::fs::metadata(acc.join("b")).expect("b").mode() & 0o777,
+        0o600
+    );
+    assert_eq!(std::fs::read(acc.join("b")).expect("b"), pem("b"));
+    assert_eq!(files(dir.path()), ["minions/a", "minions/b"]);
+    Ok(())
+}
