@@ -7,17 +7,17 @@
 //! `mmap_key.list_all` is in `tools/bench-compare.sh`.
 
 #![allow(missing_docs)] // criterion_group! makes undocumented public items
+mod common;
+
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use keycache::{KeyState, Store};
 use keycache_bench::*;
 
-const STATE_DIRS: [(&str, u8); 3] = [("minions", 1), ("minions_pre", 2), ("minions_rejected", 3)];
-
 fn write_tree(dir: &Path, n: u64) {
-    for (d, _) in STATE_DIRS {
+    for (d, _) in TREE_STATE_DIRS {
         std::fs::create_dir_all(dir.join(d)).unwrap();
     }
     for k in 1..=n {
@@ -28,36 +28,6 @@ fn write_tree(dir: &Path, n: u64) {
         };
         std::fs::write(dir.join(d).join(minion_id(k)), pem(k)).unwrap();
     }
-}
-
-/// ids with state from the tree: one readdir per state directory.
-pub fn walk_ids(tree: &Path) -> Vec<(String, u8)> {
-    let mut out = Vec::new();
-    for (d, s) in STATE_DIRS {
-        for e in std::fs::read_dir(tree.join(d)).unwrap() {
-            let e = e.unwrap();
-            if e.file_type().unwrap().is_file() {
-                out.push((e.file_name().into_string().unwrap(), s));
-            }
-        }
-    }
-    out
-}
-
-/// ids with keys from the tree: readdir, then read every file.
-pub fn walk_keys(tree: &Path) -> Vec<(String, u8, Vec<u8>)> {
-    let mut out = Vec::new();
-    for (d, s) in STATE_DIRS {
-        let dir = tree.join(d);
-        for e in std::fs::read_dir(&dir).unwrap() {
-            let e = e.unwrap();
-            if e.file_type().unwrap().is_file() {
-                let key = std::fs::read(e.path()).unwrap();
-                out.push((e.file_name().into_string().unwrap(), s, key));
-            }
-        }
-    }
-    out
 }
 
 fn bench_list(c: &mut Criterion) {
@@ -104,12 +74,5 @@ fn bench_list(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group! {
-    name = benches;
-    config = Criterion::default()
-        .sample_size(10)
-        .warm_up_time(Duration::from_millis(500))
-        .measurement_time(Duration::from_secs(3));
-    targets = bench_list
-}
+criterion_group! { name = benches; config = common::criterion(10, 500, 3); targets = bench_list }
 criterion_main!(benches);

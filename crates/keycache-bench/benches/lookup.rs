@@ -10,8 +10,10 @@
 //! threads and several store sizes is `tools/bench-compare.sh`.
 
 #![allow(missing_docs)] // criterion_group! makes undocumented public items
+mod common;
+
 use std::hint::black_box;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use keycache::{MinionId, Store};
@@ -138,10 +140,9 @@ fn bench_lookups(c: &mut Criterion) {
     g.throughput(Throughput::Elements(64));
     let batches: Vec<&[MinionId]> = hits.chunks_exact(64).collect();
     g.bench_function(BenchmarkId::new("keycache_get_many", n), |b| {
-        let mut i = 0;
+        let mut next = round_robin(&batches);
         b.iter(|| {
-            let batch = batches[i % batches.len()];
-            i += 1;
+            let batch = next();
             store
                 .get_many(batch)
                 .unwrap()
@@ -152,10 +153,10 @@ fn bench_lookups(c: &mut Criterion) {
         })
     });
     g.bench_function(BenchmarkId::new("keycache_get_many_in", n), |b| {
-        let (mut i, mut kb) = (0, keycache::KeyBatch::new());
+        let mut next = round_robin(&batches);
+        let mut kb = keycache::KeyBatch::new();
         b.iter(|| {
-            let batch = batches[i % batches.len()];
-            i += 1;
+            let batch = next();
             store.get_many_in(batch, &mut kb).unwrap();
             kb.iter()
                 .flatten()
@@ -164,10 +165,10 @@ fn bench_lookups(c: &mut Criterion) {
         })
     });
     g.bench_function(BenchmarkId::new("keycache_get_in_one_by_one", n), |b| {
-        let (mut i, mut buf) = (0, Vec::new());
+        let mut next = round_robin(&batches);
+        let mut buf = Vec::new();
         b.iter(|| {
-            let batch = batches[i % batches.len()];
-            i += 1;
+            let batch = next();
             batch
                 .iter()
                 .map(|id| match store.get_in(id, &mut buf).unwrap() {
@@ -178,10 +179,9 @@ fn bench_lookups(c: &mut Criterion) {
         })
     });
     g.bench_function(BenchmarkId::new("keycache_get_one_by_one", n), |b| {
-        let mut i = 0;
+        let mut next = round_robin(&batches);
         b.iter(|| {
-            let batch = batches[i % batches.len()];
-            i += 1;
+            let batch = next();
             batch
                 .iter()
                 .map(|id| keycache_get(&store, id))
@@ -232,12 +232,15 @@ fn bench_lookups(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group! {
-    name = benches;
-    config = Criterion::default()
-        .sample_size(30)
-        .warm_up_time(Duration::from_millis(500))
-        .measurement_time(Duration::from_secs(2));
-    targets = bench_lookups
+/// The items one after the other, round and round: the next at each call.
+fn round_robin<T: Copy>(items: &[T]) -> impl FnMut() -> T + '_ {
+    let mut i = 0;
+    move || {
+        let item = items[i % items.len()];
+        i += 1;
+        item
+    }
 }
+
+criterion_group! { name = benches; config = common::criterion(30, 500, 2); targets = bench_lookups }
 criterion_main!(benches);

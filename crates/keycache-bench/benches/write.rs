@@ -6,7 +6,7 @@
 //! `cargo bench --bench write`. Numbers depend on the disk's fsync latency.
 
 #![allow(missing_docs)] // criterion_group! makes undocumented public items
-use std::time::Duration;
+mod common;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use keycache::MinionId;
@@ -81,12 +81,5 @@ fn bench_writes(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group! {
-    name = benches;
-    config = Criterion::default()
-        .sample_size(10)
-        .warm_up_time(Duration::from_millis(300))
-        .measurement_time(Duration::from_secs(3));
-    targets = bench_writes
-}
+criterion_group! { name = benches; config = common::criterion(10, 300, 3); targets = bench_writes }
 criterion_main!(benches);

@@ -314,3 +314,38 @@ pub fn minions() -> u64 {
         .and_then(|s| s.parse().ok())
         .unwrap_or(100_000)
 }
+
+/// The `localfs_key` tree's state directories the benches write and walk, with
+/// the state number [`touch`] takes (accepted 1, pending 2, rejected 3).
+pub const TREE_STATE_DIRS: [(&str, u8); 3] =
+    [("minions", 1), ("minions_pre", 2), ("minions_rejected", 3)];
+
+/// Ids with their state from a `localfs_key` tree: one readdir per state directory.
+pub fn walk_ids(tree: &Path) -> Vec<(String, u8)> {
+    let mut out = Vec::new();
+    for (d, s) in TREE_STATE_DIRS {
+        for e in std::fs::read_dir(tree.join(d)).unwrap() {
+            let e = e.unwrap();
+            if e.file_type().unwrap().is_file() {
+                out.push((e.file_name().into_string().unwrap(), s));
+            }
+        }
+    }
+    out
+}
+
+/// Ids with their state and key from a `localfs_key` tree: readdir, then read
+/// every file.
+pub fn walk_keys(tree: &Path) -> Vec<(String, u8, Vec<u8>)> {
+    let mut out = Vec::new();
+    for (d, s) in TREE_STATE_DIRS {
+        for e in std::fs::read_dir(tree.join(d)).unwrap() {
+            let e = e.unwrap();
+            if e.file_type().unwrap().is_file() {
+                let key = std::fs::read(e.path()).unwrap();
+                out.push((e.file_name().into_string().unwrap(), s, key));
+            }
+        }
+    }
+    out
+}

@@ -30,6 +30,13 @@ fn scratch(files: &[(&str, &str)]) -> tempfile::TempDir {
     t
 }
 
+/// The config of a [`scratch`] directory of `files`, which must load.
+fn loaded(files: &[(&str, &str)]) -> (tempfile::TempDir, MasterConfig) {
+    let t = scratch(files);
+    let c = load_dir(t.path()).unwrap();
+    (t, c)
+}
+
 fn load_dir(dir: &Path) -> Result<MasterConfig, ConfigError> {
     MasterConfig::load(&Source::config_dir(dir))
 }

@@ -43,6 +43,8 @@ import logging
 import os
 import sys
 
+import salt_log
+
 
 class DriverError(Exception):
     """A usage or Salt-side failure: reported on stderr, exit status 2."""
@@ -51,27 +53,16 @@ class DriverError(Exception):
 _GENERATED = []
 
 
-class _Capture(logging.Handler):
+class _Capture(salt_log.Stderr):
     """Records the key pairs Salt generates (crypt.py find_or_create_keys
-    logs "Generating key-pair for %s" before gen_keys)."""
+    logs "Generating key-pair for %s" before gen_keys); shows warnings."""
 
     def emit(self, record):
-        try:
-            msg = record.getMessage()
-        except Exception:  # pylint: disable=broad-except
-            return
-        if msg.startswith("Generating key-pair for"):
+        msg = salt_log.message(record)
+        if msg is not None and msg.startswith("Generating key-pair for"):
             _GENERATED.append(msg[len("Generating key-pair for ") :])
         elif record.levelno >= logging.WARNING:
-            sys.stderr.write(f"salt: {record.levelname} {record.name}: {msg}\n")
-
-
-def _setup_logging():
-    root = logging.getLogger()
-    for h in list(root.handlers):
-        root.removeHandler(h)
-    root.addHandler(_Capture())
-    root.setLevel(logging.INFO)
+            super().emit(record)
 
 
 def _opts(args):
@@ -222,7 +213,7 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     import salt  # pylint: disable=import-outside-toplevel,unused-import
 
-    _setup_logging()
+    salt_log.only_handler(_Capture(), logging.INFO)
     try:
         doc = {"setup": cmd_setup, "serve": cmd_serve, "store": cmd_store}[args.cmd](
             args

@@ -41,26 +41,11 @@ import logging
 import os
 import sys
 
+import salt_log
+
 
 class DriverError(Exception):
     """A usage or Salt-side failure: reported on stderr, exit status 2."""
-
-
-class _Stderr(logging.Handler):
-    def emit(self, record):
-        try:
-            msg = record.getMessage()
-        except Exception:  # pylint: disable=broad-except
-            return
-        sys.stderr.write(f"salt: {record.levelname} {record.name}: {msg}\n")
-
-
-def _setup_logging():
-    root = logging.getLogger()
-    for h in list(root.handlers):
-        root.removeHandler(h)
-    root.addHandler(_Stderr())
-    root.setLevel(logging.WARNING)
 
 
 def _validate_token():
@@ -194,7 +179,7 @@ def build_parser():
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    _setup_logging()
+    salt_log.only_handler(salt_log.Stderr(), logging.WARNING)
     try:
         out = {"keygen": cmd_keygen, "check": cmd_check}[args.cmd](args)
     except DriverError as exc:

@@ -13,7 +13,7 @@
 use std::ffi::OsStr;
 use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 
 use serde_json::Value;
 
@@ -83,6 +83,17 @@ impl TestCommand {
     /// The command itself, for what the builder does not say.
     pub fn cmd(&mut self) -> &mut Command {
         &mut self.cmd
+    }
+
+    /// Starts the command with stdin empty, stdout `stdout` and stderr a
+    /// pipe, for a test that watches it run.
+    pub fn spawn(&mut self, stdout: Stdio) -> Child {
+        self.cmd
+            .stdin(Stdio::null())
+            .stdout(stdout)
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {}: {e}", self.line()))
     }
 
     /// The command line, for messages.

@@ -92,6 +92,34 @@ impl ParamsExt for Params {
     }
 }
 
+/// Open options of `size` slots and heap segments of at most
+/// `max_segment_bytes` (the default ids and slots), refreshed every
+/// `refresh_ms`, with no ownership to keep.
+pub fn refreshed_every(size: u64, max_segment_bytes: u64, refresh_ms: u64) -> OpenOptions {
+    OpenOptions {
+        params: Params {
+            size,
+            max_segment_bytes,
+            ..Params::default()
+        },
+        refresh: Duration::from_millis(refresh_ms),
+        ownership: None,
+        ..OpenOptions::default()
+    }
+}
+
+/// A layout as the Python scripts of `py/` take it: size, slot size, id
+/// size and largest heap segment, as positional arguments.
+fn script_layout(layout: &Params) -> [String; 4] {
+    [
+        layout.size,
+        layout.slot_size as u64,
+        layout.id_size as u64,
+        layout.max_segment_bytes,
+    ]
+    .map(|n| n.to_string())
+}
+
 /// A layout of `size` slots and heap segments of at most `seg` bytes, with
 /// 64-byte ids in 96-byte slots (small stores that roll segments soon).
 pub fn small(size: u64, seg: u64) -> Params {
@@ -216,10 +244,7 @@ for line in sys.stdin:
     cmd.arg("-c")
         .arg(script)
         .arg(py_dir())
-        .arg(layout.size.to_string())
-        .arg(layout.slot_size.to_string())
-        .arg(layout.id_size.to_string())
-        .arg(layout.max_segment_bytes.to_string())
+        .args(script_layout(layout))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -339,10 +364,7 @@ pub fn spawn_salt_writer(
         .arg(py_dir())
         .arg(dir)
         .arg(stop)
-        .arg(layout.size.to_string())
-        .arg(layout.slot_size.to_string())
-        .arg(layout.id_size.to_string())
-        .arg(layout.max_segment_bytes.to_string())
+        .args(script_layout(layout))
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()

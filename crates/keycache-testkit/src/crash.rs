@@ -453,6 +453,24 @@ pub fn read_model(store: &Store) -> Result<Model, Problem> {
     Ok(m)
 }
 
+/// `got`, the value of `bank[id]` after a crash, is the acknowledged one
+/// (`before`) or the one in flight (`after`); else what is wrong.
+fn one_of<V: PartialEq + std::fmt::Debug>(
+    bank: &str,
+    id: &str,
+    got: Option<&V>,
+    before: Option<&V>,
+    after: Option<&V>,
+) -> Result<(), String> {
+    if got == before || got == after {
+        Ok(())
+    } else {
+        Err(format!(
+            "{bank}[{id}] is {got:?}; acknowledged {before:?}, in flight {after:?}"
+        ))
+    }
+}
+
 /// Checks a store after a crash: every id holds its value before or after
 /// the op in flight; findings are only what a crash between index and
 /// roster leaves, and `keycache verify --repair` mends them. Returns what
@@ -467,30 +485,10 @@ pub fn try_check_crashed(
     let store = Store::open_with(dir, &opts()).map_err(|e| (None, format!("reopen: {e}")))?;
     let got = read_model(&store)?;
     for id in ids() {
-        let ok = |m: &Model| m.keys.get(&id) == got.keys.get(&id);
-        if !(ok(before) || ok(after)) {
-            return Err((
-                Some(id.clone()),
-                format!(
-                    "keys[{id}] is {:?}; acknowledged {:?}, in flight {:?}",
-                    got.keys.get(&id),
-                    before.keys.get(&id),
-                    after.keys.get(&id)
-                ),
-            ));
-        }
-        let ok = |m: &Model| m.denied.get(&id) == got.denied.get(&id);
-        if !(ok(before) || ok(after)) {
-            return Err((
-                Some(id.clone()),
-                format!(
-                    "denied[{id}] is {:?}; acknowledged {:?}, in flight {:?}",
-                    got.denied.get(&id),
-                    before.denied.get(&id),
-                    after.denied.get(&id)
-                ),
-            ));
-        }
+        let [g, b, a] = [&got, before, after].map(|m| m.keys.get(&id));
+        one_of("keys", &id, g, b, a).map_err(|e| (Some(id.clone()), e))?;
+        let [g, b, a] = [&got, before, after].map(|m| m.denied.get(&id));
+        one_of("denied", &id, g, b, a).map_err(|e| (Some(id.clone()), e))?;
     }
     tally.checked += 1;
     if before != after {
@@ -726,16 +724,7 @@ pub fn kill_everywhere(
     for k in points {
         let dir = work.join(format!("kill-{k}"));
         copy_tree(template, &dir);
-        let mut c = 0;
-        let end = tracer::run(make(&dir), Duration::from_secs(120), |s| {
-            if s.entry {
-                c += 1;
-                if c == k {
-                    return tracer::Action::Kill;
-                }
-            }
-            tracer::Action::Go
-        });
+        let end = tracer::kill_at(make(&dir), Duration::from_secs(120), k, |_| true);
         if end.killed {
             kills += 1;
         }

@@ -35,7 +35,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use keycache::format::Params;
-use keycache::store::KeyState;
+use keycache::store::{KeyState, Store};
 use keycache::table::OpenOptions;
 
 pub mod master_config;
@@ -86,6 +86,26 @@ fn opts(params: Params) -> OpenOptions {
         read_retry: Duration::ZERO,
         rebuild_settle: Duration::ZERO,
     }
+}
+
+/// Both banks of `store` as its listings give them: `(id, state, key)` of
+/// the keys bank, `(id, key)` of the denied bank, in listing order.
+#[allow(clippy::type_complexity)]
+fn banks_of(store: &Store) -> (Vec<(String, KeyState, Vec<u8>)>, Vec<(String, Vec<u8>)>) {
+    let keys = store
+        .keys(None)
+        .expect("list")
+        .map(|r| {
+            let (id, e) = r.expect("entry");
+            (id, e.state, e.public_key)
+        })
+        .collect();
+    let denied = store
+        .denied_keys()
+        .expect("list")
+        .map(|r| r.expect("entry"))
+        .collect();
+    (keys, denied)
 }
 
 /// The key state a byte selects.

@@ -246,18 +246,9 @@ pub fn pki_master(
         std::fs::write(pki.join("minions_pre").join(id), pem).expect("write a key");
     }
     std::fs::write(pki.join("cluster.pub"), cluster_pub(root)).expect("write cluster.pub");
-    let out = kc
-        .cmd()
-        .arg("migrate")
-        .arg(&pki)
-        .args(extra)
-        .output()
-        .expect("run keycache");
-    assert!(
-        out.status.success(),
-        "keycache migrate {}: {}",
-        pki.display(),
-        String::from_utf8_lossy(&out.stderr)
+    succeeds(
+        kc.cmd().arg("migrate").arg(&pki).args(extra),
+        &format!("keycache migrate {}", pki.display()),
     );
     pki
 }
@@ -307,22 +298,16 @@ pub fn timer_pull(
         "{}.snap",
         b.file_name().expect("a name").to_string_lossy()
     ));
-    let out = kc
-        .cmd()
-        .arg("snapshot")
-        .arg(b)
-        .arg("--seen")
-        .arg(base_path(root, b, a))
-        .arg("-o")
-        .arg(&snap)
-        .args(extra)
-        .output()
-        .expect("run keycache");
-    assert!(
-        out.status.success(),
-        "keycache snapshot {}: {}",
-        b.display(),
-        String::from_utf8_lossy(&out.stderr)
+    succeeds(
+        kc.cmd()
+            .arg("snapshot")
+            .arg(b)
+            .arg("--seen")
+            .arg(base_path(root, b, a))
+            .arg("-o")
+            .arg(&snap)
+            .args(extra),
+        &format!("keycache snapshot {}", b.display()),
     );
     let base = base_path(root, a, b);
     kc.cmd()
@@ -337,4 +322,15 @@ pub fn timer_pull(
         .args(more)
         .output()
         .expect("run keycache")
+}
+
+/// Runs `cmd` and fails the test, naming it `what` with its stderr, unless it
+/// succeeds.
+fn succeeds(cmd: &mut std::process::Command, what: &str) {
+    let out = cmd.output().expect("run keycache");
+    assert!(
+        out.status.success(),
+        "{what}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -198,3 +198,24 @@ pub fn syscall_name(nr: i64) -> String {
 pub fn is_rename(nr: i64) -> bool {
     [libc::SYS_rename, libc::SYS_renameat, libc::SYS_renameat2].contains(&nr)
 }
+
+/// Runs `cmd` (at most `timeout`) and kills it on entry to the `n`th of its
+/// system calls that `counted` selects (by number).
+pub fn kill_at(cmd: Command, timeout: Duration, n: u64, counted: impl Fn(i64) -> bool) -> End {
+    let mut calls = 0;
+    run(cmd, timeout, |s| {
+        if s.entry && counted(s.nr) {
+            calls += 1;
+            if calls == n {
+                return Action::Kill;
+            }
+        }
+        Action::Go
+    })
+}
+
+/// Runs `cmd` (at most 60 s) and kills it on entry to its `n`th rename
+/// system call.
+pub fn kill_at_rename(cmd: Command, n: u64) -> End {
+    kill_at(cmd, Duration::from_secs(60), n, is_rename)
+}

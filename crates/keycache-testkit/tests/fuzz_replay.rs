@@ -84,29 +84,23 @@ fn replay(target: &str, f: Target) {
     );
 }
 
-#[test]
-fn replay_store_bytes() {
-    replay(TARGETS[0].0, TARGETS[0].1);
+/// One replay test per fuzz target, named after it: `replay_<target>` for
+/// `TARGETS[i]`.
+macro_rules! replay_tests {
+    ($($name:ident: $i:expr),* $(,)?) => {$(
+        #[test]
+        fn $name() {
+            replay(TARGETS[$i].0, TARGETS[$i].1);
+        }
+    )*};
 }
 
-#[test]
-fn replay_ops_model() {
-    replay(TARGETS[1].0, TARGETS[1].1);
-}
-
-#[test]
-fn replay_migrate_tree() {
-    replay(TARGETS[2].0, TARGETS[2].1);
-}
-
-#[test]
-fn replay_snapshot_merge() {
-    replay(TARGETS[3].0, TARGETS[3].1);
-}
-
-#[test]
-fn replay_master_config() {
-    replay(TARGETS[4].0, TARGETS[4].1);
+replay_tests! {
+    replay_store_bytes: 0,
+    replay_ops_model: 1,
+    replay_migrate_tree: 2,
+    replay_snapshot_merge: 3,
+    replay_master_config: 4,
 }
 
 /// Stores written by the library with random operations, in the layouts

@@ -109,21 +109,11 @@ pub fn diff(a: &Store, b: &Store) -> Result<Diff> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{KeyState, MinionId, OpenOptions, Params};
+    use crate::test_util::small_store as store;
+    use crate::{KeyState, MinionId};
 
     const PEM: &[u8] = b"-----BEGIN PUBLIC KEY-----\nk\n-----END PUBLIC KEY-----\n";
     const PEM2: &[u8] = b"-----BEGIN PUBLIC KEY-----\nk2\n-----END PUBLIC KEY-----\n";
-
-    fn store(dir: &std::path::Path) -> Store {
-        let opts = OpenOptions {
-            params: Params {
-                size: 1009,
-                ..Params::default()
-            },
-            ..OpenOptions::default()
-        };
-        Store::open_with(dir, &opts).expect("open")
-    }
 
     fn id(s: &str) -> MinionId {
         MinionId::new(s).expect("id")

@@ -140,18 +140,24 @@ pub struct EntryRef<'a> {
     pub pub_key: &'a [u8],
 }
 
+/// The version of an entry of `kind` stamped `stamp` holding `pub_key` (a
+/// tombstone's hash is 0).
+fn version_of(stamp: u64, kind: Kind, pub_key: &[u8]) -> Version {
+    Version {
+        stamp,
+        kind,
+        hash: if kind == Kind::Absent {
+            0
+        } else {
+            value_hash(kind, pub_key)
+        },
+    }
+}
+
 impl EntryRef<'_> {
     /// The entry's version.
     pub fn version(&self) -> Version {
-        Version {
-            stamp: self.stamp,
-            kind: self.kind,
-            hash: if self.kind == Kind::Absent {
-                0
-            } else {
-                value_hash(self.kind, self.pub_key)
-            },
-        }
+        version_of(self.stamp, self.kind, self.pub_key)
     }
 
     /// An owned copy.
@@ -180,15 +186,7 @@ impl Entry {
 
     /// The entry's version.
     pub fn version(&self) -> Version {
-        Version {
-            stamp: self.stamp,
-            kind: self.kind,
-            hash: if self.kind == Kind::Absent {
-                0
-            } else {
-                value_hash(self.kind, &self.pub_key)
-            },
-        }
+        version_of(self.stamp, self.kind, &self.pub_key)
     }
 
     /// The state in the `keys` bank, if the entry holds one.

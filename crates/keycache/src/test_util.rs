@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use crate::{OpenOptions, Params, Store};
+use crate::{OpenOptions, Store};
 
 /// A PEM-shaped public key, distinct per `tag`.
 pub(crate) fn pem(tag: &str) -> Vec<u8> {
@@ -11,12 +11,7 @@ pub(crate) fn pem(tag: &str) -> Vec<u8> {
 
 /// A store in `dir` with a small table (1009 slots).
 pub(crate) fn small_store(dir: &Path) -> Store {
-    let opts = OpenOptions {
-        params: Params {
-            size: 1009,
-            ..Params::default()
-        },
-        ..OpenOptions::default()
-    };
+    let mut opts = OpenOptions::default();
+    opts.params.size = 1009;
     Store::open_with(dir, &opts).expect("open a small store")
 }

@@ -13,10 +13,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::LazyLock;
-use std::time::Duration;
 
 use keycache::table::Applied;
-use keycache::{Error, KeyState, MinionId, OpenOptions, Params, Store};
+use keycache::{Error, KeyState, MinionId, OpenOptions, Store};
+use keycache_testkit::common::refreshed_every as options;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 
@@ -163,19 +163,6 @@ fn setup() -> impl Strategy<Value = Setup> {
             refresh_ms,
             ops,
         })
-}
-
-fn options(size: u64, max_segment_bytes: u64, refresh_ms: u64) -> OpenOptions {
-    OpenOptions {
-        params: Params {
-            size,
-            max_segment_bytes,
-            ..Params::default()
-        },
-        refresh: Duration::from_millis(refresh_ms),
-        ownership: None,
-        ..OpenOptions::default()
-    }
 }
 
 // ---------------------------------------------------------------------------

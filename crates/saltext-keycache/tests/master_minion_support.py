@@ -73,10 +73,10 @@ def free_ports(count):
             sock.close()
 
 
-def port_open(port):
+def port_open(port, host="127.0.0.1"):
     with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
         sock.settimeout(0.5)
-        return sock.connect_ex(("127.0.0.1", port)) == 0
+        return sock.connect_ex((host, port)) == 0
 
 
 def wait_for(what, predicate, timeout, interval=0.5, alive=()):
@@ -193,6 +193,34 @@ def tail(path, lines=80):
     return "\n".join(data[-lines:])
 
 
+def log_text(path):
+    """The text of a daemon's log so far ("" before the daemon has made it)."""
+    try:
+        return pathlib.Path(path).read_text(errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
+def diagnostics(files, lines):
+    """The last ``lines`` lines of each ``(title, path)`` of ``files``, for a failed test."""
+    return "\n".join(f"----- {title} ({path}) -----\n{tail(path, lines)}" for title, path in files)
+
+
+def stop_daemons(daemons):
+    """SIGTERM every running one of ``daemons`` at once (each takes a few seconds to shut
+    down), then stop() each: wait, and SIGKILL what is left. The errors, as text."""
+    errors = []
+    for daemon in daemons:
+        if daemon.proc is not None:
+            daemon._signal_group(signal.SIGTERM)  # pylint: disable=protected-access
+    for daemon in daemons:
+        try:
+            daemon.stop()
+        except Exception as exc:  # pylint: disable=broad-except
+            errors.append(f"{daemon.name}: {exc!r}")
+    return errors
+
+
 class Daemon:
     """A Salt daemon run in the foreground, in a process group of its own."""
 
@@ -275,6 +303,115 @@ def _yaml(data):
     return "\n".join(f"{key}: {json.dumps(value)}" for key, value in data.items()) + "\n"
 
 
+def _daemon_config(root, kind, daemon_id, ports):
+    """What a salt-``kind`` (master or minion) config shares: its id, everything of it
+    below ``root`` (the root and ``conf`` are made), the running user, quiet logs."""
+    root = pathlib.Path(root)
+    pub_port, _ = ports
+    (root / "conf").mkdir(parents=True)
+    os.chmod(root, 0o700)
+    return {
+        "id": daemon_id,
+        "root_dir": str(root),
+        "conf_file": str(root / "conf" / kind),
+        "pki_dir": str(root / "pki"),
+        "cachedir": str(root / "cache"),
+        "sock_dir": str(root / "s"),
+        "pidfile": str(root / f"{kind}.pid"),
+        "log_file": str(root / f"{kind}.log"),
+        "log_level": "warning",
+        "log_level_logfile": "info",
+        "publish_port": pub_port,
+        "user": getpass.getuser(),
+        "enable_gpu_grains": False,
+    }
+
+
+def write_master_config(root, master_id, interface, ports, driver):
+    """A salt-master's config in ``root/conf/master``, everything of it below ``root``
+    (``pki``, ``cache``, ``s``, ``master.log``, ``srv``), listening on ``interface`` at
+    ``ports`` (publish, ret), keys in ``driver``."""
+    root = pathlib.Path(root)
+    config = _daemon_config(root, "master", master_id, ports)
+    config.update(
+        {
+            "key_logfile": str(root / "key.log"),
+            "interface": interface,
+            "ret_port": ports[1],
+            "worker_threads": 2,
+            # the salt CLI's find_job wait after -t runs out (default 10 s)
+            "gather_job_timeout": 2,
+            "auto_accept": False,
+            "open_mode": False,
+            "keys.cache_driver": driver,
+            "mmap_key_size": 1009,
+            "file_roots": {"base": [str(root / "srv" / "salt")]},
+            "pillar_roots": {"base": [str(root / "srv" / "pillar")]},
+            "fileserver_backend": ["roots"],
+        }
+    )
+    (root / "conf" / "master").write_text(_yaml(config))
+    (root / "srv" / "salt").mkdir(parents=True)
+    (root / "srv" / "pillar").mkdir(parents=True)
+
+
+def write_minion_config(root, minion_id, master, ports):
+    """A salt-minion's config in ``root/conf/minion``, everything of it below ``root``
+    (``pki``, ``cache``, ``s``, ``minion.log``), signing in to ``master`` (one address or a
+    list: multi-master) at ``ports`` (publish, ret)."""
+    root = pathlib.Path(root)
+    config = _daemon_config(root, "minion", minion_id, ports)
+    config.update(
+        {
+            "master": master,
+            "master_port": ports[1],
+            "acceptance_wait_time": 1,
+            "acceptance_wait_time_max": 2,
+            "random_reauth_delay": 0,
+            "auth_timeout": 10,
+            "multiprocessing": False,
+            "grains_cache": True,
+            "file_client": "remote",
+        }
+    )
+    (root / "conf" / "minion").write_text(_yaml(config))
+
+
+def require_keycache_driver():
+    """Fail the test when the keycache driver is not importable in this interpreter."""
+    import pytest  # pylint: disable=import-outside-toplevel
+
+    proc = subprocess.run(
+        [sys.executable, "-c", "import saltext.keycache._native, saltext.keycache.cache.keycache"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    if proc.returncode != 0:
+        pytest.fail(f"the keycache driver is not importable in {sys.executable}:\n{proc.stderr}")
+
+
+@contextlib.contextmanager
+def stopped_after(setup):
+    """Yield ``setup`` (a SaltPair or TwoMasters); then stop its daemons, remove what it
+    made, and fail if a daemon would not stop."""
+    try:
+        yield setup
+    finally:
+        errors = setup.stop_all()
+        setup.cleanup()
+        assert not errors, f"stopping the daemons: {errors}"
+
+
+def script_main(commands, argv):
+    """Script mode: run ``commands[argv[0]](*argv[1:])``."""
+    cmd, *args = argv
+    if cmd not in commands:
+        raise SystemExit(f"unknown command {cmd}")
+    commands[cmd](*args)
+
+
 class SaltPair:
     """Configs, daemons and client commands of one master and one minion."""
 
@@ -291,7 +428,6 @@ class SaltPair:
         self.base = base
         self.driver = driver
         self.keycache_bin = keycache_bin
-        self.user = getpass.getuser()
         self.pub_port, self.ret_port = free_ports(2)
 
         self.master_root = base / "m"
@@ -304,67 +440,10 @@ class SaltPair:
         self.minion_pki = self.minion_root / "pki"
         self.minion_log = self.minion_root / "minion.log"
         self.minion_out = self.minion_root / "minion.out"
-        for path in (self.master_conf, self.minion_conf):
-            path.mkdir(parents=True)
-        for path in (self.master_root, self.minion_root):
-            os.chmod(path, 0o700)
-
-        master = {
-            "id": MASTER_ID,
-            "root_dir": str(self.master_root),
-            "conf_file": str(self.master_conf / "master"),
-            "pki_dir": str(self.master_pki),
-            "cachedir": str(self.master_root / "cache"),
-            "sock_dir": str(self.master_root / "s"),
-            "pidfile": str(self.master_root / "master.pid"),
-            "log_file": str(self.master_log),
-            "key_logfile": str(self.master_root / "key.log"),
-            "log_level": "warning",
-            "log_level_logfile": "info",
-            "interface": "127.0.0.1",
-            "publish_port": self.pub_port,
-            "ret_port": self.ret_port,
-            "user": self.user,
-            "worker_threads": 2,
-            # the salt CLI's find_job wait after -t runs out (default 10 s)
-            "gather_job_timeout": 2,
-            "auto_accept": False,
-            "open_mode": False,
-            "keys.cache_driver": driver,
-            "mmap_key_size": 1009,
-            "file_roots": {"base": [str(self.master_root / "srv" / "salt")]},
-            "pillar_roots": {"base": [str(self.master_root / "srv" / "pillar")]},
-            "fileserver_backend": ["roots"],
-            "enable_gpu_grains": False,
-        }
-        minion = {
-            "id": MINION_ID,
-            "root_dir": str(self.minion_root),
-            "conf_file": str(self.minion_conf / "minion"),
-            "pki_dir": str(self.minion_pki),
-            "cachedir": str(self.minion_root / "cache"),
-            "sock_dir": str(self.minion_root / "s"),
-            "pidfile": str(self.minion_root / "minion.pid"),
-            "log_file": str(self.minion_log),
-            "log_level": "warning",
-            "log_level_logfile": "info",
-            "master": "127.0.0.1",
-            "master_port": self.ret_port,
-            "publish_port": self.pub_port,
-            "user": self.user,
-            "acceptance_wait_time": 1,
-            "acceptance_wait_time_max": 2,
-            "random_reauth_delay": 0,
-            "auth_timeout": 10,
-            "multiprocessing": False,
-            "enable_gpu_grains": False,
-            "grains_cache": True,
-            "file_client": "remote",
-        }
-        (self.master_conf / "master").write_text(_yaml(master))
-        (self.minion_conf / "minion").write_text(_yaml(minion))
-        (self.master_root / "srv" / "salt").mkdir(parents=True)
-        (self.master_root / "srv" / "pillar").mkdir(parents=True)
+        write_master_config(
+            self.master_root, MASTER_ID, "127.0.0.1", (self.pub_port, self.ret_port), driver
+        )
+        write_minion_config(self.minion_root, MINION_ID, "127.0.0.1", (self.pub_port, self.ret_port))
 
         self.master = Daemon(
             "salt-master",
@@ -404,49 +483,32 @@ class SaltPair:
         self.minion.start()
 
     def stop_all(self):
-        errors = []
-        # SIGTERM both groups at once (each takes a few seconds to shut down),
-        # then stop() each: wait, and SIGKILL what is left
-        for daemon in (self.minion, self.master):
-            if daemon.proc is not None:
-                daemon._signal_group(signal.SIGTERM)  # pylint: disable=protected-access
-        for daemon in (self.minion, self.master):
-            try:
-                daemon.stop()
-            except Exception as exc:  # pylint: disable=broad-except
-                errors.append(f"{daemon.name}: {exc!r}")
-        return errors
+        return stop_daemons([self.minion, self.master])
 
     def cleanup(self):
         if self._short is not None:
             shutil.rmtree(self._short, ignore_errors=True)
 
     def diagnostics(self):
-        parts = []
-        for title, path in (
-            ("master log", self.master_log),
-            ("master stdout/stderr", self.master_out),
-            ("minion log", self.minion_log),
-            ("minion stdout/stderr", self.minion_out),
-        ):
-            parts.append(f"----- {title} ({path}) -----\n{tail(path, 120)}")
-        return "\n".join(parts)
+        return diagnostics(
+            [
+                ("master log", self.master_log),
+                ("master stdout/stderr", self.master_out),
+                ("minion log", self.minion_log),
+                ("minion stdout/stderr", self.minion_out),
+            ],
+            120,
+        )
 
     def minion_log_text(self):
-        try:
-            return self.minion_log.read_text(errors="replace")
-        except FileNotFoundError:
-            return ""
+        return log_text(self.minion_log)
 
     def minion_ready_count(self):
         """How often the minion logged that it (re)connected and is ready (salt/minion.py)."""
         return self.minion_log_text().count(MINION_READY_LINE)
 
     def master_log_text(self):
-        try:
-            return self.master_log.read_text(errors="replace")
-        except FileNotFoundError:
-            return ""
+        return log_text(self.master_log)
 
     # -- clients ---------------------------------------------------------------
 
@@ -568,15 +630,5 @@ def _cmd_master_keys(master_config):
     print(json.dumps(out))
 
 
-def main(argv):
-    cmd, *args = argv
-    if cmd == "fire":
-        _cmd_fire(*args)
-    elif cmd == "master-keys":
-        _cmd_master_keys(*args)
-    else:
-        raise SystemExit(f"unknown command {cmd}")
-
-
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    script_main({"fire": _cmd_fire, "master-keys": _cmd_master_keys}, sys.argv[1:])

@@ -25,13 +25,13 @@ import json
 import multiprocessing
 import os
 import random
-import subprocess
 import threading
 import time
 import traceback
 
 import salt.cache
 
+from cli_support import run_cli
 from tree_files import TREE_DIR, id_problems
 
 CTX = multiprocessing.get_context("fork")
@@ -40,7 +40,6 @@ PAD = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789+/=é✓中
 RUN_SECONDS = 8.0
 MAX_OPS = 1200
 JOIN_GRACE = 40.0
-CLI_TIMEOUT = 60
 
 
 # ---------------------------------------------------------------------------
@@ -258,29 +257,6 @@ def stop_all(procs):
 # ---------------------------------------------------------------------------
 # the checks
 # ---------------------------------------------------------------------------
-
-
-def layout_args(opts):
-    return [
-        "--size",
-        str(opts["mmap_key_size"]),
-        "--slot-size",
-        str(opts["mmap_key_slot_size"]),
-        "--id-size",
-        str(opts["mmap_key_id_size"]),
-    ]
-
-
-def run_cli(keycache_bin, opts, *args):
-    env = dict(os.environ, NO_COLOR="1")
-    return subprocess.run(
-        [keycache_bin, *args, *layout_args(opts)],
-        capture_output=True,
-        text=True,
-        timeout=CLI_TIMEOUT,
-        env=env,
-        check=False,
-    )
 
 
 def fresh(opts, driver):

@@ -25,7 +25,8 @@ import pytest
 import salt.cache
 from salt.exceptions import SaltCacheError
 
-CLI_TIMEOUT = 60
+from cli_support import CLI_TIMEOUT, layout_args
+
 STATES = ("accepted", "pending", "rejected")
 
 
@@ -40,17 +41,6 @@ def private(tag):
     rng = random.Random(tag)
     body = base64.b64encode(rng.randbytes(600)).decode()
     return f"-----BEGIN RSA PRIVATE KEY-----\n{body}\n-----END RSA PRIVATE KEY-----\n"
-
-
-def layout_args(opts):
-    return [
-        "--size",
-        str(opts["mmap_key_size"]),
-        "--slot-size",
-        str(opts["mmap_key_slot_size"]),
-        "--id-size",
-        str(opts["mmap_key_id_size"]),
-    ]
 
 
 def run_cli(keycache_bin, *args):

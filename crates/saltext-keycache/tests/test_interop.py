@@ -24,18 +24,17 @@ import json
 import os
 import random
 import string
-import subprocess
 import time
 
 import pytest
 import salt.cache
 from salt.exceptions import SaltCacheError
 
+from cli_support import run_cli
 from tree_files import TREE_DIR, id_problems
 
 DRIVERS = ("keycache", "mmap_key")
 STATES = ("accepted", "pending", "rejected")
-CLI_TIMEOUT = 60
 
 
 # ---------------------------------------------------------------------------
@@ -71,25 +70,6 @@ def outcome(fn, *args, **kwargs):
         return ("raise", "SaltCacheError")
     except Exception as exc:  # pylint: disable=broad-except
         return ("raise", type(exc).__name__)
-
-
-def layout_args(opts):
-    return [
-        "--size",
-        str(opts["mmap_key_size"]),
-        "--slot-size",
-        str(opts["mmap_key_slot_size"]),
-        "--id-size",
-        str(opts["mmap_key_id_size"]),
-    ]
-
-
-def run_cli(keycache_bin, opts, *args):
-    cmd = [keycache_bin, *args, *layout_args(opts)]
-    env = dict(os.environ, NO_COLOR="1")
-    return subprocess.run(
-        cmd, capture_output=True, text=True, timeout=CLI_TIMEOUT, env=env, check=False
-    )
 
 
 def gen_id(rng, taken, max_bytes):

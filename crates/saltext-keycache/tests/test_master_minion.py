@@ -38,10 +38,8 @@ tree, so there the tree checks are skipped over and, after ``salt-key -a``,
 the test writes ``minions/<id>`` itself, which is what keycache does for you.
 """
 
-import json
 import os
 import pathlib
-import subprocess
 import sys
 import time
 
@@ -60,26 +58,9 @@ DRIVER_KEEPS_TREE = DRIVER != "mmap_key"
 @pytest.fixture
 def pair(tmp_path, keycache_bin):
     if DRIVER == "keycache":
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-c",
-                "import saltext.keycache._native, saltext.keycache.cache.keycache",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-        if proc.returncode != 0:
-            pytest.fail(f"the keycache driver is not importable in {sys.executable}:\n{proc.stderr}")
-    salt_pair = mm.SaltPair(tmp_path, DRIVER, keycache_bin)
-    try:
+        mm.require_keycache_driver()
+    with mm.stopped_after(mm.SaltPair(tmp_path, DRIVER, keycache_bin)) as salt_pair:
         yield salt_pair
-    finally:
-        errors = salt_pair.stop_all()
-        salt_pair.cleanup()
-        assert not errors, f"stopping the daemons: {errors}"
 
 
 def _key(text):

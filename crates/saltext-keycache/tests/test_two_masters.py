@@ -42,7 +42,6 @@ it on A).
 
 import pathlib
 import shutil
-import subprocess
 import sys
 import time
 
@@ -59,22 +58,9 @@ EMPTY = {"minions": [], "minions_pre": [], "minions_rejected": [], "minions_deni
 
 @pytest.fixture
 def masters(keycache_bin):
-    proc = subprocess.run(
-        [sys.executable, "-c", "import saltext.keycache._native, saltext.keycache.cache.keycache"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    if proc.returncode != 0:
-        pytest.fail(f"the keycache driver is not importable in {sys.executable}:\n{proc.stderr}")
-    pair = tm.TwoMasters(keycache_bin)
-    try:
+    mm.require_keycache_driver()
+    with mm.stopped_after(tm.TwoMasters(keycache_bin)) as pair:
         yield pair
-    finally:
-        errors = pair.stop_all()
-        pair.cleanup()
-        assert not errors, f"stopping the daemons: {errors}"
 
 
 def _history(master):

@@ -19,12 +19,9 @@ config FROM to that of TO, through ``salt.cache.Cache`` with each config's
 """
 
 import contextlib
-import getpass
 import json
-import os
 import pathlib
 import shutil
-import signal
 import socket
 import sys
 import tempfile
@@ -39,12 +36,6 @@ MINION_ID = "kc-2m-minion"
 
 # Salt's MasterKeys logs this when it creates a key pair (salt/crypt.py)
 GENERATING_LINE = "Generating key-pair"
-
-
-def port_open(host, port):
-    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
-        sock.settimeout(0.5)
-        return sock.connect_ex((host, port)) == 0
 
 
 def _bindable(host, port):
@@ -82,39 +73,8 @@ class Master:
         self.sock_dir = self.root / "s"
         # the merge timer's bases and the snapshots the test keeps
         self.merge_dir = self.root / "merge"
-        for path in (self.conf, self.merge_dir):
-            path.mkdir(parents=True)
-        os.chmod(self.root, 0o700)
-        config = {
-            "id": self.id,
-            "root_dir": str(self.root),
-            "conf_file": str(self.conf / "master"),
-            "pki_dir": str(self.pki),
-            "cachedir": str(self.root / "cache"),
-            "sock_dir": str(self.sock_dir),
-            "pidfile": str(self.root / "master.pid"),
-            "log_file": str(self.log),
-            "key_logfile": str(self.root / "key.log"),
-            "log_level": "warning",
-            "log_level_logfile": "info",
-            "interface": interface,
-            "publish_port": self.pub_port,
-            "ret_port": self.ret_port,
-            "user": getpass.getuser(),
-            "worker_threads": 2,
-            "gather_job_timeout": 2,
-            "auto_accept": False,
-            "open_mode": False,
-            "keys.cache_driver": "keycache",
-            "mmap_key_size": 1009,
-            "file_roots": {"base": [str(self.root / "srv" / "salt")]},
-            "pillar_roots": {"base": [str(self.root / "srv" / "pillar")]},
-            "fileserver_backend": ["roots"],
-            "enable_gpu_grains": False,
-        }
-        (self.conf / "master").write_text(mm._yaml(config))  # pylint: disable=protected-access
-        (self.root / "srv" / "salt").mkdir(parents=True)
-        (self.root / "srv" / "pillar").mkdir(parents=True)
+        self.merge_dir.mkdir(parents=True)
+        mm.write_master_config(self.root, self.id, interface, ports, "keycache")
         self.daemon = mm.Daemon(
             f"salt-master {name}",
             [mm.salt_script("salt-master"), "-c", self.conf, "-l", "warning"],
@@ -125,8 +85,8 @@ class Master:
         self.daemon.start()
         mm.wait_for(
             f"master {self.name}'s ports on {self.interface}",
-            lambda: port_open(self.interface, self.pub_port)
-            and port_open(self.interface, self.ret_port),
+            lambda: mm.port_open(self.pub_port, self.interface)
+            and mm.port_open(self.ret_port, self.interface),
             timeout,
             alive=[self.daemon],
         )
@@ -141,16 +101,13 @@ class Master:
         self.daemon.stop()
         mm.wait_for(
             f"master {self.name}'s ports to close",
-            lambda: not port_open(self.interface, self.ret_port)
-            and not port_open(self.interface, self.pub_port),
+            lambda: not mm.port_open(self.ret_port, self.interface)
+            and not mm.port_open(self.pub_port, self.interface),
             30,
         )
 
     def log_text(self):
-        try:
-            return self.log.read_text(errors="replace")
-        except FileNotFoundError:
-            return ""
+        return mm.log_text(self.log)
 
     def refusals(self):
         """How often validate_token refused the minion (its log line) so far."""
@@ -232,34 +189,10 @@ class TwoMasters:
         self.minion_conf = self.minion_root / "conf"
         self.minion_pki = self.minion_root / "pki"
         self.minion_log = self.minion_root / "minion.log"
-        self.minion_conf.mkdir(parents=True)
-        os.chmod(self.minion_root, 0o700)
-        minion = {
-            "id": MINION_ID,
-            "root_dir": str(self.minion_root),
-            "conf_file": str(self.minion_conf / "minion"),
-            "pki_dir": str(self.minion_pki),
-            "cachedir": str(self.minion_root / "cache"),
-            "sock_dir": str(self.minion_root / "s"),
-            "pidfile": str(self.minion_root / "minion.pid"),
-            "log_file": str(self.minion_log),
-            "log_level": "warning",
-            "log_level_logfile": "info",
-            # multi-master: one connection (and one sign-in) per master
-            "master": [self.a.interface, self.b.interface],
-            "master_port": self.a.ret_port,
-            "publish_port": self.a.pub_port,
-            "user": getpass.getuser(),
-            "acceptance_wait_time": 1,
-            "acceptance_wait_time_max": 2,
-            "random_reauth_delay": 0,
-            "auth_timeout": 10,
-            "multiprocessing": False,
-            "enable_gpu_grains": False,
-            "grains_cache": True,
-            "file_client": "remote",
-        }
-        (self.minion_conf / "minion").write_text(mm._yaml(minion))  # pylint: disable=protected-access
+        # multi-master: one connection (and one sign-in) per master
+        mm.write_minion_config(
+            self.minion_root, MINION_ID, [self.a.interface, self.b.interface], ports
+        )
         self.minion = mm.Daemon(
             "salt-minion",
             [mm.salt_script("salt-minion"), "-c", self.minion_conf, "-l", "warning"],
@@ -348,31 +281,23 @@ class TwoMasters:
         return proc
 
     def stop_all(self):
-        errors = []
-        for daemon in self.daemons:
-            daemon._signal_group(signal.SIGTERM)  # pylint: disable=protected-access
-        for daemon in (self.minion, self.a.daemon, self.b.daemon):
-            try:
-                daemon.stop()
-            except Exception as exc:  # pylint: disable=broad-except
-                errors.append(f"{daemon.name}: {exc!r}")
-        return errors
+        return mm.stop_daemons([self.minion, self.a.daemon, self.b.daemon])
 
     def cleanup(self):
         shutil.rmtree(self.base, ignore_errors=True)
 
     def diagnostics(self):
-        parts = []
-        for title, path in (
-            ("master A log", self.a.log),
-            ("master A stdout/stderr", self.a.out),
-            ("master B log", self.b.log),
-            ("master B stdout/stderr", self.b.out),
-            ("minion log", self.minion_log),
-            ("minion stdout/stderr", self.minion_root / "minion.out"),
-        ):
-            parts.append(f"----- {title} ({path}) -----\n{mm.tail(path, 80)}")
-        return "\n".join(parts)
+        return mm.diagnostics(
+            [
+                ("master A log", self.a.log),
+                ("master A stdout/stderr", self.a.out),
+                ("master B log", self.b.log),
+                ("master B stdout/stderr", self.b.out),
+                ("minion log", self.minion_log),
+                ("minion stdout/stderr", self.minion_root / "minion.out"),
+            ],
+            80,
+        )
 
 
 # -- script mode ---------------------------------------------------------------
@@ -437,15 +362,5 @@ def _cmd_probe(minion_config, tag, wait, *masters):
     print(json.dumps({"fired": bool(fired), "seen": seen, "refused": refused}))
 
 
-def main(argv):
-    cmd, *args = argv
-    if cmd == "copy-master-keys":
-        _cmd_copy_master_keys(*args)
-    elif cmd == "probe":
-        _cmd_probe(*args)
-    else:
-        raise SystemExit(f"unknown command {cmd}")
-
-
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    mm.script_main({"copy-master-keys": _cmd_copy_master_keys, "probe": _cmd_probe}, sys.argv[1:])

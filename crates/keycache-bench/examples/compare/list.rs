@@ -2,11 +2,10 @@
 //! walk of the `localfs_key` tree and Salt's `list_all`; its report table.
 
 use std::hint::black_box;
-use std::path::Path;
 use std::time::Instant;
 
 use keycache::{KeyState, Store};
-use keycache_bench::{open_options, touch};
+use keycache_bench::{open_options, touch, walk_ids, walk_keys};
 
 use crate::contenders::{run_json, salt_cmd};
 use crate::data::Prepared;
@@ -14,39 +13,12 @@ use crate::measure::{Cfg, Samples};
 use crate::report::Report;
 use crate::util::{fmt_ratio, fmt_secs, log, size_label};
 
-pub(crate) const TREE_STATE_DIRS: [(&str, u8); 3] =
-    [("minions", 1), ("minions_pre", 2), ("minions_rejected", 3)];
-
-pub(crate) fn walk_ids(tree: &Path) -> Vec<(String, u8)> {
-    let mut out = Vec::new();
-    for (d, s) in TREE_STATE_DIRS {
-        for e in std::fs::read_dir(tree.join(d)).unwrap() {
-            let e = e.unwrap();
-            if e.file_type().unwrap().is_file() {
-                out.push((e.file_name().into_string().unwrap(), s));
-            }
-        }
-    }
-    out
-}
-
-pub(crate) fn walk_keys(tree: &Path) -> Vec<(String, u8, Vec<u8>)> {
-    let mut out = Vec::new();
-    for (d, s) in TREE_STATE_DIRS {
-        for e in std::fs::read_dir(tree.join(d)).unwrap() {
-            let e = e.unwrap();
-            if e.file_type().unwrap().is_file() {
-                let key = std::fs::read(e.path()).unwrap();
-                out.push((e.file_name().into_string().unwrap(), s, key));
-            }
-        }
-    }
-    out
-}
-
 pub(crate) const L_KC: &str = "keycache Store::keys";
 pub(crate) const L_TREE: &str = "localfs_key tree walk (Rust, 1 thread)";
 pub(crate) const L_SALT: &str = "Salt 3008.5 mmap_key.list_all";
+
+/// The head of the report's table of list: heading and table header.
+pub(crate) const LIST_TABLE: &str = "### Listing the whole `keys` bank (median seconds)\n\n| store | contender | ids with state | ids with keys | it ÷ keycache (state) | it ÷ keycache (keys) |\n|---|---|---:|---:|---:|---:|";
 
 pub(crate) fn section_list(cfg: &Cfg, p: &Prepared) -> Samples {
     let mut s = Samples::default();
@@ -112,19 +84,9 @@ pub(crate) fn section_list(cfg: &Cfg, p: &Prepared) -> Samples {
 }
 
 pub(crate) fn report_list(r: &mut Report, all: &[(u64, Samples)]) {
-    if all.is_empty() {
-        return;
-    }
-    r.line("### Listing the whole `keys` bank (median seconds)");
-    r.line("");
-    r.line("| store | contender | ids with state | ids with keys | it ÷ keycache (state) | it ÷ keycache (keys) |");
-    r.line("|---|---|---:|---:|---:|---:|");
     for (n, s) in all {
         let (ki, kk) = (s.med(L_KC, "ids"), s.med(L_KC, "keys"));
-        for c in [L_KC, L_TREE, L_SALT] {
-            if !s.0.contains_key(c) {
-                continue;
-            }
+        for c in s.present([L_KC, L_TREE, L_SALT]) {
             let (i, k) = (s.med(c, "ids"), s.med(c, "keys"));
             let (ri, rk) = if c == L_KC {
                 ("—".into(), "—".into())

@@ -63,6 +63,13 @@ impl Samples {
             .and_then(|m| m.get(key))
             .map_or(f64::NAN, |v| median(v))
     }
+    /// The contenders of `order` that were measured, in that order.
+    pub(crate) fn present<'a>(
+        &'a self,
+        order: impl IntoIterator<Item = &'a str> + 'a,
+    ) -> impl Iterator<Item = &'a str> + 'a {
+        order.into_iter().filter(|c| self.0.contains_key(*c))
+    }
     pub(crate) fn to_json(&self) -> Json {
         let mut o = serde_json::Map::new();
         for (c, m) in &self.0 {

@@ -14,12 +14,15 @@ use crate::contenders::{run_json, salt_driver};
 use crate::data::Data;
 use crate::measure::{Cfg, Samples};
 use crate::report::Report;
-use crate::util::{die, fmt_rate, fmt_ratio, fmt_secs, log, size_label};
+use crate::util::{die, fmt_rate, fmt_ratio, fmt_secs, log, size_label, versus};
 
 pub(crate) const M_KC: &str = "keycache migrate (process)";
 pub(crate) const M_READ1: &str = "read every file once (1 thread)";
 pub(crate) const M_READ2: &str = "read every file once (2 threads)";
 pub(crate) const M_SALT: &str = "Salt 3008.5 rebuild_from_localfs";
+
+/// The head of the report's table of migrate: heading and table header.
+pub(crate) const MIGRATE_TABLE: &str = "### Migrating a `localfs_key` tree (median seconds; files in the page cache)\n\n| tree | what | seconds | it ÷ keycache migrate | keys/s |\n|---|---|---:|---:|---:|";
 
 pub(crate) fn tree_files(tree: &Path) -> Vec<PathBuf> {
     let mut v = Vec::new();
@@ -173,19 +176,9 @@ pub(crate) fn section_migrate(
 }
 
 pub(crate) fn report_migrate(r: &mut Report, all: &[(u64, Samples)]) {
-    if all.is_empty() {
-        return;
-    }
-    r.line("### Migrating a `localfs_key` tree (median seconds; files in the page cache)");
-    r.line("");
-    r.line("| tree | what | seconds | it ÷ keycache migrate | keys/s |");
-    r.line("|---|---|---:|---:|---:|");
     for (n, s) in all {
         let kc = s.med(M_KC, "seconds");
-        for c in [M_KC, M_READ1, M_READ2, M_SALT] {
-            if !s.0.contains_key(c) {
-                continue;
-            }
+        for c in s.present([M_KC, M_READ1, M_READ2, M_SALT]) {
             let v = s.med(c, "seconds");
             let ratio = if c == M_KC {
                 "—".into()
@@ -223,24 +216,14 @@ pub(crate) fn report_migrate(r: &mut Report, all: &[(u64, Samples)]) {
             let sl = s.med(M_SALT, "seconds");
             r.target(
                 &format!("migration of the {at} tree: >= 200x faster than Salt"),
-                format!(
-                    "{} vs {} ({})",
-                    fmt_secs(kc),
-                    fmt_secs(sl),
-                    fmt_ratio(sl / kc)
-                ),
+                versus(fmt_secs, kc, sl, sl / kc),
                 sl >= 200.0 * kc,
             );
         }
         let floor = s.med(M_READ1, "seconds").min(s.med(M_READ2, "seconds"));
         r.target(
             &format!("migration of the {at} tree: within 2x of reading every file once"),
-            format!(
-                "{} vs {} ({})",
-                fmt_secs(kc),
-                fmt_secs(floor),
-                fmt_ratio(kc / floor)
-            ),
+            versus(fmt_secs, kc, floor, kc / floor),
             kc <= 2.0 * floor,
         );
     }

@@ -17,6 +17,9 @@ use crate::measure::{Cfg, Samples};
 use crate::report::Report;
 use crate::util::{die, fmt_secs, log, size_label};
 
+/// The head of the report's table of open: heading and table header.
+pub(crate) const OPEN_TABLE: &str = "### Opening a store and answering the first lookup (child processes, median)\n\n| store | process start-up (noop) | open + first get, wall | minus start-up | in process: open | in process: first get | cold cache: wall | cold: open | cold: first get |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|";
+
 pub(crate) fn self_exe() -> PathBuf {
     std::env::current_exe().unwrap()
 }
@@ -178,13 +181,6 @@ pub(crate) fn cmd_rss(a: &LookupArgs) {
 }
 
 pub(crate) fn report_open(r: &mut Report, all: &[(u64, Samples)]) {
-    if all.is_empty() {
-        return;
-    }
-    r.line("### Opening a store and answering the first lookup (child processes, median)");
-    r.line("");
-    r.line("| store | process start-up (noop) | open + first get, wall | minus start-up | in process: open | in process: first get | cold cache: wall | cold: open | cold: first get |");
-    r.line("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     for (n, s) in all {
         let noop = s.med("process start-up (noop)", "wall");
         let w = "open + first get (warm)";
@@ -205,10 +201,7 @@ pub(crate) fn report_open(r: &mut Report, all: &[(u64, Samples)]) {
     r.line("");
     r.line("Cold: the store's files were evicted from the page cache (`posix_fadvise(DONTNEED)`) before the run.");
     r.line("");
-    r.line("### Resident memory of a reader process after 10k lookups");
-    r.line("");
-    r.line("| store | reader | VmRSS | of which anonymous | of which file-backed (mapped store) | VmRSS before opening |");
-    r.line("|---|---|---:|---:|---:|---:|");
+    r.line("### Resident memory of a reader process after 10k lookups\n\n| store | reader | VmRSS | of which anonymous | of which file-backed (mapped store) | VmRSS before opening |\n|---|---|---:|---:|---:|---:|");
     for (n, s) in all {
         for c in ["keycache", "lmdb", "hashbrown"] {
             let k = format!("rss {c}");

@@ -2,6 +2,8 @@
 
 use serde_json::{json, Value as Json};
 
+use crate::util::versus;
+
 pub(crate) fn machine() -> Json {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
@@ -37,7 +39,27 @@ impl Report {
         self.out.push_str(s);
         self.out.push('\n');
     }
+    /// A section of the report: nothing when nothing was `measured`, else its
+    /// `head` (a heading, a blank line, a table's header and alignment rows),
+    /// then what `body` writes.
+    pub(crate) fn section(&mut self, measured: bool, head: &str, body: impl FnOnce(&mut Report)) {
+        if measured {
+            self.line(head);
+            body(self);
+        }
+    }
     pub(crate) fn target(&mut self, what: &str, figures: String, met: bool) {
         self.targets.push((what.to_string(), figures, met));
+    }
+    /// A target met when `a >= factor * b`; its figures `a vs b (a / b)`, written by `fmt`.
+    pub(crate) fn at_least(
+        &mut self,
+        what: &str,
+        fmt: fn(f64) -> String,
+        a: f64,
+        factor: f64,
+        b: f64,
+    ) {
+        self.target(what, versus(fmt, a, b, a / b), a >= factor * b);
     }
 }

@@ -10,14 +10,14 @@ use serde_json::{json, Value as Json};
 use crate::args::RunArgs;
 use crate::callgrind::{report_callgrind, section_callgrind};
 use crate::data::Data;
-use crate::list::{report_list, section_list};
-use crate::lookup::{report_lookup, section_lookup};
+use crate::list::{report_list, section_list, LIST_TABLE};
+use crate::lookup::{report_lookup, section_lookup, LOOKUP_TABLE};
 use crate::measure::{Cfg, Samples};
-use crate::migrate::{report_migrate, section_migrate};
-use crate::open::{report_open, section_open};
+use crate::migrate::{report_migrate, section_migrate, MIGRATE_TABLE};
+use crate::open::{report_open, section_open, OPEN_TABLE};
 use crate::report::{machine, Report};
 use crate::util::{die, repo, size_label};
-use crate::write::{report_write, section_write};
+use crate::write::{report_write, section_write, WRITE_TABLE};
 
 pub(crate) fn cmd_run(a: &RunArgs) {
     let sizes = a.sizes.clone();
@@ -134,11 +134,17 @@ pub(crate) fn cmd_run(a: &RunArgs) {
         "Stores: `keycache migrate` of `tools/gen-pki-tree.py` trees (90% accepted, 5% pending, 3% rejected, 2% denied; 451-byte PEM keys); {}. Existing ids are the `keys` bank's, absent ids have the same shape. Every lookup hands back state and key and the caller sums every byte of the key.\n",
         table_sizes.join(", ")
     ));
-    report_lookup(&mut r, &lookups, &cfg);
-    report_list(&mut r, &lists);
-    report_migrate(&mut r, &migrates);
-    report_open(&mut r, &opens);
-    report_write(&mut r, &writes);
+    r.section(!lookups.is_empty(), LOOKUP_TABLE, |r| {
+        report_lookup(r, &lookups, &cfg)
+    });
+    r.section(!lists.is_empty(), LIST_TABLE, |r| report_list(r, &lists));
+    r.section(!migrates.is_empty(), MIGRATE_TABLE, |r| {
+        report_migrate(r, &migrates)
+    });
+    r.section(!opens.is_empty(), OPEN_TABLE, |r| report_open(r, &opens));
+    r.section(!writes.0.is_empty(), WRITE_TABLE, |r| {
+        report_write(r, &writes)
+    });
     report_callgrind(&mut r, &grinds);
     if !r.targets.is_empty() {
         r.line("### Targets");

@@ -86,3 +86,8 @@ pub(crate) fn fmt_ratio(r: f64) -> String {
         format!("{r:.2}x")
     }
 }
+
+/// A target's figures: `a vs b (ratio)`, `a` and `b` written by `fmt`.
+pub(crate) fn versus(fmt: fn(f64) -> String, a: f64, b: f64, ratio: f64) -> String {
+    format!("{} vs {} ({})", fmt(a), fmt(b), fmt_ratio(ratio))
+}

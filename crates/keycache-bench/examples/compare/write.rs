@@ -12,6 +12,9 @@ use crate::measure::{Cfg, Samples};
 use crate::report::Report;
 use crate::util::{fmt_rate, fmt_secs, log};
 
+/// The head of the report's table of write: heading and table header.
+pub(crate) const WRITE_TABLE: &str = "### Writes into a store of 100k minions (median)\n\n| contender | single durable put | puts/s | batch of 1000, one fsync round | per key in a batch | keys/s in batches |\n|---|---:|---:|---:|---:|---:|";
+
 pub(crate) const W_KC: &str = "keycache";
 pub(crate) const W_LMDB: &str = "LMDB/heed";
 
@@ -102,17 +105,7 @@ pub(crate) fn section_write(cfg: &Cfg, data: &Data) -> Samples {
 }
 
 pub(crate) fn report_write(r: &mut Report, s: &Samples) {
-    if s.0.is_empty() {
-        return;
-    }
-    r.line("### Writes into a store of 100k minions (median)");
-    r.line("");
-    r.line("| contender | single durable put | puts/s | batch of 1000, one fsync round | per key in a batch | keys/s in batches |");
-    r.line("|---|---:|---:|---:|---:|---:|");
-    for c in [W_KC, W_LMDB] {
-        if !s.0.contains_key(c) {
-            continue;
-        }
+    for c in s.present([W_KC, W_LMDB]) {
         let (p, b) = (s.med(c, "put"), s.med(c, "batch"));
         let name = if c == W_LMDB {
             "LMDB/heed (txn commit per put / per batch)"

@@ -5,7 +5,7 @@ use crate::common;
 use crate::common::{
     finding_whats, gen_pki_tree, keycache, keycache_exits, keycache_fails, keycache_json,
     keycache_json_exits, keycache_ok, keycache_ok_json, pem, s, salt, sample_pki, sample_store,
-    small, TREE_DIRS,
+    sample_store_dir, small, TREE_DIRS,
 };
 use keycache_testkit::crash::copy_tree;
 
@@ -339,27 +339,18 @@ fn migrate_keeps_or_replaces_existing_entries_and_writes_out_dir() {
     );
     // The tree loses a key; a second migration keeps it, --replace drops it.
     std::fs::remove_file(p.join("minions/minions-0")).unwrap();
-    let (_, rep) = keycache_json(&[
-        "migrate",
-        s(&p),
-        "--out",
-        s(&out_dir),
-        "--json",
-        "--size",
-        "1009",
-    ]);
+    let migrate_again = |extra: &[&str]| {
+        let args = [
+            &["migrate", s(&p), "--out", s(&out_dir), "--json"],
+            extra,
+            &["--size", "1009"],
+        ];
+        keycache_json(&args.concat()).1
+    };
+    let rep = migrate_again(&[]);
     assert_eq!(rep["kept"]["accepted"], 1);
     assert_eq!(rep["total"]["accepted"], 3);
-    let (_, rep) = keycache_json(&[
-        "migrate",
-        s(&p),
-        "--out",
-        s(&out_dir),
-        "--json",
-        "--replace",
-        "--size",
-        "1009",
-    ]);
+    let rep = migrate_again(&["--replace"]);
     assert_eq!(rep["dropped"], 1);
     assert_eq!(rep["total"]["accepted"], 2);
     keycache_exits(&["get", s(&out_dir), "minions-0"], 1);
@@ -376,9 +367,7 @@ fn migrate_keeps_or_replaces_existing_entries_and_writes_out_dir() {
 
 #[test]
 fn list_get_state_changes_stats_like_salt_key() {
-    let t = tempfile::tempdir().unwrap();
-    let st = t.path().join("store");
-    sample_store(&st);
+    let (_t, st) = sample_store_dir();
     let d = s(&st);
     let out = keycache(&["list", d]);
     let text = String::from_utf8(out.stdout).unwrap();
@@ -479,9 +468,7 @@ fn list_get_state_changes_stats_like_salt_key() {
 
 #[test]
 fn verify_finds_damage_and_repair_mends_it() {
-    let t = tempfile::tempdir().unwrap();
-    let st = t.path().join("store");
-    sample_store(&st);
+    let (_t, st) = sample_store_dir();
     let d = s(&st);
     keycache_ok(&["verify", d]);
     // Flip a byte inside a record: that entry is lost, the rest kept.
@@ -604,9 +591,7 @@ fn compact_export_diff() {
 
 #[test]
 fn bench_reports_rates() {
-    let t = tempfile::tempdir().unwrap();
-    let st = t.path().join("store");
-    sample_store(&st);
+    let (_t, st) = sample_store_dir();
     let v = keycache_ok_json(&[
         "bench",
         s(&st),

@@ -56,6 +56,15 @@ print(json.dumps([bool(v.valid_id({"pki_dir": "/srv/salt/pki/master"}, i)) for i
     serde_json::from_value(v).unwrap()
 }
 
+/// `keycache migrate pki --out out` in `layout`, which must exit 2; its stderr.
+fn migrate_refused(pki: &Path, out: &Path, layout: &Params) -> String {
+    let o = kc()
+        .args(["migrate", s(pki), "--out", s(out)])
+        .layout(layout)
+        .fails_output(2);
+    stderr(&o)
+}
+
 #[test]
 fn ids_are_accepted_or_refused_as_salt_says() {
     let l = narrow();
@@ -206,15 +215,8 @@ fn ids_are_accepted_or_refused_as_salt_says() {
     std::fs::write(pki.join("minions/éééééééé"), pem("b", 50)).unwrap();
     std::fs::write(pki.join("minions/ééééééééé"), pem("c", 50)).unwrap();
     let out = t.path().join("out");
-    let o = kc()
-        .args(["migrate", s(&pki), "--out", s(&out)])
-        .layout(&l)
-        .fails_output(2);
-    assert!(
-        stderr(&o).contains("ééééééééé") && stderr(&o).contains("--id-size"),
-        "{}",
-        stderr(&o)
-    );
+    let e = migrate_refused(&pki, &out, &l);
+    assert!(e.contains("ééééééééé") && e.contains("--id-size"), "{e}");
     assert!(!out.join(KEYS_INDEX).exists());
     let o = kc()
         .args([
@@ -328,11 +330,8 @@ fn the_migrator_stays_inside_the_tree_and_the_target() {
     let victim = outside.join("victim");
     std::fs::write(&victim, b"do not touch").unwrap();
     std::os::unix::fs::symlink(&victim, out.join(KEYS_INDEX)).unwrap();
-    let o = kc()
-        .args(["migrate", s(&pki), "--out", s(&out)])
-        .layout(&common::small(1009, 1 << 20))
-        .fails_output(2);
-    assert!(stderr(&o).contains("symlink"), "{}", stderr(&o));
+    let e = migrate_refused(&pki, &out, &common::small(1009, 1 << 20));
+    assert!(e.contains("symlink"), "{e}");
     assert_eq!(std::fs::read(&victim).unwrap(), b"do not touch");
     std::fs::remove_file(out.join(KEYS_INDEX)).unwrap();
 
@@ -452,15 +451,8 @@ fn the_migrator_stays_inside_the_tree_and_the_target() {
     std::fs::remove_dir_all(pki.join("minions_pre")).unwrap();
     std::os::unix::fs::symlink(&outside, pki.join("minions_pre")).unwrap();
     let before = std::fs::read(out.join(KEYS_INDEX)).unwrap();
-    let o = kc()
-        .args(["migrate", s(&pki), "--out", s(&out)])
-        .layout(&layout)
-        .fails_output(2);
-    assert!(
-        stderr(&o).contains("minions_pre") && stderr(&o).contains("symlink"),
-        "{}",
-        stderr(&o)
-    );
+    let e = migrate_refused(&pki, &out, &layout);
+    assert!(e.contains("minions_pre") && e.contains("symlink"), "{e}");
     assert_eq!(std::fs::read(out.join(KEYS_INDEX)).unwrap(), before);
 }
 

@@ -70,6 +70,14 @@ fn tree(root: &Path) {
     }
 }
 
+/// The store in `dir` opened with a table of `size` slots (the library's
+/// other defaults).
+fn store_of_size(dir: &std::path::Path, size: u64) -> Store {
+    let mut opts = keycache::OpenOptions::default();
+    opts.params.size = size;
+    Store::open_with(dir, &opts).unwrap()
+}
+
 #[test]
 fn migrate_keeps_public_keys_byte_for_byte_and_skips_everything_else() {
     let t = tempfile::tempdir().unwrap();
@@ -80,17 +88,7 @@ fn migrate_keeps_public_keys_byte_for_byte_and_skips_everything_else() {
     let o = out.display().to_string();
     let v = keycache_ok_json(&["migrate", &p, "--out", &o, "--size", "1009", "--json"]);
     let skipped = common::skipped_reasons(&v);
-    let store = Store::open_with(
-        &out,
-        &keycache::OpenOptions {
-            params: keycache::Params {
-                size: 1009,
-                ..keycache::Params::default()
-            },
-            ..keycache::OpenOptions::default()
-        },
-    )
-    .unwrap();
+    let store = store_of_size(&out, 1009);
     for (i, (name, content, reason)) in cases().into_iter().enumerate() {
         let found = skipped
             .iter()
@@ -135,17 +133,7 @@ fn migrate_keeps_public_keys_byte_for_byte_and_skips_everything_else() {
 #[test]
 fn the_library_refuses_values_holding_a_private_block_in_every_order() {
     let t = tempfile::tempdir().unwrap();
-    let store = Store::open_with(
-        t.path(),
-        &keycache::OpenOptions {
-            params: keycache::Params {
-                size: 101,
-                ..keycache::Params::default()
-            },
-            ..keycache::OpenOptions::default()
-        },
-    )
-    .unwrap();
+    let store = store_of_size(t.path(), 101);
     let id = MinionId::new("m1").unwrap();
     let p = pem("m1", 4);
     for v in [format!("{p}{PRIV}"), format!("{PRIV}{p}"), PRIV.to_string()] {

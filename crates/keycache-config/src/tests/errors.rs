@@ -55,8 +55,7 @@ fn master_config_non_mapping_documents() {
         "[]\n",
         "''\n",
     ] {
-        let t = scratch(&[("master", text)]);
-        let c = load_dir(t.path()).unwrap();
+        let (_t, c) = loaded(&[("master", text)]);
         assert_eq!(c.store_dir().value, Path::new(DEFAULT_PKI_DIR), "{text:?}");
     }
     for text in ["just a string\n", "- a\n- b\n", "42\n"] {
@@ -187,8 +186,7 @@ fn master_config_integers_as_salt_reads_them() {
         assert_eq!(load_dir(t.path()).unwrap().params().size, want, "{text}");
     }
     // mmap_cache_max_segment_bytes is the fallback of mmap_key_max_segment_bytes.
-    let t = scratch(&[("master", "mmap_cache_max_segment_bytes: 4096\n")]);
-    let c = load_dir(t.path()).unwrap();
+    let (_t, c) = loaded(&[("master", "mmap_cache_max_segment_bytes: 4096\n")]);
     assert_eq!(c.params().max_segment_bytes, 4096);
     assert!(
         c.describe().contains("mmap_cache_max_segment_bytes"),

@@ -7,7 +7,7 @@ use super::*;
 
 #[test]
 fn master_config_master_d_overrides_in_sorted_order() {
-    let t = scratch(&[
+    let (t, c) = loaded(&[
         ("master", "mmap_key_size: 101\nmmap_key_id_size: 32\n"),
         ("master.d/b.conf", "mmap_key_size: 303\n"),
         (
@@ -17,33 +17,24 @@ fn master_config_master_d_overrides_in_sorted_order() {
         ("master.d/c.conf.bak", "mmap_key_size: 999\n"),
         ("master.d/.hidden.conf", "mmap_key_size: 998\n"),
     ]);
-    let c = load_dir(t.path()).unwrap();
     let d = t.path();
-    assert_eq!(
-        c.files,
-        vec![
-            d.join("master"),
-            d.join("master.d/a.conf"),
-            d.join("master.d/b.conf")
-        ]
-    );
+    assert_files(&c, d, &["master", "master.d/a.conf", "master.d/b.conf"]);
     assert_eq!(c.params().size, 303);
     assert_eq!(c.params().slot_size, 64);
     assert_eq!(c.params().id_size, 32);
     assert_eq!(from_file(&c.mmap_key_size), (d.join("master.d/b.conf"), 1));
     // A null in a later file unsets an earlier value (dict.update).
-    let t = scratch(&[
+    let (_t, c) = loaded(&[
         ("master", "cluster_id: c1\ncluster_pki_dir: /srv/c\n"),
         ("master.d/x.conf", "cluster_id: null\n"),
     ]);
-    let c = load_dir(t.path()).unwrap();
     assert!(!c.clustered);
     assert_eq!(c.store_dir().value, Path::new(DEFAULT_PKI_DIR));
 }
 
 #[test]
 fn master_config_default_include_can_be_changed_by_the_main_file_only() {
-    let t = scratch(&[
+    let (_t, c) = loaded(&[
         ("master", "default_include: conf.d/*.yml\n"),
         (
             "conf.d/x.yml",
@@ -52,7 +43,6 @@ fn master_config_default_include_can_be_changed_by_the_main_file_only() {
         ("other/y", "mmap_key_size: 12\n"),
         ("master.d/z.conf", "mmap_key_size: 13\n"),
     ]);
-    let c = load_dir(t.path()).unwrap();
     assert_eq!(c.params().size, 11);
     assert_eq!(c.files.len(), 2);
     // Empty: no default include at all.
@@ -88,22 +78,23 @@ fn master_config_include_globs_relative_paths_and_precedence() {
     let c = load_dir(t.path()).unwrap();
     let d = t.path();
     // main, then default_include (master.d), then include, each overriding.
-    assert_eq!(
-        c.files,
-        vec![
-            d.join("master"),
-            d.join("master.d/a.conf"),
-            d.join("extra/1.yaml"),
-            d.join("extra/2.yaml"),
-            abs.clone(),
-        ]
+    assert_files(
+        &c,
+        d,
+        &[
+            "master",
+            "master.d/a.conf",
+            "extra/1.yaml",
+            "extra/2.yaml",
+            "abs/abs.conf",
+        ],
     );
     assert_eq!(c.params().size, 4);
     assert_eq!(c.params().slot_size, 300);
     assert_eq!(c.params().id_size, 100);
     // A string include, and the include option of an included file:
     // relative to that file, loaded after it and overriding it.
-    let t = scratch(&[
+    let (t, c) = loaded(&[
         ("master", "include: sub/main.conf\nmmap_key_size: 1\n"),
         (
             "sub/main.conf",
@@ -111,27 +102,18 @@ fn master_config_include_globs_relative_paths_and_precedence() {
         ),
         ("sub/nested/n.conf", "mmap_key_id_size: 51\n"),
     ]);
-    let c = load_dir(t.path()).unwrap();
     let d = t.path();
-    assert_eq!(
-        c.files,
-        vec![
-            d.join("master"),
-            d.join("sub/main.conf"),
-            d.join("sub/nested/n.conf"),
-        ]
-    );
+    assert_files(&c, d, &["master", "sub/main.conf", "sub/nested/n.conf"]);
     assert_eq!(c.params().size, 5);
     assert_eq!(c.params().id_size, 51);
 }
 
 #[test]
 fn master_config_missing_include_is_a_note_not_an_error() {
-    let t = scratch(&[(
+    let (_t, c) = loaded(&[(
         "master",
         "include:\n  - nothing/*.conf\n  - absent.conf\nmmap_key_size: 7\n",
     )]);
-    let c = load_dir(t.path()).unwrap();
     assert_eq!(c.params().size, 7);
     assert_eq!(c.files.len(), 1);
     let notes = c.notes.join("\n");
@@ -143,32 +125,34 @@ fn master_config_missing_include_is_a_note_not_an_error() {
 
 #[test]
 fn master_config_include_of_the_main_file_is_no_cycle() {
-    let t = scratch(&[
+    let (_t, c) = loaded(&[
         ("master", "mmap_key_size: 101\n"),
         (
             "master.d/a.conf",
             "include: ../master\nmmap_key_size: 202\n",
         ),
     ]);
-    let c = load_dir(t.path()).unwrap();
     assert_eq!(c.params().size, 101);
     assert_eq!(c.files.len(), 3, "{:?}", c.files);
     // Through the main file's own include, it is one.
-    let t = scratch(&[
+    assert_cycle(&[
         ("master", "include: master.d/a.conf\n"),
         ("master.d/a.conf", "include: ../master\n"),
     ]);
-    let e = load_dir(t.path()).unwrap_err();
-    assert!(matches!(e, ConfigError::Cycle { .. }), "{e}");
 }
 
 #[test]
 fn master_config_include_cycle_is_an_error() {
-    let t = scratch(&[
+    assert_cycle(&[
         ("master", "include: a.conf\n"),
         ("a.conf", "include: b.conf\n"),
         ("b.conf", "include: a.conf\n"),
     ]);
+}
+
+/// The config dir of `files` is refused as an include cycle.
+fn assert_cycle(files: &[(&str, &str)]) {
+    let t = scratch(files);
     let e = load_dir(t.path()).unwrap_err();
     assert!(matches!(e, ConfigError::Cycle { .. }), "{e}");
 }
@@ -183,4 +167,10 @@ fn an_included_fifo_is_refused_not_read() {
     assert!(made.is_ok_and(|s| s.success()), "mkfifo {}", fifo.display());
     let e = MasterConfig::load(&Source::config_dir(t.path())).expect_err("refused");
     assert!(e.to_string().contains("not a regular file"), "{e}");
+}
+
+/// `c` was read from exactly `names` (below `dir`), in that order.
+fn assert_files(c: &MasterConfig, dir: &Path, names: &[&str]) {
+    let want: Vec<_> = names.iter().map(|n| dir.join(n)).collect();
+    assert_eq!(c.files, want);
 }

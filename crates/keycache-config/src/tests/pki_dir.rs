@@ -104,11 +104,10 @@ fn master_config_cluster_fixture_uses_cluster_pki_dir() {
 
 #[test]
 fn master_config_cluster_id_without_cluster_pki_dir_falls_back_to_pki_dir() {
-    let t = scratch(&[(
+    let (_t, c) = loaded(&[(
         "master",
         "root_dir: /srv/root\npki_dir: /pki\ncluster_id: c1\n",
     )]);
-    let c = load_dir(t.path()).unwrap();
     assert!(c.clustered);
     // Salt: cluster_pki_dir = pki_dir (after the root_dir prefix).
     assert_eq!(
@@ -118,16 +117,14 @@ fn master_config_cluster_id_without_cluster_pki_dir_falls_back_to_pki_dir() {
     assert_eq!(c.store_dir().value, Path::new("/srv/root/pki"));
     assert!(c.notes.iter().any(|n| n.contains("falls back to pki_dir")));
     // An empty cluster_pki_dir too.
-    let t = scratch(&[("master", "cluster_id: c1\ncluster_pki_dir: ''\n")]);
-    let c = load_dir(t.path()).unwrap();
+    let (_t, c) = loaded(&[("master", "cluster_id: c1\ncluster_pki_dir: ''\n")]);
     assert_eq!(c.store_dir().value, Path::new(DEFAULT_PKI_DIR));
 }
 
 #[test]
 fn master_config_cluster_pki_dir_without_cluster_id_is_ignored() {
     for cid in ["", "cluster_id: null\n", "cluster_id: ~\n"] {
-        let t = scratch(&[("master", &format!("{cid}cluster_pki_dir: /srv/c\n"))]);
-        let c = load_dir(t.path()).unwrap();
+        let (_t, c) = loaded(&[("master", &format!("{cid}cluster_pki_dir: /srv/c\n"))]);
         assert!(!c.clustered);
         assert_eq!(c.cluster_pki_dir(), None);
         assert_eq!(c.store_dir().value, Path::new(DEFAULT_PKI_DIR));
@@ -139,26 +136,23 @@ fn master_config_cluster_pki_dir_without_cluster_id_is_ignored() {
     // cluster_id set but false to Python ('' or 0): Salt's apply_master_config
     // sets cluster_pki_dir, mmap_key's init_kwargs still picks pki_dir.
     for cid in ["''", "0"] {
-        let t = scratch(&[(
+        let (_t, c) = loaded(&[(
             "master",
             &format!("cluster_id: {cid}\ncluster_pki_dir: /srv/c\n"),
         )]);
-        let c = load_dir(t.path()).unwrap();
         assert!(!c.clustered);
         assert_eq!(c.cluster_pki_dir().unwrap().value, Path::new("/srv/c"));
         assert_eq!(c.store_dir().value, Path::new(DEFAULT_PKI_DIR));
     }
     // An integer cluster_id is set (Salt's _validate_opts takes str(1)).
-    let t = scratch(&[("master", "cluster_id: 7\ncluster_pki_dir: /srv/c\n")]);
-    let c = load_dir(t.path()).unwrap();
+    let (_t, c) = loaded(&[("master", "cluster_id: 7\ncluster_pki_dir: /srv/c\n")]);
     assert!(c.clustered);
     assert_eq!(c.store_dir().value, Path::new("/srv/c"));
 }
 
 #[test]
 fn master_config_relative_cluster_pki_dir_is_the_working_directorys_and_noted() {
-    let t = scratch(&[("master", "cluster_id: c\ncluster_pki_dir: rel/c\n")]);
-    let c = load_dir(t.path()).unwrap();
+    let (_t, c) = loaded(&[("master", "cluster_id: c\ncluster_pki_dir: rel/c\n")]);
     let cwd = std::env::current_dir().unwrap();
     assert_eq!(c.store_dir().value, cwd.join("rel/c"));
     let notes = c.notes.join("\n");
@@ -204,8 +198,7 @@ fn master_config_root_dir_prefixes_pki_dir_as_salt_does() {
         if let Some(p) = pki {
             text += &format!("pki_dir: {p}\n");
         }
-        let t = scratch(&[("master", &text)]);
-        let c = load_dir(t.path()).unwrap();
+        let (_t, c) = loaded(&[("master", &text)]);
         assert_eq!(c.store_dir().value, Path::new(want), "{root:?} {pki:?}");
     }
     // cluster_pki_dir is not prefixed.

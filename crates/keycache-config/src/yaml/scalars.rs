@@ -68,14 +68,17 @@ fn sexagesimal(s: &str) -> bool {
     !rest.is_empty()
         && first.starts_with(|c: char| ('1'..='9').contains(&c))
         && all(first, |c| c.is_ascii_digit() || c == '_')
-        && rest.iter().all(|p| {
-            let b = p.as_bytes();
-            match b.len() {
-                1 => b[0].is_ascii_digit(),
-                2 => (b'0'..=b'5').contains(&b[0]) && b[1].is_ascii_digit(),
-                _ => false,
-            }
-        })
+        && rest.iter().all(|p| base_60_digit(p))
+}
+
+/// A sexagesimal part after the first: `[0-9]` or `[0-5][0-9]`.
+fn base_60_digit(p: &str) -> bool {
+    let b = p.as_bytes();
+    match b.len() {
+        1 => b[0].is_ascii_digit(),
+        2 => (b'0'..=b'5').contains(&b[0]) && b[1].is_ascii_digit(),
+        _ => false,
+    }
 }
 
 fn exponent(s: &str) -> bool {
@@ -128,16 +131,7 @@ fn sexagesimal_float_head(s: &str) -> bool {
     let mut parts = s.split(':');
     let first = parts.next().unwrap_or("");
     let rest: Vec<&str> = parts.collect();
-    !rest.is_empty()
-        && digits_lead(first)
-        && rest.iter().all(|p| {
-            let b = p.as_bytes();
-            match b.len() {
-                1 => b[0].is_ascii_digit(),
-                2 => (b'0'..=b'5').contains(&b[0]) && b[1].is_ascii_digit(),
-                _ => false,
-            }
-        })
+    !rest.is_empty() && digits_lead(first) && rest.iter().all(|p| base_60_digit(p))
 }
 
 /// PyYAML's int regex.

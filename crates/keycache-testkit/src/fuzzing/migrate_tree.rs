@@ -16,7 +16,7 @@ use keycache::store::{KeyState, Store};
 use keycache::verify;
 use keycache::MinionId;
 
-use super::{opts, snapshot, state_of, Input};
+use super::{banks_of, opts, snapshot, state_of, Input};
 
 const NAME_POOL: [&[u8]; 12] = [
     b"web-01",
@@ -361,20 +361,8 @@ pub fn migrate_tree(data: &[u8]) {
         return;
     }
     let s = Store::open_with(&out, &opts(params)).expect("open the result");
-    let keys: Vec<(String, KeyState, Vec<u8>)> = s
-        .keys(None)
-        .expect("list")
-        .map(|r| {
-            let (id, e) = r.expect("entry");
-            (id, e.state, e.public_key)
-        })
-        .collect();
+    let (keys, denied) = banks_of(&s);
     assert_eq!(keys, final_keys, "keys bank");
-    let denied: Vec<(String, Vec<u8>)> = s
-        .denied_keys()
-        .expect("list")
-        .map(|r| r.expect("entry"))
-        .collect();
     assert_eq!(denied, final_denied, "denied bank");
     let f = verify::verify_store(&s).expect("verify");
     assert!(f.is_empty(), "verify: {f:?}");

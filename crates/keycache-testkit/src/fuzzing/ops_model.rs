@@ -10,7 +10,7 @@ use keycache::store::{KeyState, Store};
 use keycache::verify;
 use keycache::MinionId;
 
-use super::{opts, state_of, Input};
+use super::{banks_of, opts, state_of, Input};
 
 const POOL: [&str; 10] = [
     "a",
@@ -247,25 +247,13 @@ fn check_model(store: &Store, m: &Model, what: &str) {
             "{what}: denied[{id}]"
         );
     }
-    let keys: Vec<(String, KeyState, Vec<u8>)> = store
-        .keys(None)
-        .expect("list")
-        .map(|r| {
-            let (id, e) = r.expect("entry");
-            (id, e.state, e.public_key)
-        })
-        .collect();
+    let (keys, denied) = banks_of(store);
     let want: Vec<(String, KeyState, Vec<u8>)> = m
         .korder
         .iter()
         .map(|id| (id.clone(), m.keys[id].0, m.keys[id].1.clone()))
         .collect();
     assert_eq!(keys, want, "{what}: keys listing");
-    let denied: Vec<(String, Vec<u8>)> = store
-        .denied_keys()
-        .expect("list")
-        .map(|r| r.expect("entry"))
-        .collect();
     let want: Vec<(String, Vec<u8>)> = m
         .dorder
         .iter()

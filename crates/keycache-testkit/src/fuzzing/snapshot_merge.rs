@@ -15,7 +15,7 @@ use std::sync::OnceLock;
 use keycache::history::Kind;
 use keycache::merge::{self, Action, MergeOptions};
 use keycache::snapshot::{self, Snapshot, SnapshotOptions};
-use keycache::{KeyState, MinionId, OpenOptions, Params, Store};
+use keycache::{KeyState, MinionId, OpenOptions, Store};
 
 /// A store made once per process: a few keys in every state, a denied
 /// key, a tombstone, and its history on disk.
@@ -47,13 +47,8 @@ fn store_dir() -> &'static Path {
 }
 
 fn open(d: &Path) -> Store {
-    let opts = OpenOptions {
-        params: Params {
-            size: 61,
-            ..Params::default()
-        },
-        ..OpenOptions::default()
-    };
+    let mut opts = OpenOptions::default();
+    opts.params.size = 61;
     Store::open_with(d, &opts).expect("open")
 }
 

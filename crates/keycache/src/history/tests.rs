@@ -30,15 +30,31 @@ fn observe(h: &mut History, store: &Store, o: &HistoryOptions) -> Observed {
         .expect("observe")
 }
 
-#[test]
-fn accepts_take_the_last_observation_and_revocations_now() {
+/// A small store in a new directory, and history options on a clock at 1000.
+fn fresh() -> (tempfile::TempDir, Store, Arc<AtomicU64>, HistoryOptions) {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = small_store(dir.path());
     let (t, o) = clocked(1_000);
+    (dir, store, t, o)
+}
+
+/// `mid` put in `state` with the key of `tag`.
+fn put(store: &Store, mid: &str, state: KeyState, tag: &str) {
+    store.put(&id(mid), state, &pem(tag)).expect("put");
+}
+
+/// The history of the store in `dir`, loaded and brought up to date.
+fn observed(dir: &std::path::Path, store: &Store, o: &HistoryOptions) -> History {
+    let mut h = History::load(dir, o).expect("load");
+    observe(&mut h, store, o);
+    h
+}
+
+#[test]
+fn accepts_take_the_last_observation_and_revocations_now() {
+    let (dir, store, t, o) = fresh();
     let mut h = History::load(dir.path(), &o).expect("load");
-    store
-        .put(&id("m1"), KeyState::Pending, &pem("k1"))
-        .expect("put");
+    put(&store, "m1", KeyState::Pending, "k1");
     t.store(2_000, Ordering::SeqCst);
     assert_eq!(observe(&mut h, &store, &o).changed, 1);
     let pending = h.get(Bank::Keys, "m1").expect("recorded");
@@ -72,15 +88,10 @@ fn accepts_take_the_last_observation_and_revocations_now() {
 
 #[test]
 fn the_files_round_trip_and_damage_is_named() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let store = small_store(dir.path());
-    let (_t, o) = clocked(1_000);
-    store
-        .put(&id("m1"), KeyState::Accepted, &pem("k1"))
-        .expect("put");
+    let (dir, store, _t, o) = fresh();
+    put(&store, "m1", KeyState::Accepted, "k1");
     store.deny(&id("m2"), &pem("k2")).expect("deny");
-    let mut h = History::load(dir.path(), &o).expect("load");
-    observe(&mut h, &store, &o);
+    let mut h = observed(dir.path(), &store, &o);
     h.set_in_flight(
         Bank::Keys,
         "m3",
@@ -125,14 +136,9 @@ fn the_files_round_trip_and_damage_is_named() {
 
 #[test]
 fn a_merge_in_flight_is_undone_when_the_banks_kept_the_old_value() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let store = small_store(dir.path());
-    let (t, o) = clocked(1_000);
-    store
-        .put(&id("m1"), KeyState::Accepted, &pem("old"))
-        .expect("put");
-    let mut h = History::load(dir.path(), &o).expect("load");
-    observe(&mut h, &store, &o);
+    let (dir, store, t, o) = fresh();
+    put(&store, "m1", KeyState::Accepted, "old");
+    let mut h = observed(dir.path(), &store, &o);
     let old = h.get(Bank::Keys, "m1").expect("recorded");
     // A merge recorded a tombstone, then died before its bank writes.
     h.set_in_flight(Bank::Keys, "m1", Version::absent(5_000));
@@ -157,14 +163,9 @@ fn a_merge_in_flight_is_undone_when_the_banks_kept_the_old_value() {
 
 #[test]
 fn a_merge_in_flight_is_settled_when_the_banks_took_the_new_value() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let store = small_store(dir.path());
-    let (t, o) = clocked(1_000);
-    store
-        .put(&id("m1"), KeyState::Accepted, &pem("old"))
-        .expect("put");
-    let mut h = History::load(dir.path(), &o).expect("load");
-    observe(&mut h, &store, &o);
+    let (dir, store, t, o) = fresh();
+    put(&store, "m1", KeyState::Accepted, "old");
+    let mut h = observed(dir.path(), &store, &o);
     h.set_in_flight(Bank::Keys, "m1", Version::absent(5_000));
     h.save(dir.path(), &o).expect("save");
     // The merge's bank write (a merge's batch logs no removal).
@@ -194,11 +195,8 @@ fn a_wiped_store_begins_a_new_history_and_deletes_nothing() {
     let (_t, o) = clocked(1_000);
     {
         let store = small_store(dir.path());
-        store
-            .put(&id("m1"), KeyState::Accepted, &pem("k1"))
-            .expect("put");
-        let mut h = History::load(dir.path(), &o).expect("load");
-        observe(&mut h, &store, &o);
+        put(&store, "m1", KeyState::Accepted, "k1");
+        let mut h = observed(dir.path(), &store, &o);
         h.save(dir.path(), &o).expect("save");
     }
     let first = History::load(dir.path(), &o).expect("load").identity.store;
@@ -220,15 +218,10 @@ fn a_wiped_store_begins_a_new_history_and_deletes_nothing() {
 
 #[test]
 fn tombstones_older_than_the_horizon_are_forgotten() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let store = small_store(dir.path());
-    let (t, mut o) = clocked(1_000);
+    let (dir, store, t, mut o) = fresh();
     o.horizon = std::time::Duration::from_nanos(10_000);
-    store
-        .put(&id("m1"), KeyState::Pending, &pem("k1"))
-        .expect("put");
-    let mut h = History::load(dir.path(), &o).expect("load");
-    observe(&mut h, &store, &o);
+    put(&store, "m1", KeyState::Pending, "k1");
+    let mut h = observed(dir.path(), &store, &o);
     store.remove(&id("m1")).expect("remove");
     t.store(2_000, Ordering::SeqCst);
     observe(&mut h, &store, &o);
@@ -273,9 +266,7 @@ fn as_version_1(v2: &[u8]) -> Vec<u8> {
 
 #[test]
 fn slots_are_kept_and_a_version_1_file_is_still_read() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let store = small_store(dir.path());
-    let (t, o) = clocked(1_000);
+    let (dir, store, t, o) = fresh();
     for i in 0..5 {
         store
             .put(
@@ -286,8 +277,7 @@ fn slots_are_kept_and_a_version_1_file_is_still_read() {
             .expect("put");
     }
     store.deny(&id("m9"), &pem("k9")).expect("deny");
-    let mut h = History::load(dir.path(), &o).expect("load");
-    observe(&mut h, &store, &o);
+    let mut h = observed(dir.path(), &store, &o);
     h.save(dir.path(), &o).expect("save");
     let before: Vec<(Bank, String, Version)> =
         h.iter().map(|(b, i, v)| (b, i.to_owned(), v)).collect();

@@ -44,6 +44,11 @@ struct Two {
     t: Arc<AtomicU64>,
 }
 
+/// `mid` put in `state` with the key of `tag`.
+fn put(store: &Store, mid: &str, state: KeyState, tag: &str) {
+    store.put(&id(mid), state, &pem(tag)).expect("put");
+}
+
 fn two() -> Two {
     let (da, db) = (
         tempfile::tempdir().expect("dir"),
@@ -59,6 +64,15 @@ fn two() -> Two {
         so,
         t,
     }
+}
+
+/// [`two`] stores that hold `m0` (accepted on A) and have merged both ways.
+fn two_in_step() -> Two {
+    let t = two();
+    put(&t.a, "m0", KeyState::Accepted, "k0");
+    t.pull_b_from_a().expect("merge");
+    t.pull_a_from_b().expect("merge");
+    t
 }
 
 impl Two {
@@ -86,10 +100,8 @@ fn state(s: &Store, i: &str) -> Option<KeyState> {
 #[test]
 fn changes_and_deletions_travel_and_stay() {
     let t = two();
-    t.a.put(&id("m1"), KeyState::Accepted, &pem("k1"))
-        .expect("put");
-    t.a.put(&id("m2"), KeyState::Pending, &pem("k2"))
-        .expect("put");
+    put(&t.a, "m1", KeyState::Accepted, "k1");
+    put(&t.a, "m2", KeyState::Pending, "k2");
     assert_eq!(t.pull_b_from_a().expect("merge").counts().added, 2);
     t.a.remove(&id("m1")).expect("delete");
     t.b.set_state(&id("m2"), KeyState::Accepted)
@@ -113,8 +125,7 @@ fn changes_and_deletions_travel_and_stay() {
 #[test]
 fn a_deletion_seen_later_still_beats_an_earlier_accept() {
     let t = two();
-    t.a.put(&id("m1"), KeyState::Pending, &pem("k1"))
-        .expect("put");
+    put(&t.a, "m1", KeyState::Pending, "k1");
     t.pull_b_from_a().expect("merge");
     // b accepts, then a deletes; b's accept is seen only after a's deletion.
     t.b.set_state(&id("m1"), KeyState::Accepted)
@@ -135,16 +146,10 @@ fn an_entry_added_and_deleted_between_two_observations_leaves_a_tombstone() {
     // The removal log: A (with a history) accepts and deletes m1 between
     // two merges; B accepted m1 before A's deletion. A's next merge from B
     // must not take B's accept back, and B's next merge from A deletes it.
-    let t = two();
-    t.a.put(&id("m0"), KeyState::Accepted, &pem("k0"))
-        .expect("put");
-    t.pull_b_from_a().expect("merge");
-    t.pull_a_from_b().expect("merge");
-    t.b.put(&id("m1"), KeyState::Accepted, &pem("k1"))
-        .expect("put");
+    let t = two_in_step();
+    put(&t.b, "m1", KeyState::Accepted, "k1");
     let old_b = t.snap(&t.b);
-    t.a.put(&id("m1"), KeyState::Accepted, &pem("k1"))
-        .expect("put");
+    put(&t.a, "m1", KeyState::Accepted, "k1");
     t.a.remove(&id("m1")).expect("delete");
     let log = t.a.dir().join(crate::format::REMOVALS_FILE);
     assert!(
@@ -172,8 +177,7 @@ fn an_entry_added_and_deleted_between_two_observations_leaves_a_tombstone() {
     t.pull_b_from_a().expect("merge");
     t.b.remove(&id("m0")).expect("delete");
     t.pull_a_from_b().expect("merge");
-    t.a.put(&id("m0"), KeyState::Accepted, &pem("k0"))
-        .expect("put");
+    put(&t.a, "m0", KeyState::Accepted, "k0");
     t.a.remove(&id("m0")).expect("delete");
     t.a.put(&id("m0"), KeyState::Accepted, &pem("k0"))
         .expect("accept again");
@@ -191,11 +195,7 @@ fn a_minion_pending_on_both_masters_is_accepted_on_both_by_one_accept() {
     // A; B noticed its pending key after A's last observation. B's pending
     // key (a first sign-in) revokes nothing: A's accept travels to B and
     // stays on A, whichever way the merges run first.
-    let t = two();
-    t.a.put(&id("m0"), KeyState::Accepted, &pem("k0"))
-        .expect("put");
-    t.pull_b_from_a().expect("merge");
-    t.pull_a_from_b().expect("merge");
+    let t = two_in_step();
     t.a.put(&id("m1"), KeyState::Pending, &pem("k1"))
         .expect("sign-in on a");
     t.b.put(&id("m1"), KeyState::Pending, &pem("k1"))
@@ -234,8 +234,7 @@ fn a_minion_pending_on_both_masters_is_accepted_on_both_by_one_accept() {
 #[test]
 fn a_store_that_never_merged_logs_no_removal() {
     let t = two();
-    t.a.put(&id("m1"), KeyState::Accepted, &pem("k1"))
-        .expect("put");
+    put(&t.a, "m1", KeyState::Accepted, "k1");
     t.a.remove(&id("m1")).expect("delete");
     assert!(!t.a.dir().join(crate::format::REMOVALS_FILE).exists());
 }
@@ -246,8 +245,7 @@ fn tombstones_of_absent_entries_are_recorded_for_later_merges() {
     let t = two();
     let dc = tempfile::tempdir().expect("dir");
     let c = small_store(dc.path());
-    t.a.put(&id("m1"), KeyState::Accepted, &pem("k1"))
-        .expect("put");
+    put(&t.a, "m1", KeyState::Accepted, "k1");
     t.pull_b_from_a().expect("merge");
     t.a.remove(&id("m1")).expect("delete");
     let from_a = t.snap(&t.a);
@@ -261,8 +259,7 @@ fn tombstones_of_absent_entries_are_recorded_for_later_merges() {
 #[test]
 fn own_and_foreign_snapshots_are_refused_and_write_nothing() {
     let t = two();
-    t.a.put(&id("m1"), KeyState::Accepted, &pem("k1"))
-        .expect("put");
+    put(&t.a, "m1", KeyState::Accepted, "k1");
     let own = t.snap(&t.a);
     let e = merge(&t.a, &own, &t.mo).expect_err("own");
     assert!(
@@ -271,8 +268,7 @@ fn own_and_foreign_snapshots_are_refused_and_write_nothing() {
     );
     std::fs::write(t.a.dir().join("master.pub"), pem("clusterA")).expect("key");
     std::fs::write(t.b.dir().join("master.pub"), pem("clusterB")).expect("key");
-    t.b.put(&id("x1"), KeyState::Accepted, &pem("x1"))
-        .expect("put");
+    put(&t.b, "x1", KeyState::Accepted, "x1");
     let e = t.pull_a_from_b().expect_err("foreign");
     assert!(
         matches!(&e, Error::MergeRefused { why } if why.contains("another cluster")),
@@ -287,8 +283,7 @@ fn own_and_foreign_snapshots_are_refused_and_write_nothing() {
 #[test]
 fn older_snapshots_of_a_peer_are_refused() {
     let t = two();
-    t.b.put(&id("m1"), KeyState::Accepted, &pem("k1"))
-        .expect("put");
+    put(&t.b, "m1", KeyState::Accepted, "k1");
     let old = t.snap(&t.b);
     t.b.remove(&id("m1")).expect("delete");
     let new = t.snap(&t.b);
@@ -320,12 +315,7 @@ fn clocks_too_far_ahead_and_snapshots_past_the_horizon_are_refused() {
 fn a_mass_revocation_is_refused_unless_allowed() {
     let t = two();
     for n in 0..30 {
-        t.a.put(
-            &id(&format!("m{n}")),
-            KeyState::Accepted,
-            &pem(&format!("k{n}")),
-        )
-        .expect("put");
+        put(&t.a, &format!("m{n}"), KeyState::Accepted, &format!("k{n}"));
     }
     t.pull_b_from_a().expect("merge");
     for n in 0..24 {
@@ -348,12 +338,7 @@ fn a_mass_revocation_is_refused_unless_allowed() {
     // Under the floor, any share may go.
     let u = two();
     for n in 0..4 {
-        u.a.put(
-            &id(&format!("m{n}")),
-            KeyState::Accepted,
-            &pem(&format!("k{n}")),
-        )
-        .expect("put");
+        put(&u.a, &format!("m{n}"), KeyState::Accepted, &format!("k{n}"));
     }
     u.pull_b_from_a().expect("merge");
     for n in 0..4 {
@@ -365,8 +350,7 @@ fn a_mass_revocation_is_refused_unless_allowed() {
 #[test]
 fn values_that_are_not_public_keys_refuse_the_merge_naming_the_id() {
     let t = two();
-    t.a.put(&id("good"), KeyState::Accepted, &pem("ok"))
-        .expect("put");
+    put(&t.a, "good", KeyState::Accepted, "ok");
     let mut s = t.snap(&t.a);
     for (key, what) in [
         (b"not a key at all".to_vec(), "not a public key"),
@@ -413,8 +397,7 @@ fn an_old_accept_unknown_to_an_old_store_is_held_pending() {
 #[test]
 fn a_writer_in_between_makes_the_plan_stale_and_merge_plans_again() {
     let t = two();
-    t.a.put(&id("m1"), KeyState::Accepted, &pem("k1"))
-        .expect("put");
+    put(&t.a, "m1", KeyState::Accepted, "k1");
     t.pull_b_from_a().expect("merge");
     t.a.remove(&id("m1")).expect("delete");
     let s = t.snap(&t.a);

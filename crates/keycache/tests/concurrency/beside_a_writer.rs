@@ -195,11 +195,9 @@ fn readers_see_only_values_that_were_written() {
                         Ok(None) => {}
                         Err(e) => problems.add(format!("reader {r}: Reader::get_in: {e}")),
                     }
-                    match reader.denied(id) {
-                        Ok(Some(v)) => check_denied(denied, problems, id, &v),
-                        Ok(None) => {}
-                        Err(e) => problems.add(format!("reader {r}: Reader::denied({id}): {e}")),
-                    }
+                    check_denied_read(denied, problems, id, reader.denied(id), || {
+                        format!("reader {r}: Reader::denied({id})")
+                    });
                     // The allocation-free forms, through buffers reused all along.
                     match s.get_in(id, &mut buf) {
                         Ok(Some(e)) => check_key(keys, problems, "get_in", id, &e.to_entry()),
@@ -214,11 +212,9 @@ fn readers_see_only_values_that_were_written() {
                         Ok(None) => {}
                         Err(e) => problems.add(format!("reader {r}: get({id}): {e}")),
                     }
-                    match s.denied(id) {
-                        Ok(Some(v)) => check_denied(denied, problems, id, &v),
-                        Ok(None) => {}
-                        Err(e) => problems.add(format!("reader {r}: denied({id}): {e}")),
-                    }
+                    check_denied_read(denied, problems, id, s.denied(id), || {
+                        format!("reader {r}: denied({id})")
+                    });
                     n += 2;
                     if n.is_multiple_of(64) {
                         let some: Vec<MinionId> = (0..8).map(|_| rng.pick(ids).clone()).collect();

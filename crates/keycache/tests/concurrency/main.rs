@@ -9,29 +9,15 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
-use std::time::Duration;
 
-use keycache::format::Params;
 use keycache::store::encode_key_value;
-use keycache::{KeyState, MinionId, OpenOptions};
+use keycache::{KeyState, MinionId};
+use keycache_testkit::common::refreshed_every as opts;
 use keycache_testkit::rng::Rng;
 
 mod beside_a_writer;
 mod never_wait;
 mod salt_rewrite;
-
-fn opts(size: u64, max_segment_bytes: u64, refresh_ms: u64) -> OpenOptions {
-    OpenOptions {
-        params: Params {
-            size,
-            max_segment_bytes,
-            ..Params::default()
-        },
-        refresh: Duration::from_millis(refresh_ms),
-        ownership: None,
-        ..OpenOptions::default()
-    }
-}
 
 /// A random key state.
 fn random_state(rng: &mut Rng) -> KeyState {
@@ -120,6 +106,22 @@ fn check_key(w: &Written, p: &Problems, what: &str, id: &MinionId, e: &keycache:
             e.state,
             String::from_utf8_lossy(&e.public_key)
         ));
+    }
+}
+
+/// A denied lookup's answer: [`check_denied`] when found, a problem (named
+/// by `what`) when the lookup failed.
+fn check_denied_read(
+    w: &Written,
+    p: &Problems,
+    id: &MinionId,
+    got: keycache::Result<Option<Vec<u8>>>,
+    what: impl FnOnce() -> String,
+) {
+    match got {
+        Ok(Some(v)) => check_denied(w, p, id, &v),
+        Ok(None) => {}
+        Err(e) => p.add(format!("{}: {e}", what())),
     }
 }
 

@@ -3,6 +3,7 @@
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -34,13 +35,7 @@ fn salt_style_in_place_rewrites_never_yield_a_wrong_value() {
     let (rec_a, rec_b) = (rec(&va), rec(&vb));
 
     // Find the slot and check it points at offset 0 of the heap.
-    let p = Params {
-        size: 17,
-        ..Params::default()
-    };
-    let index_path = d.path().join(KEYS_INDEX);
-    let heap_path = d.path().join(format!("{KEYS_INDEX}.heap"));
-    let index = std::fs::read(&index_path).unwrap();
+    let (p, index_path, heap_path, index) = keys_bank(d.path());
     let slot = (1..p.size)
         .find(|&i| {
             let b = &index[p.slot_offset(i)..p.slot_offset(i) + p.slot_used()];
@@ -174,13 +169,7 @@ fn a_length_caught_between_its_byte_stores_is_read_again() {
     s.put(&target, KeyState::Accepted, &old).unwrap();
     let vb = encode_key_value(KeyState::Rejected, &new);
     assert_eq!(vb.len(), 256);
-    let p = Params {
-        size: 17,
-        ..Params::default()
-    };
-    let index_path = d.path().join(KEYS_INDEX);
-    let heap_path = d.path().join(format!("{KEYS_INDEX}.heap"));
-    let index = std::fs::read(&index_path).unwrap();
+    let (p, index_path, heap_path, index) = keys_bank(d.path());
     let slot = (1..p.size)
         .find(|&i| format::slot_id(&p, &index[p.slot_offset(i)..]) == b"target")
         .expect("slot of target");
@@ -251,4 +240,17 @@ fn a_length_caught_between_its_byte_stores_is_read_again() {
             "{reader} must wait for the length to be finished"
         );
     }
+}
+
+/// The layout of these stores (17 slots), the paths of the keys bank's
+/// index and first heap segment, and the index's bytes.
+fn keys_bank(dir: &Path) -> (Params, PathBuf, PathBuf, Vec<u8>) {
+    let p = Params {
+        size: 17,
+        ..Params::default()
+    };
+    let index_path = dir.join(KEYS_INDEX);
+    let heap_path = dir.join(format!("{KEYS_INDEX}.heap"));
+    let index = std::fs::read(&index_path).unwrap();
+    (p, index_path, heap_path, index)
 }

@@ -335,18 +335,15 @@ def _rebuild_from_localfs(module, opts, request):
     import json
     import subprocess
 
+    from cli_support import layout_args  # salt_suite: the tests' own CLI helper
+
     keycache_bin = request.getfixturevalue("keycache_bin")
     cmd = [
         keycache_bin,
         "migrate",
         "--json",
         "--no-master-keys",
-        "--size",
-        str(opts["mmap_key_size"]),
-        "--slot-size",
-        str(opts["mmap_key_slot_size"]),
-        "--id-size",
-        str(opts["mmap_key_id_size"]),
+        *layout_args(opts),
         opts["pki_dir"],
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)

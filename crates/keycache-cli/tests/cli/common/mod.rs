@@ -64,6 +64,14 @@ pub fn sample_store(dir: &Path) {
     ]);
 }
 
+/// A new temporary directory with the [`sample_store`] in its `store/`.
+pub fn sample_store_dir() -> (tempfile::TempDir, PathBuf) {
+    let t = tempfile::tempdir().unwrap();
+    let st = t.path().join("store");
+    sample_store(&st);
+    (t, st)
+}
+
 /// A path as a `&str` argument (the tests' paths are UTF-8).
 pub fn s(p: &Path) -> &str {
     p.to_str().expect("a UTF-8 path")
@@ -141,6 +149,15 @@ pub fn finding_whats(report: &Value) -> Vec<&str> {
         .expect("a findings list")
         .iter()
         .map(|f| f["finding"]["what"].as_str().expect("a finding"))
+        .collect()
+}
+
+/// The strings of the JSON array `v` (each must be one).
+pub fn strings(v: &Value) -> Vec<&str> {
+    v.as_array()
+        .expect("an array")
+        .iter()
+        .map(|x| x.as_str().expect("a string"))
         .collect()
 }
 

@@ -8,6 +8,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use super::strings;
 use keycache_testkit::cmd::check_ok;
 use keycache_testkit::common::{py_dir, python, Params, ParamsExt, TREE_DIRS};
 use serde_json::{json, Value};
@@ -138,6 +139,12 @@ pub fn salt_crypto(what: &str) -> bool {
     ok
 }
 
+/// A scratch directory for the test `what`, or `None` (the test reported
+/// skipped) when the venv's Salt cannot run MasterKeys ([`salt_crypto`]).
+pub fn crypto_scratch(what: &str) -> Option<tempfile::TempDir> {
+    salt_crypto(what).then(|| tempfile::tempdir().unwrap())
+}
+
 /// Creates `path` (and parents) with mode 0700.
 pub fn private_dir(path: &Path) -> PathBuf {
     std::fs::create_dir_all(path).unwrap();
@@ -184,12 +191,7 @@ pub fn check_served(served: &Value, before: &Value, files: &[(String, PathBuf)])
         let f = &served["fetch"][name];
         assert_eq!(f["equal"], json!(true), "fetch(master_keys, {name}): {f}");
     }
-    let listed: Vec<&str> = served["list"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_str().unwrap())
-        .collect();
+    let listed: Vec<&str> = strings(&served["list"]);
     for (name, _) in files {
         assert!(
             listed.contains(&name.as_str()),

@@ -66,6 +66,15 @@ fn check_value(id: &str, v: &[u8]) -> Result<(), String> {
 
 type Final = BTreeMap<String, Option<(String, String)>>;
 
+/// A writer's record before its first write: no key and no denied key for
+/// any of its `ids`.
+fn none_yet(ids: &[String]) -> (Final, BTreeMap<String, Option<String>>) {
+    (
+        ids.iter().map(|i| (i.clone(), None)).collect(),
+        ids.iter().map(|i| (i.clone(), None)).collect(),
+    )
+}
+
 fn state_name(s: KeyState) -> &'static str {
     s.name()
 }
@@ -219,9 +228,7 @@ fn run(secs: u64) -> u64 {
         let (store, stop, ids) = (store.clone(), stop.clone(), t_ids.clone());
         std::thread::spawn(move || {
             let mut rng = Rng::new(0xA11CE);
-            let mut keys: Final = ids.iter().map(|i| (i.clone(), None)).collect();
-            let mut denied: BTreeMap<String, Option<String>> =
-                ids.iter().map(|i| (i.clone(), None)).collect();
+            let (mut keys, mut denied) = none_yet(&ids);
             let mut n = 0u64;
             let mut ops = 0u64;
             let mut compactions = 0u64;
@@ -353,9 +360,7 @@ fn run(secs: u64) -> u64 {
         let (stop, ids, dir) = (stop.clone(), s_ids.clone(), dir.clone());
         std::thread::spawn(move || {
             let mut rng = Rng::new(0x5A17);
-            let mut keys: Final = ids.iter().map(|i| (i.clone(), None)).collect();
-            let mut denied: BTreeMap<String, Option<String>> =
-                ids.iter().map(|i| (i.clone(), None)).collect();
+            let (mut keys, mut denied) = none_yet(&ids);
             let mut n = 0u64;
             let mut runs = 0u64;
             let mut ops_total = 0u64;

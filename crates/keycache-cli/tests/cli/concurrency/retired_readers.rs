@@ -107,25 +107,40 @@ fn lookups(
     ]
 }
 
+/// Every lookup form for `VICTIM` gives `want` (`when`: the moment, for the message).
+fn assert_lookups(
+    store: &Store,
+    reader: &mut keycache::Reader<'_>,
+    want: Result<bool, String>,
+    when: &str,
+) {
+    for (form, got) in lookups(store, reader) {
+        assert_eq!(got, want, "{form}: {when}");
+    }
+}
+
+/// A new directory [`populate`]d at size 1009, and the store opened as a reader.
+fn populated() -> (tempfile::TempDir, Store) {
+    let t = tempfile::tempdir().unwrap();
+    populate(t.path(), 1009);
+    let store = Store::open_with(t.path(), &reader_opts(1009)).unwrap();
+    (t, store)
+}
+
 #[test]
 fn a_compaction_then_a_delete_is_seen_by_the_next_lookup() {
-    let t = tempfile::tempdir().unwrap();
-    let dir = t.path();
-    populate(dir, 1009);
-    let store = Store::open_with(dir, &reader_opts(1009)).unwrap();
+    let (t, store) = populated();
     let mut reader = store.reader();
-    for (form, got) in lookups(&store, &mut reader) {
-        assert_eq!(got, Ok(true), "{form} before the compaction");
-    }
+    assert_lookups(&store, &mut reader, Ok(true), "before the compaction");
+    let dir = t.path();
     ok(&cli(dir, 1009, &["compact"]));
     ok(&cli(dir, 1009, &["delete", VICTIM]));
-    for (form, got) in lookups(&store, &mut reader) {
-        assert_eq!(
-            got,
-            Ok(false),
-            "{form}: the deleted key, after compact + delete"
-        );
-    }
+    assert_lookups(
+        &store,
+        &mut reader,
+        Ok(false),
+        "the deleted key, after compact + delete",
+    );
     // The other entries are read from the new files.
     let other = MinionId::new("m07.example.com").unwrap();
     assert_eq!(
@@ -140,14 +155,10 @@ fn a_compaction_then_a_delete_is_seen_by_the_next_lookup() {
 
 #[test]
 fn a_compaction_into_another_size_then_a_delete_is_refused_not_answered() {
-    let t = tempfile::tempdir().unwrap();
-    let dir = t.path();
-    populate(dir, 1009);
-    let store = Store::open_with(dir, &reader_opts(1009)).unwrap();
+    let (t, store) = populated();
     let mut reader = store.reader();
-    for (form, got) in lookups(&store, &mut reader) {
-        assert_eq!(got, Ok(true), "{form} before the compaction");
-    }
+    assert_lookups(&store, &mut reader, Ok(true), "before the compaction");
+    let dir = t.path();
     ok(&cli(dir, 1009, &["compact", "--to-size", "2003"]));
     ok(&cli(dir, 2003, &["delete", VICTIM]));
     // The handle's layout no longer fits the files: every lookup refuses,
@@ -173,11 +184,9 @@ fn a_marked_index_that_is_still_the_banks_is_read() {
     // Between a rebuild's mark and its renames (or after a rebuild killed
     // there, until its journal is finished), the marked index is still the
     // bank's: lookups answer from it, and Salt reads it.
-    let t = tempfile::tempdir().unwrap();
+    let (t, store) = populated();
     let dir = t.path();
-    populate(dir, 1009);
     let index = dir.join(keycache::format::KEYS_INDEX);
-    let store = Store::open_with(dir, &reader_opts(1009)).unwrap();
     let mut reader = store.reader();
     let f = std::fs::OpenOptions::new()
         .write(true)
@@ -186,9 +195,12 @@ fn a_marked_index_that_is_still_the_banks_is_read() {
     assert_eq!(std::fs::read(&index).unwrap()[0], 0xAB);
     std::os::unix::fs::FileExt::write_all_at(&f, &[RETIRED_MAGIC], 0).unwrap();
     for _ in 0..3 {
-        for (form, got) in lookups(&store, &mut reader) {
-            assert_eq!(got, Ok(true), "{form} on a marked index still in place");
-        }
+        assert_lookups(
+            &store,
+            &mut reader,
+            Ok(true),
+            "on a marked index still in place",
+        );
     }
     let salt_view = salt(dir, &layout(1009), &["dump"], None);
     assert_eq!(salt_view["keys"][VICTIM]["state"], "accepted");

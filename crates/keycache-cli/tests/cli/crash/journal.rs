@@ -8,8 +8,6 @@
 use crate::common;
 use crate::common::ParamsExt;
 
-use std::time::Duration;
-
 use keycache::Store;
 use keycache_testkit::crash::{assert_clean, history_store, layout, opts};
 use keycache_testkit::rng::Rng;
@@ -24,22 +22,13 @@ fn journal_of_a_moved_store_rolls_forward_and_never_reaches_outside() {
     let t = tempfile::tempdir().unwrap();
     let dir = t.path().join("a/store");
     let want = history_store(&dir, &mut Rng::new(7));
-    let mut renames = 0;
     let mut cmd = kc.cmd();
     // A relative path, as an operator would type it.
     cmd.current_dir(t.path().join("a"))
         .arg("compact")
         .arg("store")
         .args(layout().args());
-    let end = tracer::run(cmd, Duration::from_secs(60), |s| {
-        if s.entry && tracer::is_rename(s.nr) {
-            renames += 1;
-            if renames == 3 {
-                return tracer::Action::Kill;
-            }
-        }
-        tracer::Action::Go
-    });
+    let end = tracer::kill_at_rename(cmd, 3);
     assert!(end.killed);
     let moved = t.path().join("b");
     std::fs::rename(t.path().join("a"), &moved).unwrap();

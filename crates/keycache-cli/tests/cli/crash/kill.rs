@@ -22,26 +22,20 @@ use std::io::{BufRead, BufReader};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use keycache_testkit::crash::{
-    check_crashed, kills, models, parse_log, temp_files, writer_command, Model, SaltCheck, Tally,
-};
+use super::KilledWriters;
+use keycache_testkit::crash::{kills, temp_files, writer_command};
 use keycache_testkit::rng::Rng;
 
 #[test]
 fn writer_killed_at_random_moments() {
     let kc = common::cli();
     let n = kills();
-    let t = tempfile::tempdir().unwrap();
-    let dir = t.path().join("store");
-    std::fs::create_dir(&dir).unwrap();
+    let mut w = KilledWriters::new();
+    let dir = w.dir().to_path_buf();
     let mut rng = Rng::new(0x1234_5678_9abc);
-    let mut model = Model::default();
-    let mut seq = 0;
-    let mut tally = Tally::default();
-    let mut salt = SaltCheck::default();
     let start = Instant::now();
     for k in 0..n {
-        let mut child = writer_command(&dir, rng.next(), seq, None)
+        let mut child = writer_command(&dir, rng.next(), w.seq, None)
             .stdout(Stdio::piped())
             .spawn()
             .unwrap();
@@ -68,20 +62,14 @@ fn writer_killed_at_random_moments() {
         let status = child.wait().unwrap();
         assert!(!status.success());
         let text = reader.join().unwrap();
-        let log = parse_log(&text, seq);
-        assert!(log.error.is_none(), "writer failed: {:?}", log.error);
-        let (before, after, _) = models(&model, &log);
-        model = check_crashed(&kc, &dir, &before, &after, &format!("kill {k}"), &mut tally);
-        seq = log.next_seq;
-        if k % 10 == 9 {
-            salt.add(&dir, t.path().join(format!("salt-{k}")));
-        }
+        w.check(&kc, k, &text, &format!("kill {k}"));
     }
+    let (seq, tally) = (w.seq, &w.tally);
     // A compaction clears what killed rebuilds and roster repairs left.
     let out = kc.run(&dir, &["compact"]);
     ok(&out);
     assert_eq!(temp_files(&dir), Vec::<String>::new());
-    let salted = salt.run("timed kills");
+    let salted = w.salt.run("timed kills");
     eprintln!(
         "timed kills: {n} kills, {seq} ops begun, {} in flight at the kill ({} applied), \
          {} with findings (all repaired), {salted} copies read by Salt, {:.1} s",

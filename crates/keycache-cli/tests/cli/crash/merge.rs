@@ -375,16 +375,7 @@ fn merge_killed_at_random_points_leaves_old_or_new_state_whole() {
         let dir = case.join("store");
         let ctx = match point {
             Some(p) => {
-                let mut c = 0;
-                let end = tracer::run(make(&dir), Duration::from_secs(60), |s| {
-                    if s.entry {
-                        c += 1;
-                        if c == p {
-                            return tracer::Action::Kill;
-                        }
-                    }
-                    tracer::Action::Go
-                });
+                let end = tracer::kill_at(make(&dir), Duration::from_secs(60), p, |_| true);
                 format!("killed at syscall {p} of {total} (killed: {})", end.killed)
             }
             None => {

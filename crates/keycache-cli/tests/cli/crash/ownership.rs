@@ -10,7 +10,6 @@ use crate::common;
 
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::CommandExt;
-use std::time::Duration;
 
 use keycache_testkit::crash::{args_of, assert_clean, history_store, layout};
 use keycache_testkit::rng::Rng;
@@ -38,18 +37,9 @@ fn journal_left_by_root_is_finished_by_the_masters_user() {
     }
     std::os::unix::fs::chown(&dir, Some(uid), Some(gid)).unwrap();
     // Kill root's compaction at its first rename of a bank file.
-    let mut renames = 0;
     let mut cmd = kc.cmd();
     cmd.args(args_of(&dir, &["compact"]));
-    let end = tracer::run(cmd, Duration::from_secs(60), |s| {
-        if s.entry && tracer::is_rename(s.nr) {
-            renames += 1;
-            if renames == 2 {
-                return tracer::Action::Kill;
-            }
-        }
-        tracer::Action::Go
-    });
+    let end = tracer::kill_at_rename(cmd, 2);
     assert!(end.killed);
     let journal = dir.join(keycache::rebuild::JOURNAL);
     let m = std::fs::metadata(&journal).expect("the journal is left");

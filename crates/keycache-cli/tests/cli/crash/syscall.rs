@@ -19,12 +19,13 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use super::KilledWriters;
 use crate::common::{check_ok, pem, Params, ParamsExt, TREE_DIRS};
 use keycache::verify;
 use keycache::Store;
 use keycache_testkit::crash::{
-    args_of, assert_clean, check_crashed, copy_tree, history_store, kill_everywhere, kills, layout,
-    models, parse_log, stdout_of, temp_files, writer_command, Model, SaltCheck, Tally,
+    args_of, assert_clean, copy_tree, history_store, kill_everywhere, kills, layout, stdout_of,
+    temp_files, writer_command, SaltCheck,
 };
 use keycache_testkit::rng::Rng;
 use keycache_testkit::tracer;
@@ -33,14 +34,9 @@ use keycache_testkit::tracer;
 fn writer_killed_at_random_syscalls() {
     let kc = common::cli();
     let n = kills() * 2 / 3;
-    let t = tempfile::tempdir().unwrap();
-    let dir = t.path().join("store");
-    std::fs::create_dir(&dir).unwrap();
+    let mut w = KilledWriters::new();
+    let dir = w.dir().to_path_buf();
     let mut rng = Rng::new(0x7777_1111_3333);
-    let mut model = Model::default();
-    let mut seq = 0;
-    let mut tally = Tally::default();
-    let mut salt = SaltCheck::default();
     let mut by_call: BTreeMap<String, u64> = BTreeMap::new();
     let start = Instant::now();
     for k in 0..n {
@@ -51,7 +47,7 @@ fn writer_killed_at_random_syscalls() {
         let mut last = 0i64;
         let end = tracer::run(
             {
-                let mut c = writer_command(&dir, rng.next(), seq, Some(200));
+                let mut c = writer_command(&dir, rng.next(), w.seq, Some(200));
                 c.stdout(Stdio::null());
                 c
             },
@@ -73,23 +69,10 @@ fn writer_killed_at_random_syscalls() {
         if end.killed {
             *by_call.entry(tracer::syscall_name(last)).or_default() += 1;
         }
-        let log = parse_log(&text, seq);
-        assert!(log.error.is_none(), "writer failed: {:?}", log.error);
-        let (before, after, _) = models(&model, &log);
-        model = check_crashed(
-            &kc,
-            &dir,
-            &before,
-            &after,
-            &format!("syscall kill {k} at #{target}"),
-            &mut tally,
-        );
-        seq = log.next_seq;
-        if k % 10 == 9 {
-            salt.add(&dir, t.path().join(format!("salt-{k}")));
-        }
+        w.check(&kc, k, &text, &format!("syscall kill {k} at #{target}"));
     }
-    let salted = salt.run("syscall kills");
+    let salted = w.salt.run("syscall kills");
+    let tally = &w.tally;
     eprintln!(
         "syscall kills: {n} runs, {} in flight ({} applied), {} with findings, {salted} read by Salt, \
          killed at {by_call:?}, {:.1} s",
@@ -100,32 +83,47 @@ fn writer_killed_at_random_syscalls() {
     );
 }
 
-#[test]
-fn compact_killed_at_every_step() {
+/// `keycache <args>` on a history store (made with `seed`) killed at every
+/// step by [`kill_everywhere`] (as `name`) in `t`; `check(dir, ctx, want)`
+/// judges each image, `want` the store's entries before. What
+/// `kill_everywhere` counted.
+fn killed_at_every_step(
+    t: &Path,
+    seed: u64,
+    name: &str,
+    args: &[&str],
+    check: &mut dyn FnMut(&Path, &str, &serde_json::Value),
+) -> (u64, u64, u64) {
     let kc = common::cli();
-    let t = tempfile::tempdir().unwrap();
-    let template = t.path().join("template");
-    let want = history_store(&template.join("store"), &mut Rng::new(31337));
-    let work = t.path().join("work");
+    let template = t.join("template");
+    let want = history_store(&template.join("store"), &mut Rng::new(seed));
+    let work = t.join("work");
     std::fs::create_dir(&work).unwrap();
     let make = |d: &Path| {
         let mut c = kc.cmd();
-        c.args(args_of(&d.join("store"), &["compact"]))
+        c.args(args_of(&d.join("store"), args))
             .stdout(Stdio::null())
             .stderr(Stdio::null());
         c
     };
+    kill_everywhere(name, &template, &work, kills(), &make, &mut |dir, ctx| {
+        check(dir, ctx, &want)
+    })
+}
+
+#[test]
+fn compact_killed_at_every_step() {
+    let t = tempfile::tempdir().unwrap();
     let mut salt = SaltCheck::default();
     let mut i = 0;
-    let (total, kills, images) = kill_everywhere(
+    let (total, kills, images) = killed_at_every_step(
+        t.path(),
+        31337,
         "compact",
-        &template,
-        &work,
-        kills(),
-        &make,
-        &mut |dir, ctx| {
+        &["compact"],
+        &mut |dir, ctx, want| {
             assert_eq!(
-                common::kc_dump(dir, &layout()),
+                &common::kc_dump(dir, &layout()),
                 want,
                 "{ctx}: entries changed"
             );
@@ -146,24 +144,12 @@ fn compact_killed_at_every_step() {
 fn compact_to_size_killed_at_every_step() {
     let kc = common::cli();
     let t = tempfile::tempdir().unwrap();
-    let template = t.path().join("template");
-    let want = history_store(&template.join("store"), &mut Rng::new(4711));
-    let work = t.path().join("work");
-    std::fs::create_dir(&work).unwrap();
-    let make = |d: &Path| {
-        let mut c = kc.cmd();
-        c.args(args_of(&d.join("store"), &["compact", "--to-size", "211"]))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        c
-    };
-    let (total, kills, images) = kill_everywhere(
+    let (total, kills, images) = killed_at_every_step(
+        t.path(),
+        4711,
         "compact --to-size",
-        &template,
-        &work,
-        kills(),
-        &make,
-        &mut |dir, ctx| {
+        &["compact", "--to-size", "211"],
+        &mut |dir, ctx, want| {
             let len = |n: &str| std::fs::metadata(dir.join(n)).map(|m| m.len()).unwrap_or(0);
             // The CLI, told no size, finishes a pending journal (which may
             // change the size) before it reads the size off the index.
@@ -194,7 +180,7 @@ fn compact_to_size_killed_at_every_step() {
             .unwrap();
             let f = verify::verify_store(&store).unwrap();
             assert!(f.is_empty(), "{ctx}: {f:?}");
-            assert_eq!(common::kc_dump(dir, &l), want, "{ctx}: entries changed");
+            assert_eq!(&common::kc_dump(dir, &l), want, "{ctx}: entries changed");
         },
     );
     eprintln!("compact --to-size: {total} syscalls, killed at {kills}, {images} images");
@@ -272,16 +258,7 @@ fn migrate_killed_at_every_step() {
     // Running it again after a kill finishes the job and leaves no temporaries.
     let dir = work.join("again");
     copy_tree(&template, &dir);
-    let mut c = 0;
-    tracer::run(make(&dir), Duration::from_secs(60), |s| {
-        if s.entry {
-            c += 1;
-            if c == total * 3 / 4 {
-                return tracer::Action::Kill;
-            }
-        }
-        tracer::Action::Go
-    });
+    tracer::kill_at(make(&dir), Duration::from_secs(60), total * 3 / 4, |_| true);
     assert!(make(&dir).status().unwrap().success());
     assert_eq!(common::kc_dump(&dir.join("store"), &layout()), after);
     assert_eq!(temp_files(&dir.join("store")), Vec::<String>::new());

@@ -328,6 +328,40 @@ fn findings(s: &Store) -> keycache::Result<Vec<Finding>> {
 
 /// Reads everything of a damaged store and checks it. Returns a note when
 /// something the format cannot detect happened.
+/// One lookup of a damaged store (`what`) against the truth `want`:
+/// `Some(true)` it answered the truth, `Some(false)` damage, counted in
+/// `tally` (a wrong value needs verify's `findings`, an error must be a
+/// corruption error), `None` absent as it should be.
+fn judge<T: PartialEq + std::fmt::Debug>(
+    got: &Result<Option<T>, Error>,
+    want: Option<&T>,
+    findings: bool,
+    what: &str,
+    tally: &mut Tally,
+) -> Option<bool> {
+    match got {
+        Ok(Some(v)) if want == Some(v) => Some(true),
+        Ok(Some(v)) => {
+            assert!(
+                findings,
+                "{what} returned a wrong value ({v:?}) and verify is clean"
+            );
+            tally.wrong_but_reported += 1;
+            Some(false)
+        }
+        Ok(None) if want.is_some() => {
+            tally.lost += 1;
+            Some(false)
+        }
+        Ok(None) => None,
+        Err(e) => {
+            assert!(e.is_corrupt(), "{what}: {e}");
+            tally.corrupt_reads += 1;
+            Some(false)
+        }
+    }
+}
+
 fn check_damaged(dir: &Path, truth: &Truth, d: &Damage, tally: &mut Tally) {
     let ctx = &d.what;
     tally.cases += 1;
@@ -377,57 +411,31 @@ fn check_damaged(dir: &Path, truth: &Truth, d: &Damage, tally: &mut Tally) {
         .collect();
     for id in &ids {
         let m = MinionId::new(id.clone()).unwrap();
-        let want = truth.keys.get(id);
-        match store.get(&m) {
-            Ok(Some(e)) if want == Some(&(e.state, e.public_key.clone())) => {
+        let got = store.get(&m).map(|v| v.map(|e| (e.state, e.public_key)));
+        if let Err(e) = &got {
+            assert!(in_dir(dir, error_path(e).unwrap()), "{ctx}: {e}");
+        }
+        let what = format!("{ctx}: get({id})");
+        match judge(&got, truth.keys.get(id), !f.is_empty(), &what, tally) {
+            Some(true) => {
                 intact_before.insert((true, id.clone()));
             }
-            Ok(Some(e)) => {
-                assert!(
-                    !f.is_empty(),
-                    "{ctx}: get({id}) returned a wrong value ({:?}) and verify is clean",
-                    e.state
-                );
-                damaged = true;
-                tally.wrong_but_reported += 1;
-            }
-            Ok(None) => {
-                if want.is_some() {
-                    damaged = true;
-                    tally.lost += 1;
-                }
-            }
-            Err(e) => {
-                assert!(e.is_corrupt(), "{ctx}: get({id}): {e}");
-                assert!(in_dir(dir, error_path(&e).unwrap()), "{ctx}: {e}");
-                damaged = true;
-                tally.corrupt_reads += 1;
-            }
+            Some(false) => damaged = true,
+            None => {}
         }
-        let want = truth.denied.get(id);
-        match store.denied(&m) {
-            Ok(Some(v)) if want == Some(&v) => {
+        let what = format!("{ctx}: denied({id})");
+        match judge(
+            &store.denied(&m),
+            truth.denied.get(id),
+            !f.is_empty(),
+            &what,
+            tally,
+        ) {
+            Some(true) => {
                 intact_before.insert((false, id.clone()));
             }
-            Ok(Some(_)) => {
-                assert!(
-                    !f.is_empty(),
-                    "{ctx}: denied({id}) wrong and verify is clean"
-                );
-                damaged = true;
-                tally.wrong_but_reported += 1;
-            }
-            Ok(None) => {
-                if want.is_some() {
-                    damaged = true;
-                    tally.lost += 1;
-                }
-            }
-            Err(e) => {
-                assert!(e.is_corrupt(), "{ctx}: denied({id}): {e}");
-                damaged = true;
-                tally.corrupt_reads += 1;
-            }
+            Some(false) => damaged = true,
+            None => {}
         }
     }
     let all: Vec<MinionId> = ids

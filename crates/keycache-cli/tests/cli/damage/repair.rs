@@ -43,6 +43,14 @@ fn args<'a>(cmd: &'a str, dir: &'a str, extra: &[&'a str], l: &'a [String]) -> V
 }
 
 /// The sample tree migrated into `dir`: several heap segments in `keys`.
+/// A new temporary directory with the [`sample_store`] in its `s/`.
+fn sample_store_dir() -> (tempfile::TempDir, PathBuf) {
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().join("s");
+    sample_store(&dir);
+    (t, dir)
+}
+
 fn sample_store(dir: &Path) {
     let tree = common::repo().join("tools/sample-pki");
     let l = layout().args();
@@ -104,9 +112,7 @@ fn segment_files(dir: &Path) -> BTreeSet<String> {
 }
 
 fn repair_case(name: &str, hits: &[Hit]) {
-    let t = tempfile::tempdir().unwrap();
-    let dir = t.path().join("s");
-    sample_store(&dir);
+    let (_t, dir) = sample_store_dir();
     let ds = dir.to_str().unwrap();
     let l = layout().args();
     let before = kc_dump(&dir, &layout());
@@ -357,9 +363,7 @@ fn several_damaged_segments_at_once() {
 /// loses nothing; the store is clean afterwards, the entries untouched.
 #[test]
 fn stale_segments_past_a_gap_are_removed_and_nothing_is_lost() {
-    let t = tempfile::tempdir().unwrap();
-    let dir = t.path().join("s");
-    sample_store(&dir);
+    let (_t, dir) = sample_store_dir();
     let ds = dir.to_str().unwrap();
     let l = layout().args();
     let before = kc_dump(&dir, &layout());
@@ -390,9 +394,7 @@ fn stale_segments_past_a_gap_are_removed_and_nothing_is_lost() {
 #[test]
 fn a_clean_bank_is_not_rebuilt() {
     use std::os::unix::fs::MetadataExt;
-    let t = tempfile::tempdir().unwrap();
-    let dir = t.path().join("s");
-    sample_store(&dir);
+    let (_t, dir) = sample_store_dir();
     let ino = |n: &str| std::fs::metadata(dir.join(n)).unwrap().ino();
     let before = (
         ino(KEYS_INDEX),

@@ -16,9 +16,7 @@ use serde_json::json;
 
 #[test]
 fn bench_refuses_out_of_range_arguments() {
-    let t = tempfile::tempdir().unwrap();
-    let st = t.path().join("store");
-    sample_store(&st);
+    let (_t, st) = sample_store_dir();
     for secs in ["nan", "NaN", "inf", "-inf", "-1", "0", "1e300", "3601", "x"] {
         let o = keycache(&["bench", s(&st), &format!("--seconds={secs}")]);
         no_panic(&o, secs);
@@ -115,9 +113,7 @@ fn a_refused_migration_leaves_no_out_directory_and_out_is_0700() {
 
 #[test]
 fn state_commands_without_ids_say_give_ids_or_all() {
-    let t = tempfile::tempdir().unwrap();
-    let st = t.path().join("store");
-    sample_store(&st);
+    let (t, st) = sample_store_dir();
     let before = files(&st);
     for cmd in ["accept", "reject", "delete"] {
         let o = keycache_exits(&[cmd, s(&st)], 2);
@@ -133,9 +129,7 @@ fn state_commands_without_ids_say_give_ids_or_all() {
 
 #[test]
 fn delete_all_asks_like_salt_key_unless_yes() {
-    let t = tempfile::tempdir().unwrap();
-    let st = t.path().join("store");
-    sample_store(&st);
+    let (t, st) = sample_store_dir();
     let before = files(&st);
     // No terminal, no -y: refused.
     let o = Command::new(BIN)
@@ -202,9 +196,7 @@ fn delete_all_asks_like_salt_key_unless_yes() {
 
 #[test]
 fn writers_say_when_they_wait_for_a_banks_lock() {
-    let t = tempfile::tempdir().unwrap();
-    let st = t.path().join("store");
-    sample_store(&st);
+    let (_t, st) = sample_store_dir();
     let cases: Vec<Vec<String>> = vec![
         vec!["accept".into(), s(&st).into(), "laptop-jdoe".into()],
         vec!["delete".into(), s(&st).into(), "--all".into(), "-y".into()],
@@ -229,14 +221,7 @@ fn writers_say_when_they_wait_for_a_banks_lock() {
             .open(&lock_path)
             .unwrap();
         lock.lock().unwrap();
-        let mut child = Command::new(BIN)
-            .args(args)
-            .env("KEYCACHE_REBUILD_SETTLE_MS", "0")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut child = kc().args(args).no_settle().spawn(Stdio::null());
         let stderr = child.stderr.take().unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {

@@ -10,9 +10,7 @@ use std::process::Command;
 
 #[test]
 fn every_command_refuses_a_layout_that_is_not_the_files_and_changes_nothing() {
-    let t = tempfile::tempdir().unwrap();
-    let st = t.path().join("store");
-    sample_store(&st);
+    let (t, st) = sample_store_dir();
     let before = files(&st);
     let tree = t.path().join("tree");
     let sample = sample_pki();
@@ -71,9 +69,7 @@ fn every_command_refuses_a_layout_that_is_not_the_files_and_changes_nothing() {
 
 #[test]
 fn verify_still_reads_a_damaged_store_with_its_layout() {
-    let t = tempfile::tempdir().unwrap();
-    let st = t.path().join("store");
-    sample_store(&st);
+    let (_t, st) = sample_store_dir();
     // Flip a byte inside a record's value: damage, not another layout.
     let heap = st.join(".mmap_keys.idx.heap");
     let mut b = std::fs::read(&heap).unwrap();
@@ -194,9 +190,7 @@ fn compact_to_size_refuses_what_migrate_refuses_and_names_to_size() {
 
 #[test]
 fn user_errors_are_their_own_and_change_nothing() {
-    let t = tempfile::tempdir().unwrap();
-    let st = t.path().join("store");
-    sample_store(&st);
+    let (t, st) = sample_store_dir();
     let before = files(&st);
     for user in [
         "4294967295",

@@ -14,8 +14,9 @@ use std::path::Path;
 use std::process::Output;
 
 use crate::common::{
-    keycache, keycache_exits, keycache_json, keycache_ok, keycache_ok_json, ok, open, pem, s, salt,
-    sample_pki, sample_store, sized, small, stderr, stdout, TestCommand, BIN, TREE_DIRS,
+    kc, keycache, keycache_exits, keycache_json, keycache_ok, keycache_ok_json, ok, open, pem, s,
+    salt, sample_pki, sample_store, sample_store_dir, sized, small, stderr, stdout, TestCommand,
+    BIN, TREE_DIRS,
 };
 
 /// Every file of a directory (not recursive), by name: the store's bytes.

@@ -117,15 +117,7 @@ fn get_and_list_withhold_values_holding_a_private_key() {
 
 /// Runs keycache with its stdout a pipe whose reader is already gone.
 fn closed_stdout(args: &[&str]) -> Output {
-    let mut child = Command::new(BIN)
-        .args(args)
-        .env("NO_COLOR", "1")
-        .env("KEYCACHE_REBUILD_SETTLE_MS", "0")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = kc().args(args).no_settle().spawn(Stdio::piped());
     drop(child.stdout.take());
     child.wait_with_output().unwrap()
 }

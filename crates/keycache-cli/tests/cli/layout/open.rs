@@ -14,6 +14,16 @@ use std::path::Path;
 use crate::common::{keycache, ok, pem, salt, small, Params, ParamsExt};
 use keycache::{Error, KeyState, MinionId, Store};
 
+/// A new temporary directory with a store of layout `small(1009, 1 MiB)`
+/// (returned too) that [`put_many`] wrote, closed again.
+fn written(prefix: &str, n: usize, state: KeyState) -> (tempfile::TempDir, Params) {
+    let t = tempfile::tempdir().unwrap();
+    let p = small(1009, 1 << 20);
+    let store = Store::open_with(t.path(), &p.options()).unwrap();
+    put_many(&store, prefix, n, state);
+    (t, p)
+}
+
 fn put_many(store: &Store, prefix: &str, n: usize, state: KeyState) {
     store
         .batch(|b| {
@@ -43,12 +53,8 @@ fn files(dir: &Path) -> Vec<(String, Vec<u8>)> {
 
 #[test]
 fn opening_with_a_wrong_id_size_is_refused_naming_the_layout_of_the_files() {
-    let t = tempfile::tempdir().unwrap();
+    let (t, right) = written("m", 12, KeyState::Accepted);
     let dir = t.path();
-    let right = small(1009, 1 << 20);
-    let store = Store::open_with(dir, &right.options()).unwrap();
-    put_many(&store, "m", 12, KeyState::Accepted);
-    drop(store);
     let before = files(dir);
     for id_size in [32usize, 48, 70] {
         let wrong = Params { id_size, ..right };
@@ -77,12 +83,8 @@ fn opening_with_a_wrong_id_size_is_refused_naming_the_layout_of_the_files() {
 
 #[test]
 fn a_lowered_segment_cap_rolls_to_a_new_segment_and_salt_reads_it() {
-    let t = tempfile::tempdir().unwrap();
+    let (t, big) = written("old", 10, KeyState::Accepted);
     let dir = t.path();
-    let big = small(1009, 1 << 20);
-    let store = Store::open_with(dir, &big.options()).unwrap();
-    put_many(&store, "old", 10, KeyState::Accepted);
-    drop(store);
     let heap = dir.join(".mmap_keys.idx.heap");
     let heap_len = std::fs::metadata(&heap).unwrap().len();
     assert!(heap_len > 4096, "{heap_len}");

@@ -14,7 +14,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use crate::common::salt_master::{
-    assert_bank_private, check_served, private_dir, salt_crypto, state_dirs, Master,
+    assert_bank_private, check_served, crypto_scratch, private_dir, state_dirs, Master,
 };
 use crate::common::{keycache_ok_texts, small, Params, ParamsExt};
 use keycache::master_keys::{
@@ -50,10 +50,9 @@ fn assert_no_key_material(c: &Collected, r: &MasterKeysReport) {
 
 #[test]
 fn standalone_master_keeps_its_identity() {
-    if !salt_crypto("standalone_master_keeps_its_identity") {
+    let Some(t) = crypto_scratch("standalone_master_keeps_its_identity") else {
         return;
-    }
-    let t = tempfile::tempdir().unwrap();
+    };
     let m = Master::new(t.path(), "m1_master", layout()).signing();
     let before = m.setup(true);
     assert!(before["sign_pub"].is_string());
@@ -103,10 +102,9 @@ fn standalone_master_keeps_its_identity() {
 
 #[test]
 fn cluster_peer_keeps_master_and_cluster_keys() {
-    if !salt_crypto("cluster_peer_keeps_master_and_cluster_keys") {
+    let Some(t) = crypto_scratch("cluster_peer_keeps_master_and_cluster_keys") else {
         return;
-    }
-    let t = tempfile::tempdir().unwrap();
+    };
     let cluster = private_dir(&t.path().join("cluster"));
     let m1 = Master::at(t.path(), "pki1", "m1_master", layout())
         .in_cluster("c1", &cluster)
@@ -168,10 +166,9 @@ fn cluster_peer_keeps_master_and_cluster_keys() {
 /// the generated ones, and narrows the files Salt created.
 #[test]
 fn empty_bank_makes_salt_generate_and_write_restores() {
-    if !salt_crypto("empty_bank_makes_salt_generate_and_write_restores") {
+    let Some(t) = crypto_scratch("empty_bank_makes_salt_generate_and_write_restores") else {
         return;
-    }
-    let t = tempfile::tempdir().unwrap();
+    };
     let m = Master::new(t.path(), "m1_master", layout());
     let before = m.setup(false);
     let served = m.serve(&[]);
@@ -359,10 +356,9 @@ fn collect_and_write_skip_what_salt_cannot_serve() {
 /// serves the tree's key.
 #[test]
 fn pre_3008_tree_wins_over_a_generated_pair() {
-    if !salt_crypto("pre_3008_tree_wins_over_a_generated_pair") {
+    let Some(t) = crypto_scratch("pre_3008_tree_wins_over_a_generated_pair") else {
         return;
-    }
-    let t = tempfile::tempdir().unwrap();
+    };
     let m = Master::new(t.path(), "m1_master", layout());
     let before = m.setup(false);
     for ext in ["pem", "pub"] {
@@ -392,10 +388,9 @@ fn pre_3008_tree_wins_over_a_generated_pair() {
 /// names only.
 #[test]
 fn keycache_migrate_keeps_the_masters_identity() {
-    if !salt_crypto("keycache_migrate_keeps_the_masters_identity") {
+    let Some(t) = crypto_scratch("keycache_migrate_keeps_the_masters_identity") else {
         return;
-    }
-    let t = tempfile::tempdir().unwrap();
+    };
     let m = Master::new(t.path(), "m1_master", layout()).signing();
     let before = m.setup(true);
     state_dirs(&m.pki);
@@ -436,10 +431,10 @@ fn keycache_migrate_keeps_the_masters_identity() {
 /// directory and layout they used.
 #[test]
 fn keycache_migrate_with_the_master_config_of_a_cluster_peer() {
-    if !salt_crypto("keycache_migrate_with_the_master_config_of_a_cluster_peer") {
+    let Some(t) = crypto_scratch("keycache_migrate_with_the_master_config_of_a_cluster_peer")
+    else {
         return;
-    }
-    let t = tempfile::tempdir().unwrap();
+    };
     let cluster = private_dir(&t.path().join("cluster"));
     let m = Master::new(t.path(), "m1_master", layout()).in_cluster("c1", &cluster);
     let before = m.setup(false);

@@ -12,7 +12,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 use crate::common::salt_master::{
-    assert_bank_private, check_served, salt_crypto, state_dirs, Master,
+    assert_bank_private, check_served, crypto_scratch, state_dirs, Master,
 };
 use crate::common::{check_fails, keycache_ok_texts, small, stderr, Params, ParamsExt};
 use keycache::master_keys::{self, MasterKeyOptions};
@@ -42,10 +42,9 @@ fn files_of(pki: &Path, cluster: Option<&Path>, id: &str) -> Vec<(String, std::p
 /// the bank's files stay 0600 even where Salt had made them 0644.
 #[test]
 fn compact_to_size_moves_the_master_keys_bank() {
-    if !salt_crypto("compact_to_size_moves_the_master_keys_bank") {
+    let Some(t) = crypto_scratch("compact_to_size_moves_the_master_keys_bank") else {
         return;
-    }
-    let t = tempfile::tempdir().unwrap();
+    };
     let mut m = Master::new(t.path(), "m1_master", layout(SIZE));
     m.sign = true;
     let before = m.setup(true);
@@ -89,10 +88,9 @@ fn compact_to_size_moves_the_master_keys_bank() {
 /// and Salt serves the master's keys again.
 #[test]
 fn compact_mends_a_master_keys_bank_left_at_the_old_size() {
-    if !salt_crypto("compact_mends_a_master_keys_bank_left_at_the_old_size") {
+    let Some(t) = crypto_scratch("compact_mends_a_master_keys_bank_left_at_the_old_size") else {
         return;
-    }
-    let t = tempfile::tempdir().unwrap();
+    };
     let mut m = Master::new(t.path(), "m1_master", layout(SIZE));
     let before = m.setup(false);
     state_dirs(&m.pki);
@@ -204,10 +202,11 @@ fn cluster_peer(root: &Path, id: &str) -> (Master, Value) {
 /// match").
 #[test]
 fn cluster_peer_with_a_relative_pki_dir_keeps_its_pair_by_the_config_id() {
-    if !salt_crypto("cluster_peer_with_a_relative_pki_dir_keeps_its_pair_by_the_config_id") {
+    let Some(t) =
+        crypto_scratch("cluster_peer_with_a_relative_pki_dir_keeps_its_pair_by_the_config_id")
+    else {
         return;
-    }
-    let t = tempfile::tempdir().unwrap();
+    };
     let (m, before) = cluster_peer(t.path(), "m1");
     let o = keycache_in(t.path(), &["migrate", "-c", "etc", "pki"]);
     let out = common::ok(&o);
@@ -223,10 +222,9 @@ fn cluster_peer_with_a_relative_pki_dir_keeps_its_pair_by_the_config_id() {
 /// resolved, so `migrate pki --out cluster` keeps the peer's pair.
 #[test]
 fn a_relative_pki_dir_matches_the_master_pem_link_resolved() {
-    if !salt_crypto("a_relative_pki_dir_matches_the_master_pem_link_resolved") {
+    let Some(t) = crypto_scratch("a_relative_pki_dir_matches_the_master_pem_link_resolved") else {
         return;
-    }
-    let t = tempfile::tempdir().unwrap();
+    };
     let (m, before) = cluster_peer(t.path(), "m1_master");
     let o = keycache_in(
         t.path(),
@@ -255,10 +253,9 @@ fn a_relative_pki_dir_matches_the_master_pem_link_resolved() {
 /// migrates the key banks and leaves the master_keys bank alone.
 #[test]
 fn migrate_refuses_when_the_masters_pair_is_not_found() {
-    if !salt_crypto("migrate_refuses_when_the_masters_pair_is_not_found") {
+    let Some(t) = crypto_scratch("migrate_refuses_when_the_masters_pair_is_not_found") else {
         return;
-    }
-    let t = tempfile::tempdir().unwrap();
+    };
     let (m, _) = cluster_peer(t.path(), "m1");
     let conf = t.path().join("etc/master");
     let text = std::fs::read_to_string(&conf).unwrap();
@@ -331,10 +328,10 @@ fn newer_pair_into_the_bank(m: &Master) -> Value {
 /// bytes)") and exited 0.
 #[test]
 fn migrate_again_never_replaces_a_newer_master_pair_unless_asked() {
-    if !salt_crypto("migrate_again_never_replaces_a_newer_master_pair_unless_asked") {
+    let Some(t) = crypto_scratch("migrate_again_never_replaces_a_newer_master_pair_unless_asked")
+    else {
         return;
-    }
-    let t = tempfile::tempdir().unwrap();
+    };
     let m = Master::new(t.path(), "m1_master", layout(SIZE));
     let before = m.setup(false);
     state_dirs(&m.pki);

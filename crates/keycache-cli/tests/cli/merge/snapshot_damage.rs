@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 use crate::common::{
-    check_ok, files, files_changed as changes, gen_pki_tree, reseal, small, snapshot_bytes,
+    check_ok, files, files_changed as changes, gen_pki_tree, kc, reseal, small, snapshot_bytes,
     snapshot_parts, stderr, Params, ParamsExt, RawEntry,
 };
 use keycache::snapshot::{Snapshot, HEADER_LEN, MAGIC, TRAILER_LEN};
@@ -88,16 +88,13 @@ fn theirs_snapshot(root: &Path) -> Vec<u8> {
         }
     }
     let snap = root.join("theirs.snap");
-    let out = common::cli()
-        .cmd()
-        .arg("snapshot")
+    kc().arg("snapshot")
         .arg(&dir)
         .arg("-o")
         .arg(&snap)
-        .args(layout().args())
-        .output()
-        .unwrap();
-    check_ok("keycache snapshot", &out);
+        .layout(&layout())
+        .no_settle()
+        .ok_output();
     let b = std::fs::read(&snap).unwrap();
     let s = Snapshot::from_bytes(&b, "theirs.snap").expect("the intact snapshot reads");
     assert_eq!(s.entries.len(), 12 + 3);
@@ -265,17 +262,14 @@ fn base_variants(root: &Path, pki: &Path, good_file: &Path) -> Vec<Variant> {
     let copy = root.join("copy-for-base");
     keycache_testkit::crash::copy_tree(pki, &copy);
     let base = root.join("good.base");
-    let out = common::cli()
-        .cmd()
-        .arg("merge")
+    kc().arg("merge")
         .arg(&copy)
         .arg(good_file)
         .arg("--write-base")
         .arg(&base)
-        .args(layout().args())
-        .output()
-        .unwrap();
-    check_ok("merge --write-base", &out);
+        .layout(&layout())
+        .no_settle()
+        .ok_output();
     let good = std::fs::read(&base).unwrap();
     assert_eq!(&good[..8], b"KCBASE\r\n");
     let n = good.len();

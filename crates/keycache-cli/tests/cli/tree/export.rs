@@ -6,17 +6,30 @@
 //! names that are not minion ids are left alone (a dot-id such as `.m` is
 //! an id), and private key material is never written.
 
-use crate::common::{export, keycache_ok, ok, open, pem, s, sized, stderr, stdout, TREE_DIRS};
+use crate::common::{
+    export, keycache_ok, ok, open, pem, s, sized, stderr, stdout, strings, TREE_DIRS,
+};
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use keycache::{KeyState, MinionId, Store};
 
 /// A store with `n` ids in each of the four states: `{state}-{i}`.
+/// A new temporary directory with a [`store_with`] `n` keys per state in
+/// `store/`, exported to `tree/`: the directory, both paths and the store.
+fn exported(n: usize) -> (tempfile::TempDir, PathBuf, PathBuf, Store) {
+    let t = tempfile::tempdir().unwrap();
+    let sd = t.path().join("store");
+    let tree = t.path().join("tree");
+    let st = store_with(&sd, n);
+    export(&sd, &tree).ok();
+    (t, sd, tree, st)
+}
+
 fn store_with(dir: &Path, n: usize) -> Store {
     std::fs::create_dir_all(dir).unwrap();
     let st = open(dir, &sized(1009));
@@ -84,11 +97,7 @@ fn expected(st: &Store) -> BTreeMap<String, Vec<u8>> {
 
 #[test]
 fn export_follows_every_change_in_every_state() {
-    let t = tempfile::tempdir().unwrap();
-    let sd = t.path().join("store");
-    let tree = t.path().join("tree");
-    let st = store_with(&sd, 3);
-    export(&sd, &tree).ok();
+    let (t, sd, tree, st) = exported(3);
     assert_eq!(snapshot(&tree), expected(&st));
 
     // Every kind of change, in every state.
@@ -310,11 +319,7 @@ fn export_refuses_what_it_can_neither_replace_nor_remove_and_writes_nothing() {
 
 #[test]
 fn export_leaves_salts_and_its_own_files_and_names_that_are_not_ids_alone() {
-    let t = tempfile::tempdir().unwrap();
-    let sd = t.path().join("store");
-    let tree = t.path().join("tree");
-    let _st = store_with(&sd, 1);
-    export(&sd, &tree).ok();
+    let (_t, sd, tree, _st) = exported(1);
     // A dot-id is an id: a key file the store does not hold, removed.
     let dot_id = tree.join("minions_pre/.hidden-minion");
     std::fs::write(&dot_id, pem("hidden", 200)).unwrap();
@@ -339,12 +344,7 @@ fn export_leaves_salts_and_its_own_files_and_names_that_are_not_ids_alone() {
     let v = export(&sd, &tree).args(["--json"]).json();
     assert_eq!(v["removed"], serde_json::json!([s(&dot_id)]));
     assert!(!dot_id.exists());
-    let ignored: Vec<&str> = v["ignored"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_str().unwrap())
-        .collect();
+    let ignored: Vec<&str> = strings(&v["ignored"]);
     let backslash = tree.join("minions/back\\slash");
     assert_eq!(ignored.len(), 2, "{ignored:?}");
     assert!(ignored.contains(&s(&backslash)), "{ignored:?}");
@@ -406,11 +406,7 @@ fn with_private(tag: &str) -> Vec<u8> {
 
 #[test]
 fn export_withholds_private_key_material() {
-    let t = tempfile::tempdir().unwrap();
-    let sd = t.path().join("store");
-    let tree = t.path().join("tree");
-    let st = store_with(&sd, 1);
-    export(&sd, &tree).ok();
+    let (_t, sd, tree, st) = exported(1);
     // The library refuses such values; write them at the table level.
     st.keys_table()
         .put(
@@ -473,11 +469,7 @@ fn export_withholds_private_key_material() {
 
 #[test]
 fn export_json_and_text_report_the_same_plan() {
-    let t = tempfile::tempdir().unwrap();
-    let sd = t.path().join("store");
-    let tree = t.path().join("tree");
-    let st = store_with(&sd, 2);
-    export(&sd, &tree).ok();
+    let (_t, sd, tree, st) = exported(2);
     st.remove(&MinionId::new("pre-1").unwrap()).unwrap();
     let v = export(&sd, &tree).args(["--dry-run", "--json"]).json();
     assert_eq!(

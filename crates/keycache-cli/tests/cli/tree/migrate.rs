@@ -6,6 +6,7 @@
 //! which reads `<cluster_pki_dir>/minions/<id>` from disk on every request
 //! of a signed-in minion of a cluster peer.
 
+use super::{keygen, keys_and_pki, verdicts};
 use crate::common;
 use crate::common::{finding_whats, keycache_1009, ok, s, sized, ParamsExt, TREE_DIRS};
 
@@ -15,18 +16,6 @@ use std::process::Output;
 
 use keycache::{KeyState, MinionId, OpenOptions, Store};
 use serde_json::Value;
-
-/// Salt key pairs for `ids` in `keys/`: id -> public PEM.
-fn keygen(keys: &Path, ids: &[&str]) -> Vec<(String, String)> {
-    let v = common::run_py(
-        "validate_token.py",
-        &["keygen", "--out", s(keys), "--ids", &ids.join(",")],
-        None,
-    );
-    ids.iter()
-        .map(|id| (id.to_string(), v["pubs"][id].as_str().unwrap().to_owned()))
-        .collect()
-}
 
 /// The ids among `ids` that pass Salt's validate_token on a cluster peer
 /// whose `cluster_pki_dir` is `cluster` (its `pki_dir` is `pki`).
@@ -46,12 +35,10 @@ fn passing(keys: &Path, pki: &Path, cluster: &Path, ids: &[&str]) -> Vec<String>
         ],
         None,
     );
-    v["results"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|r| r["valid"].as_bool().unwrap())
-        .map(|r| r["id"].as_str().unwrap().to_owned())
+    verdicts(&v)
+        .into_iter()
+        .filter(|(_, ok)| *ok)
+        .map(|(id, _)| id)
         .collect()
 }
 
@@ -185,9 +172,7 @@ fn migrate_out_never_drops_a_key_of_the_target_tree_unasked() {
 /// it, and the minions pass. Before the fix verify said clean.
 #[test]
 fn verify_reports_a_live_store_without_a_key_tree() {
-    let t = tempfile::tempdir().unwrap();
-    let keys = t.path().join("keys");
-    let pki = t.path().join("pki");
+    let (t, keys, pki) = keys_and_pki();
     let cluster = t.path().join("cluster");
     std::fs::create_dir_all(&pki).unwrap();
     std::fs::create_dir_all(&cluster).unwrap();
@@ -200,20 +185,14 @@ fn verify_reports_a_live_store_without_a_key_tree() {
         },
     )
     .unwrap();
-    store
-        .put(
-            &MinionId::new("web-1").unwrap(),
-            KeyState::Accepted,
-            pairs[0].1.as_bytes(),
-        )
-        .unwrap();
-    store
-        .put(
-            &MinionId::new("web-2").unwrap(),
-            KeyState::Pending,
-            pairs[1].1.as_bytes(),
-        )
-        .unwrap();
+    for (id, state, (_, pem)) in [
+        ("web-1", KeyState::Accepted, &pairs[0]),
+        ("web-2", KeyState::Pending, &pairs[1]),
+    ] {
+        store
+            .put(&MinionId::new(id).unwrap(), state, pem.as_bytes())
+            .unwrap();
+    }
     drop(store);
     assert!(passing(&keys, &pki, &cluster, &["web-1"]).is_empty());
 

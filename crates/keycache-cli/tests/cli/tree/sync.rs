@@ -13,6 +13,7 @@
 //! - a symlink under a key's name, or in place of a state directory, is
 //!   refused by name before the store or the tree changes.
 
+use super::{keygen, keys_and_pki, verdicts};
 use crate::common;
 use crate::common::{export, keycache_1009, ok, open, s, sized, stdout, TREE_DIRS};
 
@@ -27,14 +28,6 @@ use serde_json::Value;
 /// Runs `validate_token.py ARGS`, feeding `stdin`; its JSON.
 fn vt(args: &[&str], stdin: Option<&Value>) -> Value {
     common::run_py("validate_token.py", args, stdin)
-}
-
-/// Salt key pairs for `ids` in `keys/`: id -> public PEM.
-fn keygen(keys: &Path, ids: &[&str]) -> Vec<(String, String)> {
-    let v = vt(&["keygen", "--out", s(keys), "--ids", &ids.join(",")], None);
-    ids.iter()
-        .map(|id| (id.to_string(), v["pubs"][id].as_str().unwrap().to_owned()))
-        .collect()
 }
 
 /// Salt's validate_token for each id against `pki`: id -> passes.
@@ -52,17 +45,7 @@ fn validate(keys: &Path, pki: &Path, ids: &[&str]) -> Vec<(String, bool)> {
         None,
     );
     eprintln!("validate_token: {}", v["mode"]);
-    v["results"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| {
-            (
-                r["id"].as_str().unwrap().to_owned(),
-                r["valid"].as_bool().unwrap(),
-            )
-        })
-        .collect()
+    verdicts(&v)
 }
 
 fn passing(keys: &Path, pki: &Path, ids: &[&str]) -> Vec<String> {
@@ -100,6 +83,13 @@ fn migrated_master(t: &Path, ids: &[&str]) -> (PathBuf, PathBuf) {
         std::fs::write(pki.join("minions_pre").join(&id), pem).unwrap();
     }
     ok(&keycache_1009(&["migrate", s(&pki)]));
+    (keys, pki)
+}
+
+/// [`migrated_master`] with every one of `ids` accepted (`keycache accept`).
+fn accepted_master(t: &Path, ids: &[&str]) -> (PathBuf, PathBuf) {
+    let (keys, pki) = migrated_master(t, ids);
+    ok(&keycache_1009(&[&["accept", s(&pki)], ids].concat()));
     (keys, pki)
 }
 
@@ -181,17 +171,7 @@ fn accepted_keys_pass_validate_token_and_delete_or_reject_revokes_them() {
             {"pki_dir": pki, "cluster_pki_dir": empty, "ids": ids},
         ])),
     );
-    let got: Vec<(String, bool)> = v["results"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| {
-            (
-                r["id"].as_str().unwrap().to_owned(),
-                r["valid"].as_bool().unwrap(),
-            )
-        })
-        .collect();
+    let got = verdicts(&v);
     let want: Vec<(String, bool)> = [
         ("web-1", false),
         ("web-2", true),
@@ -287,9 +267,7 @@ fn tree_never_leaves_the_tree_alone_and_check_and_mend_follow_the_store() {
 
 #[test]
 fn auto_is_off_without_a_minions_dir_and_always_creates_the_tree() {
-    let t = tempfile::tempdir().unwrap();
-    let keys = t.path().join("keys");
-    let pki = t.path().join("pki");
+    let (_t, keys, pki) = keys_and_pki();
     std::fs::create_dir(&pki).unwrap();
     let ids = ["b-1", "b-2"];
     let st = open(&pki, &sized(1009));
@@ -324,8 +302,7 @@ fn auto_is_off_without_a_minions_dir_and_always_creates_the_tree() {
 fn symlinks_in_the_tree_are_refused_before_anything_changes() {
     let t = tempfile::tempdir().unwrap();
     let ids = ["c-1", "c-2"];
-    let (keys, pki) = migrated_master(t.path(), &ids);
-    ok(&keycache_1009(&["accept", s(&pki), "c-1", "c-2"]));
+    let (keys, pki) = accepted_master(t.path(), &ids);
     // A symlink under an accepted key's name.
     let elsewhere = t.path().join("elsewhere");
     std::fs::copy(pki.join("minions/c-1"), &elsewhere).unwrap();
@@ -452,8 +429,7 @@ fn tree_files_get_the_masters_owner_and_keep_a_replaced_files_owner() {
 fn verify_reports_the_tree_and_repair_mends_it_toward_the_store() {
     let t = tempfile::tempdir().unwrap();
     let ids = ["v-1", "v-2"];
-    let (keys, pki) = migrated_master(t.path(), &ids);
-    ok(&keycache_1009(&["accept", s(&pki), "v-1", "v-2"]));
+    let (keys, pki) = accepted_master(t.path(), &ids);
     ok(&keycache_1009(&[
         "delete",
         s(&pki),
@@ -525,9 +501,7 @@ fn dir_state(dir: &Path) -> Vec<(String, Vec<u8>)> {
 /// passing Salt's validate_token. Once migrated, repair follows the store.
 #[test]
 fn verify_repair_refuses_a_tree_without_a_store_and_touches_nothing() {
-    let t = tempfile::tempdir().unwrap();
-    let keys = t.path().join("keys");
-    let pki = t.path().join("pki");
+    let (_t, keys, pki) = keys_and_pki();
     let ids = ["n-acc", "n-pre", "n-rej", "n-den"];
     let pairs = keygen(&keys, &ids);
     for ((id, pem), d) in pairs.iter().zip(TREE_DIRS) {
@@ -571,9 +545,7 @@ fn verify_repair_refuses_a_tree_without_a_store_and_touches_nothing() {
 /// never taken for keys. Salt's validate_token is the judge.
 #[test]
 fn a_dot_id_is_an_id_for_verify_repair_and_export() {
-    let t = tempfile::tempdir().unwrap();
-    let keys = t.path().join("keys");
-    let pki = t.path().join("pki");
+    let (t, keys, pki) = keys_and_pki();
     let out = t.path().join("exported");
     let ids = [".m", "web"];
     std::fs::create_dir_all(pki.join("minions")).unwrap();
