@@ -93,14 +93,20 @@ struct Replicating {
 
 impl Replicating {
     fn start(m: &Master) -> Replicating {
+        Replicating::start_with(m, &[])
+    }
+
+    /// With more arguments; stdout goes to `replicate.out` beside the log.
+    fn start_with(m: &Master, args: &[&str]) -> Replicating {
         let log = m.t.path().join(format!("replicate-{}.log", m.revision()));
         let err = std::fs::File::create(&log).expect("log");
+        let out = std::fs::File::create(m.t.path().join("replicate.out")).expect("out");
         let mut c = kc();
-        c.args(["replicate", "-c", m.c()]);
+        c.args(["replicate", "-c", m.c()]).args(args);
         let child = c
             .cmd()
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
+            .stdout(out)
             .stderr(err)
             .spawn()
             .expect("start keycache replicate");
@@ -528,4 +534,72 @@ fn replicate_never_prints_the_password() {
     let log = std::fs::read_to_string(m.t.path().join("replicate-0.log")).expect("log");
     assert!(log.contains("replicate: "), "{log}");
     assert!(!log.contains("pw-3c9f1a"), "{log}");
+}
+
+#[test]
+fn writes_through_etcd_are_refused_for_a_store_that_is_not_a_replica() {
+    let c = Cluster::start(1);
+    let m = Master::new(&c, "");
+    let seeded = kc()
+        .args(["etcd", "seed", "-c", m.c(), "--json", "--from"])
+        .arg(sample_pki())
+        .json();
+    let before = etcd_value(&c, &format!("{PREFIX}keys/laptop-jdoe")).expect("seeded");
+    // The store holds the same keys, but no replicator ever ran on it: the
+    // write would commit and then wait for nobody.
+    sample_store(&m.pki);
+    let err = kc().args(["accept", "-c", m.c(), "laptop-jdoe"]).fails(2);
+    assert!(
+        err.contains("is not a replica of etcd yet") && err.contains("nothing written"),
+        "{err}"
+    );
+    assert_eq!(
+        etcd_value(&c, &format!("{PREFIX}keys/laptop-jdoe")),
+        Some(before)
+    );
+    assert_eq!(
+        c.revision(),
+        seeded["revision"].as_i64().expect("revision"),
+        "nothing was sent to etcd"
+    );
+    assert!(m.pki.join("minions_pre/laptop-jdoe").is_file());
+}
+
+#[test]
+fn replicate_json_prints_one_document_per_line_on_stdout() {
+    let c = Cluster::start(1);
+    let m = Master::new(&c, "");
+    let seeded = kc()
+        .args(["etcd", "seed", "-c", m.c(), "--json", "--from"])
+        .arg(sample_pki())
+        .json();
+    let r = Replicating::start_with(&m, &["--json"]);
+    m.wait_for(seeded["revision"].as_i64().expect("revision"), &r);
+    let rev = etcd_put(
+        &c,
+        &format!("{PREFIX}denied_keys/probe"),
+        "-----BEGIN PUBLIC KEY-----\nAB\n-----END PUBLIC KEY-----",
+    );
+    m.wait_for(rev, &r);
+    let out = m.t.path().join("replicate.out");
+    let start = Instant::now();
+    let lines = loop {
+        let text = std::fs::read_to_string(&out).expect("stdout");
+        // Whole lines only (one may be half written).
+        let lines: Vec<Value> = text
+            .split_inclusive('\n')
+            .filter(|l| l.ends_with('\n'))
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l:?}")))
+            .collect();
+        if lines.len() >= 2 || start.elapsed() > Duration::from_secs(10) {
+            break lines;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(lines[0]["event"], "listed", "{lines:?}");
+    assert_eq!(lines[0]["revision"], seeded["revision"], "{lines:?}");
+    assert_eq!(lines[0]["entries"], seeded["put"], "{lines:?}");
+    assert_eq!(lines[1]["event"], "applied", "{lines:?}");
+    assert_eq!(lines[1]["revision"].as_i64(), Some(rev), "{lines:?}");
+    assert_eq!(lines[1]["written"].as_u64(), Some(1), "{lines:?}");
 }
