@@ -255,6 +255,21 @@ impl From<keycache_config::ConfigError> for CmdError {
     }
 }
 
+impl From<keycache_etcd::Error> for CmdError {
+    /// The store's errors with the CLI's advice ([`advice`]); etcd's as
+    /// they are, but a seed into a prefix that holds keys names the flag
+    /// that asks for it.
+    fn from(e: keycache_etcd::Error) -> CmdError {
+        match e {
+            keycache_etcd::Error::Store(e) => CmdError::from(e),
+            e @ keycache_etcd::Error::PrefixNotEmpty { .. } => {
+                CmdError::usage(format!("{e} (--replace)"))
+            }
+            e => CmdError::usage(e.to_string()),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,11 +3,13 @@
 mod bench;
 mod compact;
 mod diff;
+mod etcd;
 mod export;
 mod get;
 mod list;
 mod merge;
 mod migrate;
+mod replicate;
 mod snapshot;
 mod state;
 mod stats;
@@ -59,7 +61,9 @@ pub(crate) enum Command {
     /// Exits 1 when the id is in neither bank, 2 when a key is withheld
     /// because it holds private key material.
     Get(get::Args),
-    /// Accept pending keys (`salt-key -a`, `-A` with --all).
+    /// Accept pending keys (`salt-key -a`, `-A` with --all). With
+    /// keycache_etcd in the master config, through etcd (as reject and
+    /// delete): done once this master's replica holds the change.
     Accept(state::Args),
     /// Reject pending keys (`salt-key -r`, `-R` with --all).
     Reject(state::Args),
@@ -97,6 +101,16 @@ pub(crate) enum Command {
     /// stale one, and one that would revoke most keys at once. Exits 1 when
     /// entries were held pending for an operator.
     Merge(merge::Args),
+    /// Keep the store a live replica of the key state in etcd (the master
+    /// config's keycache_etcd), in the foreground, forever: list etcd's
+    /// prefix, make the store (and its key tree) equal to it, then apply
+    /// every change etcd commits. One line per change on stderr (JSON
+    /// lines on stdout with --json). Run it under a service manager
+    /// (dist/keycache-replicate.service).
+    Replicate(replicate::Args),
+    /// The key state in etcd: seed a prefix, a replica's status, the store
+    /// against etcd.
+    Etcd(etcd::Args),
     /// Measure lookup throughput of an existing store on this machine.
     Bench(bench::Args),
 }
@@ -117,6 +131,8 @@ pub(crate) fn run(cmd: Command) -> CmdResult {
         Command::Diff(a) => diff::run(a),
         Command::Snapshot(a) => snapshot::run(a),
         Command::Merge(a) => merge::run(a),
+        Command::Replicate(a) => replicate::run(a),
+        Command::Etcd(a) => etcd::run(a),
         Command::Bench(a) => bench::run(a),
     }
 }

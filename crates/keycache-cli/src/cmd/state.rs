@@ -1,6 +1,8 @@
 //! `keycache accept`, `reject` and `delete`: `salt-key -a/-r/-d` and their
 //! `--all` forms, keeping the `localfs_key` tree of the store's directory in
-//! step (`--tree`; see `keycache::tree`).
+//! step (`--tree`; see `keycache::tree`). When the master config has
+//! `keycache_etcd`, the change goes through etcd instead
+//! (`super::etcd::write`), decided the same way ([`decide`]).
 
 use std::io::{BufRead, IsTerminal};
 
@@ -76,28 +78,60 @@ pub(crate) enum Action {
     Delete,
 }
 
-impl Action {
-    /// The past participle the output uses (and the JSON key of the ids done).
-    fn verb(self) -> &'static str {
-        match self {
-            Action::Accept => "accepted",
-            Action::Reject => "rejected",
-            Action::Delete => "deleted",
-        }
-    }
-}
-
 /// An id left alone, and why.
 #[derive(Debug, Serialize)]
-struct Skipped {
-    id: String,
-    reason: String,
+pub(super) struct Skipped {
+    pub(super) id: String,
+    pub(super) reason: String,
+}
+
+/// What to do with one id, decided on its current state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Change {
+    /// Remove its `keys` entry (`key`) and its `denied_keys` entry
+    /// (`denied`).
+    Remove { key: bool, denied: bool },
+    /// Give its `keys` entry this state.
+    SetState(KeyState),
+}
+
+/// The change `action` makes to an id whose `keys` entry has the state
+/// `cur` (`None`: absent) and that is `denied` or not; `Err`: why it is
+/// left alone. The one decision of the local path and of the path through
+/// etcd.
+pub(super) fn decide(
+    action: Action,
+    cur: Option<KeyState>,
+    denied: bool,
+    include_all: bool,
+) -> Result<Change, String> {
+    let (target, other) = match action {
+        Action::Delete => {
+            if cur.is_none() && !denied {
+                return Err("no such key".into());
+            }
+            return Ok(Change::Remove {
+                key: cur.is_some(),
+                denied,
+            });
+        }
+        Action::Accept => (KeyState::Accepted, KeyState::Rejected),
+        Action::Reject => (KeyState::Rejected, KeyState::Accepted),
+    };
+    match cur {
+        None => Err("no such key".into()),
+        Some(s) if s == target => Err(format!("already {s}")),
+        Some(s) if s == other && !include_all => {
+            Err(format!("is {s}; add --include-all to change it"))
+        }
+        Some(_) => Ok(Change::SetState(target)),
+    }
 }
 
 /// What the command did to the key tree: paths relative to the store's
 /// directory.
 #[derive(Debug, Default, Serialize)]
-struct TreeReport {
+pub(super) struct TreeReport {
     written: Vec<String>,
     removed: Vec<String>,
 }
@@ -119,9 +153,10 @@ impl TreeReport {
 
 /// What a state change did: `{"<verb>": [ids done], "skipped": [...],
 /// "tree": {"written": [...], "removed": [...]}}` (`tree` only when the
-/// tree is kept in step).
+/// tree is kept in step by the command; `etcd_revision`, the revision of
+/// the last commit, only when it went through etcd).
 #[derive(Debug, Default, Serialize)]
-struct StateReport {
+pub(super) struct StateReport {
     #[serde(skip_serializing_if = "Option::is_none")]
     accepted: Option<Vec<String>>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -131,10 +166,12 @@ struct StateReport {
     skipped: Vec<Skipped>,
     #[serde(skip_serializing_if = "Option::is_none")]
     tree: Option<TreeReport>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) etcd_revision: Option<i64>,
 }
 
 impl StateReport {
-    fn new(
+    pub(super) fn new(
         action: Action,
         done: Vec<String>,
         skipped: Vec<Skipped>,
@@ -216,6 +253,12 @@ pub(crate) fn run(c: Args, action: Action) -> CmdResult {
     if action == Action::Delete && c.all && !c.yes && !ids.is_empty() {
         confirm_delete_all(store.dir(), ids.len())?;
     }
+    // With keycache_etcd, etcd decides and holds the change; the
+    // replicator brings it into this store (and its key tree).
+    if let Some(settings) = super::etcd::configured(&c.layout, &dir)? {
+        let report = super::etcd::write::run(settings, &store, action, &ids, c.include_all)?;
+        return Ok(print(report, c.all, c.json.json));
+    }
     announce_lock_wait(store.dir());
     let mut done: Vec<String> = Vec::new();
     let mut problems: Vec<Skipped> = Vec::new();
@@ -227,15 +270,12 @@ pub(crate) fn run(c: Args, action: Action) -> CmdResult {
     };
     let (_, _, changes) = store.batch_with_tree(|b| {
         for id in &ids {
-            let cur = b.get(id)?;
-            match action {
-                Action::Delete => {
-                    let denied = store.is_denied(id)?;
-                    if cur.is_none() && !denied {
-                        skip(&mut problems, id, "no such key".into());
-                        continue;
-                    }
-                    if cur.is_some() {
+            let cur = b.get(id)?.map(|(s, _)| s);
+            let denied = action == Action::Delete && store.is_denied(id)?;
+            match decide(action, cur, denied, c.include_all) {
+                Err(reason) => skip(&mut problems, id, reason),
+                Ok(Change::Remove { key, denied }) => {
+                    if key {
                         b.remove(id)?;
                     }
                     if denied {
@@ -243,55 +283,54 @@ pub(crate) fn run(c: Args, action: Action) -> CmdResult {
                     }
                     done.push(id.to_string());
                 }
-                Action::Accept | Action::Reject => {
-                    let (target, other) = if action == Action::Accept {
-                        (KeyState::Accepted, KeyState::Rejected)
-                    } else {
-                        (KeyState::Rejected, KeyState::Accepted)
-                    };
-                    match cur {
-                        None => skip(&mut problems, id, "no such key".into()),
-                        Some((s, _)) if s == target => {
-                            skip(&mut problems, id, format!("already {s}"))
-                        }
-                        Some((s, _)) if s == other && !c.include_all => skip(
-                            &mut problems,
-                            id,
-                            format!("is {s}; add --include-all to change it"),
-                        ),
-                        Some(_) => {
-                            b.set_state(id, target)?;
-                            done.push(id.to_string());
-                        }
-                    }
+                Ok(Change::SetState(target)) => {
+                    b.set_state(id, target)?;
+                    done.push(id.to_string());
                 }
             }
         }
         Ok(())
     })?;
-    let ok = problems.is_empty() || (c.all && !done.is_empty());
     let tree = store
         .tree()
         .is_on()
         .then(|| TreeReport::new(store.dir(), &changes));
-    if c.json.json {
-        print_json(&StateReport::new(action, done, problems, tree));
-    } else {
-        let verb = action.verb();
-        for id in &done {
+    let report = StateReport::new(action, done, problems, tree);
+    Ok(print(report, c.all, c.json.json))
+}
+
+/// Prints what a state change did (`json`: as one JSON document); exit
+/// code 1 when an id was left alone, unless `all` did something.
+pub(super) fn print(report: StateReport, all: bool, json: bool) -> std::process::ExitCode {
+    let done = [&report.accepted, &report.rejected, &report.deleted]
+        .into_iter()
+        .flatten()
+        .map(Vec::len)
+        .sum::<usize>();
+    let ok = report.skipped.is_empty() || (all && done > 0);
+    if json {
+        print_json(&report);
+        return exit(ok);
+    }
+    for (verb, ids) in [
+        ("accepted", &report.accepted),
+        ("rejected", &report.rejected),
+        ("deleted", &report.deleted),
+    ] {
+        for id in ids.iter().flatten() {
             outln!("Key for minion {} {verb}.", esc(id));
         }
-        if let Some(t) = &tree {
-            for p in &t.written {
-                outln!("Key tree: wrote {}.", esc(p));
-            }
-            for p in &t.removed {
-                outln!("Key tree: removed {}.", esc(p));
-            }
+    }
+    if let Some(t) = &report.tree {
+        for p in &t.written {
+            outln!("Key tree: wrote {}.", esc(p));
         }
-        for p in &problems {
-            errln!("keycache: {}: {}", esc(&p.id), p.reason);
+        for p in &t.removed {
+            outln!("Key tree: removed {}.", esc(p));
         }
     }
-    Ok(exit(ok))
+    for p in &report.skipped {
+        errln!("keycache: {}: {}", esc(&p.id), p.reason);
+    }
+    exit(ok)
 }

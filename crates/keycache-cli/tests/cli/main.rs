@@ -29,6 +29,7 @@ mod config;
 mod crash;
 mod damage;
 mod edges;
+mod etcd;
 mod hostile;
 mod key_material;
 mod layout;

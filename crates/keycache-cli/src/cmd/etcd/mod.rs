@@ -1,0 +1,87 @@
+//! `keycache etcd seed|status|diff`, and what the commands that work with
+//! etcd share: the master config's `keycache_etcd` ([`required`],
+//! [`configured`]). The replicator itself is `keycache replicate`
+//! (`super::replicate`); accept, reject and delete through etcd are
+//! [`write`].
+
+mod diff;
+mod seed;
+mod status;
+pub(super) mod write;
+
+use std::path::Path;
+
+use clap::Subcommand;
+use keycache_etcd::Settings;
+
+use crate::args::Layout;
+use crate::output::{esc_path, CmdError, CmdResult};
+
+/// The arguments of `keycache etcd`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct Args {
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// The subcommands of `keycache etcd`.
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Put the key state of the master's store (or of --from: another
+    /// store, or a localfs_key tree) into the etcd prefix of the master
+    /// config's keycache_etcd, in transactions within etcd's limits. A
+    /// prefix that already holds keys is refused (exit 2, nothing written)
+    /// unless --replace. Never the master_keys bank.
+    Seed(seed::Args),
+    /// This master's replica against etcd: the revision it holds, etcd's,
+    /// the keys under the prefix, the lag, the last contact with etcd.
+    /// Exits 1 when the replica is stale (no contact for longer than
+    /// keycache_etcd's stale_after) or etcd cannot be reached.
+    Status(status::Args),
+    /// Compare the master's store with the key state in etcd, entry by
+    /// entry; exits 1 when they differ.
+    Diff(diff::Args),
+}
+
+/// Runs `keycache etcd ...`.
+pub(crate) fn run(a: Args) -> CmdResult {
+    match a.command {
+        Command::Seed(a) => seed::run(a),
+        Command::Status(a) => status::run(a),
+        Command::Diff(a) => diff::run(a),
+    }
+}
+
+/// The etcd settings of the master config that `layout` names (the store
+/// directory `dir`, when not empty, overriding the config's); `None`
+/// without a master config or without `keycache_etcd` in it.
+pub(crate) fn configured(layout: &Layout, dir: &Path) -> Result<Option<Settings>, CmdError> {
+    match layout.config(dir)? {
+        Some(cfg) => Ok(Settings::from_config(&cfg)?),
+        None => Ok(None),
+    }
+}
+
+/// The etcd settings of the master config that `layout` names, which
+/// `keycache {command}` needs: without `keycache_etcd`, exit 2 and what to
+/// add.
+pub(crate) fn required(layout: &Layout, command: &str) -> Result<Settings, CmdError> {
+    let Some(cfg) = layout.config(Path::new(""))? else {
+        return Err(CmdError::usage(format!(
+            "keycache {command} needs the master config (-c DIR or --master-config FILE)"
+        )));
+    };
+    match Settings::from_config(&cfg)? {
+        Some(s) => Ok(s),
+        None => Err(CmdError::usage(format!(
+            "keycache {command}: the master config {} has no keycache_etcd: add \
+             `keycache_etcd: {{endpoints: [http://HOST:2379]}}` (see docs/cli.md) to replicate \
+             the key state from etcd",
+            if cfg.found {
+                esc_path(&cfg.conf_file)
+            } else {
+                format!("{} (not found)", esc_path(&cfg.conf_file))
+            }
+        ))),
+    }
+}

@@ -1,0 +1,100 @@
+//! `keycache etcd status`: this master's replica against etcd
+//! (`keycache_etcd::status::status`).
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use anstyle::AnsiColor;
+use keycache_etcd::{block_on, status};
+
+use crate::args::{Json, Layout};
+use crate::output::{esc, esc_path, exit, fmt_time, outln, paint, print_json, CmdResult};
+
+/// The arguments of `keycache etcd status`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct Args {
+    #[command(flatten)]
+    json: Json,
+    #[command(flatten)]
+    layout: Layout,
+}
+
+/// The status and the bound it was judged by.
+#[derive(Debug, serde::Serialize)]
+struct Out<'a> {
+    #[serde(flatten)]
+    status: &'a status::Status,
+    /// The store directory.
+    dir: &'a Path,
+    /// keycache_etcd's stale_after, in ms.
+    stale_after_ms: u128,
+}
+
+/// Runs `keycache etcd status`: exit code 1 when the replica is stale or
+/// etcd cannot be reached.
+pub(crate) fn run(a: Args) -> CmdResult {
+    let settings = super::required(&a.layout, "etcd status")?;
+    let store = a.layout.open(Path::new(""))?;
+    let st = block_on(async {
+        let mut client = settings.connect().await;
+        let c = match &mut client {
+            Ok(c) => Ok(c),
+            Err(e) => Err(keycache_etcd::Error::Config(e.to_string())),
+        };
+        status::status(&settings, &store, c).await
+    })?;
+    let ok = !st.stale && st.etcd_error.is_none();
+    if a.json.json {
+        print_json(&Out {
+            status: &st,
+            dir: store.dir(),
+            stale_after_ms: settings.stale_after.as_millis(),
+        });
+        return Ok(exit(ok));
+    }
+    outln!("store:            {}", esc_path(store.dir()));
+    outln!("prefix:           {}", esc(&st.prefix));
+    outln!(
+        "replica revision: {}",
+        match st.replica_revision {
+            0 => "none (never listed etcd: is keycache replicate running?)".to_owned(),
+            r => r.to_string(),
+        }
+    );
+    match (&st.etcd_error, st.etcd_revision) {
+        (Some(e), _) => outln!(
+            "etcd:             {}",
+            paint(
+                &format!("cannot be reached: {}", esc(e)),
+                AnsiColor::Red.on_default()
+            )
+        ),
+        (None, Some(r)) => {
+            outln!("etcd revision:    {r}");
+            outln!("keys in etcd:     {}", st.etcd_keys.unwrap_or(0));
+            outln!(
+                "lag:              {} revisions",
+                st.revision_lag.unwrap_or(0)
+            );
+        }
+        (None, None) => {}
+    }
+    match (st.last_contact_ms, st.since_contact_ms) {
+        (Some(at), Some(since)) => outln!(
+            "last contact:     {} ({:.1} s ago)",
+            fmt_time(at.saturating_mul(1_000_000)),
+            since as f64 / 1000.0
+        ),
+        _ => outln!("last contact:     never"),
+    }
+    outln!(
+        "stale:            {} (after {} s without etcd)",
+        if st.stale {
+            paint("yes", AnsiColor::Red.on_default())
+        } else {
+            paint("no", AnsiColor::Green.on_default())
+        },
+        settings.stale_after.as_secs()
+    );
+    Ok(if ok { ExitCode::SUCCESS } else { exit(false) })
+}

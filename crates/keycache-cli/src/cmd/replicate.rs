@@ -1,0 +1,201 @@
+//! `keycache replicate`: the replicator of this master's store, in the
+//! foreground, forever (`keycache_etcd::Replicator`): the store made equal
+//! to the key state in etcd, then kept so, with its key tree. Each report
+//! is one line on stderr, or one JSON document per line on stdout with
+//! `--json`. Meant for a service manager (`dist/keycache-replicate.service`):
+//! a kill at any moment is safe, a restart resumes from the recorded
+//! revision.
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use keycache_etcd::replica::Applied;
+use keycache_etcd::{Replicator, Report};
+use serde::Serialize;
+
+use super::state::TreeMode;
+use crate::args::{Json, Layout};
+use crate::output::{errln, esc, esc_path, print_json_line, CmdResult};
+
+/// The arguments of `keycache replicate`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct Args {
+    /// Keep the key tree of the store's directory (minions/, minions_pre/,
+    /// minions_rejected/, minions_denied/) in step with the replica: Salt
+    /// 3008.5's validate_token reads minions/<id> on every request of a
+    /// minion, and a new replica has no tree yet. `auto`: when the
+    /// directory holds a `minions` entry.
+    #[arg(long, value_enum, value_name = "WHEN", default_value_t = TreeMode::Always)]
+    tree: TreeMode,
+    #[command(flatten)]
+    json: Json,
+    #[command(flatten)]
+    layout: Layout,
+}
+
+/// One report as a JSON line.
+#[derive(Debug, Serialize)]
+struct Line<'a> {
+    event: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    revision: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    entries: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    events: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    written: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    removed: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    refused: Option<Vec<Refused<'a>>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    compact_revision: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    why: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    retry_in_ms: Option<u128>,
+}
+
+/// An etcd key the replica does not hold, and why.
+#[derive(Debug, Serialize)]
+struct Refused<'a> {
+    key: &'a str,
+    why: &'a str,
+}
+
+impl<'a> Line<'a> {
+    fn new(event: &'static str) -> Line<'a> {
+        Line {
+            event,
+            revision: None,
+            entries: None,
+            events: None,
+            written: None,
+            removed: None,
+            refused: None,
+            compact_revision: None,
+            why: None,
+            retry_in_ms: None,
+        }
+    }
+
+    fn applied(mut self, a: &'a Applied) -> Line<'a> {
+        self.written = Some(a.written);
+        self.removed = Some(a.removed);
+        self.refused = Some(
+            a.refused
+                .iter()
+                .map(|(key, why)| Refused { key, why })
+                .collect(),
+        );
+        self
+    }
+}
+
+/// Prints `r`: a JSON line on stdout (`json`), else a line on stderr.
+fn print(r: &Report, json: bool) {
+    if json {
+        let line = match r {
+            Report::Listed {
+                revision,
+                entries,
+                applied,
+            } => Line {
+                revision: Some(*revision),
+                entries: Some(*entries),
+                ..Line::new("listed")
+            }
+            .applied(applied),
+            Report::Applied {
+                revision,
+                events,
+                applied,
+            } => Line {
+                revision: Some(*revision),
+                events: Some(*events),
+                ..Line::new("applied")
+            }
+            .applied(applied),
+            Report::Compacted { compact_revision } => Line {
+                compact_revision: Some(*compact_revision),
+                ..Line::new("compacted")
+            },
+            Report::Lost { why, retry_in } => Line {
+                why: Some(why),
+                retry_in_ms: Some(retry_in.as_millis()),
+                ..Line::new("lost")
+            },
+            _ => Line::new("other"),
+        };
+        print_json_line(&line);
+        return;
+    }
+    let refused = |a: &Applied| {
+        for (key, why) in &a.refused {
+            errln!(
+                "keycache: replicate: not held here: {}: {}",
+                esc(key),
+                esc(why)
+            );
+        }
+    };
+    match r {
+        Report::Listed {
+            revision,
+            entries,
+            applied,
+        } => {
+            errln!(
+                "keycache: replicate: listed {entries} entries at revision {revision}: {} written, {} removed",
+                applied.written,
+                applied.removed
+            );
+            refused(applied);
+        }
+        Report::Applied {
+            revision,
+            events,
+            applied,
+        } => {
+            errln!(
+                "keycache: replicate: revision {revision}: {events} changes, {} written, {} removed",
+                applied.written,
+                applied.removed
+            );
+            refused(applied);
+        }
+        Report::Compacted { compact_revision } => errln!(
+            "keycache: replicate: etcd compacted its history past this replica's revision \
+             (to {compact_revision}): listing again"
+        ),
+        Report::Lost { why, retry_in } => errln!(
+            "keycache: replicate: {}; retrying in {} ms",
+            esc(why),
+            retry_in.as_millis()
+        ),
+        other => errln!("keycache: replicate: {other:?}"),
+    }
+}
+
+/// Runs `keycache replicate`: forever; exit code 2 on a failure that
+/// retrying cannot mend.
+pub(crate) fn run(a: Args) -> CmdResult {
+    let settings = super::etcd::required(&a.layout, "replicate")?;
+    let mut store = a.layout.open(Path::new(""))?;
+    store.set_tree(a.tree.sync(store.dir()));
+    errln!(
+        "keycache: replicate: {} from etcd {} into {} (key tree {})",
+        esc(settings.layout.prefix()),
+        esc(&settings.endpoints.join(",")),
+        esc_path(store.dir()),
+        if store.tree().is_on() {
+            "kept in step"
+        } else {
+            "left alone"
+        }
+    );
+    let json = a.json.json;
+    Replicator::new(settings, store, move |r| print(&r, json)).run_blocking()?;
+    Ok(ExitCode::SUCCESS)
+}

