@@ -55,6 +55,8 @@ struct Line<'a> {
     why: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     retry_in_ms: Option<u128>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    took_ms: Option<f64>,
 }
 
 /// An etcd key the replica does not hold, and why.
@@ -77,6 +79,7 @@ impl<'a> Line<'a> {
             compact_revision: None,
             why: None,
             retry_in_ms: None,
+            took_ms: None,
         }
     }
 
@@ -111,9 +114,11 @@ fn print(r: &Report, json: bool) {
                 revision,
                 events,
                 applied,
+                took,
             } => Line {
                 revision: Some(*revision),
                 events: Some(*events),
+                took_ms: Some(took.as_secs_f64() * 1e3),
                 ..Line::new("applied")
             }
             .applied(applied),
@@ -157,11 +162,13 @@ fn print(r: &Report, json: bool) {
             revision,
             events,
             applied,
+            took,
         } => {
             errln!(
-                "keycache: replicate: revision {revision}: {events} changes, {} written, {} removed",
+                "keycache: replicate: revision {revision}: {events} changes, {} written, {} removed in {:.1} ms",
                 applied.written,
-                applied.removed
+                applied.removed,
+                took.as_secs_f64() * 1e3
             );
             refused(applied);
         }
