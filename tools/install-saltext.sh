@@ -14,6 +14,8 @@ stamp="$venv/.saltext-keycache-sources"
 
 sources_hash() {
     (cd "$repo" && find Cargo.toml Cargo.lock crates/keycache/Cargo.toml crates/keycache/src \
+        crates/keycache-config/Cargo.toml crates/keycache-config/src \
+        crates/keycache-etcd/Cargo.toml crates/keycache-etcd/src \
         crates/saltext-keycache/Cargo.toml crates/saltext-keycache/pyproject.toml \
         crates/saltext-keycache/src crates/saltext-keycache/python -type f -print0 \
         | sort -z | xargs -0 sha256sum | sha256sum | cut -d' ' -f1)

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
+use keycache_config::etcd::EtcdSettings;
 use keycache_config::MasterConfig;
 
 use crate::error::{Error, Result};
@@ -50,7 +51,15 @@ impl Settings {
         let (Some(e), Some(prefix)) = (&cfg.etcd, cfg.etcd_prefix()) else {
             return Ok(None);
         };
-        let e = &e.value;
+        Settings::from_parts(&e.value, &prefix).map(Some)
+    }
+
+    /// The settings of a `keycache_etcd` mapping read some other way (the
+    /// Salt driver reads it from the master's options) under `prefix`
+    /// (see [`MasterConfig::etcd_prefix`] for the default): a bare
+    /// `host:port` endpoint is http; `ca` or `cert` with an http endpoint
+    /// is refused.
+    pub fn from_parts(e: &EtcdSettings, prefix: &str) -> Result<Settings> {
         let endpoints: Vec<String> = e
             .endpoints
             .iter()
@@ -70,15 +79,15 @@ impl Settings {
                 )));
             }
         }
-        Ok(Some(Settings {
+        Ok(Settings {
             endpoints,
-            layout: Layout::new(&prefix)?,
+            layout: Layout::new(prefix)?,
             ca: e.ca.clone(),
             identity: e.cert.clone().zip(e.key.clone()),
             user: e.user.clone().zip(e.password.clone()),
             write_timeout: Duration::from_secs(e.write_timeout),
             stale_after: Duration::from_secs(e.stale_after),
-        }))
+        })
     }
 
     /// Settings for plain-http `endpoints` and `prefix`, with the default

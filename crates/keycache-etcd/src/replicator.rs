@@ -188,7 +188,11 @@ impl Replicator {
             && s.cluster_id == h.cluster_id()
             && s.revision > 0
             && s.revision <= h.revision();
-        self.state = s;
+        // The state this replicator writes names its own pid.
+        self.state = ReplicaState {
+            pid: std::process::id(),
+            ..s
+        };
         Ok(ok)
     }
 

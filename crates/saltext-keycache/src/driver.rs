@@ -11,6 +11,10 @@ use keycache::{KeyState, MinionId};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString};
 
+use keycache::snapshot::Bank as Replicated;
+use keycache_etcd::{Settings, Value};
+
+use crate::etcd::Op;
 use crate::listing::{Keep, Walk};
 use crate::open::Open;
 use crate::values::{self, Bank};
@@ -25,6 +29,9 @@ use crate::{error, fork_generation, DriverKey};
 pub struct Driver {
     pub(crate) key: DriverKey,
     pub(crate) open: ArcSwap<Open>,
+    /// etcd mode (`keycache_etcd`): the `keys` and `denied_keys` banks are
+    /// written through etcd (see [`crate::etcd`]).
+    pub(crate) etcd: Option<Settings>,
 }
 
 impl Driver {
@@ -86,6 +93,78 @@ impl Driver {
     /// such an id is never found, and storing it is refused.
     fn fits(&self, name: &[u8]) -> bool {
         name.len() <= self.key.params.2 && !name.is_empty() && !name.contains(&0)
+    }
+
+    /// etcd mode: writes (`Some`) or removes (`None`) `name` in bank `b`
+    /// through etcd, guarded by what the local replica holds for it now,
+    /// returning once the replica applied the commit (the GIL released
+    /// meanwhile). A removal of what the replica does not hold is `false`,
+    /// with nothing sent.
+    fn through_etcd(
+        &self,
+        py: Python<'_>,
+        open: &Open,
+        settings: &Settings,
+        b: Bank,
+        name: &[u8],
+        value: Option<Value>,
+    ) -> PyResult<bool> {
+        let Some(rb) = b.replicated() else {
+            return Err(error(py, format!("keycache: bank {b:?} is never in etcd")));
+        };
+        let id = minion(name).map_err(|e| fail(py, e))?;
+        let table = open.table(b).map_err(|e| fail(py, e))?;
+        let expected = crate::etcd::local_value(&table, rb, name).map_err(|e| fail(py, e))?;
+        if value.is_none() && expected.is_none() {
+            return Ok(false);
+        }
+        let op = Op {
+            bank: rb,
+            id,
+            expected,
+            value,
+        };
+        py.detach(|| crate::etcd::write(settings, &open.dir, vec![op]))
+            .map_err(|why| error(py, why))?;
+        Ok(true)
+    }
+
+    /// etcd mode: Salt's `flush(bank)` (`salt-key --delete-den` flushes
+    /// `denied_keys`): every entry the local replica holds in the bank is
+    /// removed through etcd, each guarded by its value. The bank's files
+    /// stay.
+    fn wipe_through_etcd(
+        &self,
+        py: Python<'_>,
+        open: &Open,
+        settings: &Settings,
+        rb: Replicated,
+    ) -> PyResult<bool> {
+        let store = open.store().map_err(|e| fail(py, e))?;
+        let ops = py
+            .detach(|| -> keycache::Result<Vec<Op>> {
+                let mut ops = Vec::new();
+                for (bank, id, value) in keycache_etcd::replica::local_entries(&store)? {
+                    if bank != rb {
+                        continue;
+                    }
+                    let Ok(id) = MinionId::new(id) else { continue };
+                    ops.push(Op {
+                        bank,
+                        id,
+                        expected: Some(value),
+                        value: None,
+                    });
+                }
+                Ok(ops)
+            })
+            .map_err(|e| fail(py, e))?;
+        if ops.is_empty() {
+            return Ok(true);
+        }
+        py.detach(|| crate::etcd::write(settings, &open.dir, ops))
+            .map_err(|why| error(py, why))?;
+        Ok(true)
     }
 
     /// Why [`Driver::fits`] refuses `name`, in words.
@@ -221,6 +300,29 @@ impl Driver {
                 ),
             ));
         }
+        if let Some(settings) = &self.etcd {
+            let through = match &put {
+                Put::Key(state, p) => Some((Replicated::Keys, Value::Key(*state, p.clone()))),
+                Put::Denied(p) => Some((Replicated::Denied, Value::Denied(p.clone()))),
+                Put::Master(_) => None,
+            };
+            if let Some((rb, value)) = through {
+                if let Err(why) = Value::decode(rb, &value.encode()) {
+                    return Err(error(
+                        py,
+                        format!(
+                            "keycache: failed to write bank={bank:?} key={}: {why}; with \
+                             keycache_etcd only a non-empty public key goes to etcd, nothing \
+                             was written",
+                            key.repr()?
+                        ),
+                    ));
+                }
+                return self
+                    .through_etcd(py, &open, settings, b, &name, Some(value))
+                    .map(|_| ());
+            }
+        }
         py.detach(|| -> keycache::Result<()> {
             match put {
                 // Salt stores an empty key too (it then reads as absent); the
@@ -257,12 +359,18 @@ impl Driver {
         }
         let b = Self::bank(py, bank)?;
         let Some(k) = key else {
+            if let (Some(settings), Some(rb)) = (&self.etcd, b.replicated()) {
+                return self.wipe_through_etcd(py, &open, settings, rb);
+            }
             py.detach(|| wipe(&open, b)).map_err(|e| fail(py, e))?;
             return Ok(true);
         };
         let name = Self::name(k)?;
         if !self.fits(&name) {
             return Ok(false);
+        }
+        if let (Some(settings), true) = (&self.etcd, b.replicated().is_some()) {
+            return self.through_etcd(py, &open, settings, b, &name, None);
         }
         py.detach(|| -> keycache::Result<bool> {
             match b {

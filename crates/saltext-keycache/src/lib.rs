@@ -23,6 +23,10 @@
 //!   until it is migrated (see `legacy`); `<pki_dir>/master.pub` is kept in
 //!   step with the bank (see `master_pub`).
 //! * Writes (with their fsyncs) and listings release the GIL.
+//! * etcd mode (`keycache_etcd`, see `etcd`): `store` and `flush` of the
+//!   `keys` and `denied_keys` banks go through etcd and wait for the local
+//!   replica, which `replicate` (the Salt engine's function) keeps; each
+//!   write's runtime and connection live only inside the call.
 //! * Fork: a child never uses its parent's handles. `after_fork_in_child`
 //!   (registered with `os.register_at_fork` by the Python package) drops
 //!   them, and every write checks the process id as well, so a child
@@ -32,10 +36,12 @@
 #![deny(clippy::unwrap_used)]
 
 mod driver;
+mod etcd;
 mod legacy;
 mod listing;
 mod master_pub;
 mod open;
+mod replicate;
 mod values;
 
 use std::collections::HashMap;
@@ -75,6 +81,8 @@ pub(crate) struct DriverKey {
     pub(crate) master_pki_dir: Option<String>,
     /// The master's id without `_master` (Salt's `MasterKeys.master_id`).
     pub(crate) master_id: String,
+    /// `keycache_etcd`: etcd mode (see [`etcd`]).
+    pub(crate) etcd: Option<etcd::EtcdOptions>,
 }
 
 /// The drivers of this process. Looked up when a driver module is (re)loaded,
@@ -118,7 +126,7 @@ fn after_fork_in_child() {
 /// (`<master_pki_dir>/master.pub` is then kept in step with the bank), and
 /// `master_id` the master's id without `_master`.
 #[pyfunction(name = "driver")]
-#[pyo3(signature = (dir, *, size, slot_size, id_size, max_segment_bytes, tree, pki_dir_is_abs, master_pki_dir=None, master_id=String::new()))]
+#[pyo3(signature = (dir, *, size, slot_size, id_size, max_segment_bytes, tree, pki_dir_is_abs, master_pki_dir=None, master_id=String::new(), etcd=None, cluster_id=None))]
 #[allow(clippy::too_many_arguments)]
 fn open_driver(
     py: Python<'_>,
@@ -131,7 +139,15 @@ fn open_driver(
     pki_dir_is_abs: bool,
     master_pki_dir: Option<String>,
     master_id: String,
+    etcd: Option<Bound<'_, PyAny>>,
+    cluster_id: Option<String>,
 ) -> PyResult<Py<Driver>> {
+    let etcd = etcd::EtcdOptions::from_py(etcd.as_ref(), cluster_id.as_deref())
+        .map_err(|why| error(py, why))?;
+    let settings = match &etcd {
+        Some(o) => Some(o.settings().map_err(|why| error(py, why))?),
+        None => None,
+    };
     let key = DriverKey {
         dir,
         params: (size, slot_size, id_size, max_segment_bytes),
@@ -139,6 +155,7 @@ fn open_driver(
         pki_dir_is_abs,
         master_pki_dir,
         master_id,
+        etcd,
     };
     let mut g = DRIVERS.lock().unwrap_or_else(|e| e.into_inner());
     let map = g.get_or_insert_with(HashMap::new);
@@ -150,6 +167,7 @@ fn open_driver(
         Driver {
             key: key.clone(),
             open: ArcSwap::new(Arc::new(open::Open::new(&key))),
+            etcd: settings,
         },
     )?;
     map.insert(key, d.clone_ref(py));
@@ -163,6 +181,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(open_driver, m)?)?;
     m.add_function(wrap_pyfunction!(set_error_class, m)?)?;
     m.add_function(wrap_pyfunction!(after_fork_in_child, m)?)?;
+    m.add_function(wrap_pyfunction!(replicate::replicate, m)?)?;
     m.add("KeycacheError", m.py().get_type::<KeycacheError>())?;
     Ok(())
 }

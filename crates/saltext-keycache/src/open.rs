@@ -167,7 +167,7 @@ impl std::ops::Deref for TableRef {
 }
 
 /// Creates the store directory, as mmap_key does (`os.makedirs`), mode 0700.
-fn make_dir(dir: &Path) -> keycache::Result<()> {
+pub(crate) fn make_dir(dir: &Path) -> keycache::Result<()> {
     use std::os::unix::fs::DirBuilderExt;
     if dir.is_dir() {
         return Ok(());

@@ -41,6 +41,16 @@ impl Bank {
         }
     }
 
+    /// The bank as etcd and the replica know it; `None` for `master_keys`,
+    /// which never leaves the master.
+    pub(crate) fn replicated(self) -> Option<keycache::snapshot::Bank> {
+        match self {
+            Bank::Keys => Some(keycache::snapshot::Bank::Keys),
+            Bank::Denied => Some(keycache::snapshot::Bank::Denied),
+            Bank::Master => None,
+        }
+    }
+
     /// Whether Salt checks the bank's keys with `valid_id`.
     pub(crate) fn holds_minion_ids(self) -> bool {
         self != Bank::Master

@@ -9,6 +9,10 @@ tree (``minions/<id>`` and its siblings) kept in step.
 Enable it in the master config::
 
     keys.cache_driver: keycache
+
+With ``keycache_etcd`` beside it, the minion keys are a live replica of one
+key state in etcd, kept by the engine ``engines/keycache.py``
+(``engines: [keycache: {}]``); see the driver's documentation.
 """
 
 import os

@@ -1,6 +1,6 @@
 """Type stubs of saltext.keycache._native (the pyo3 core)."""
 
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 class KeycacheError(Exception):
     """Raised when no SaltCacheError class was registered."""
@@ -33,8 +33,27 @@ def driver(
     pki_dir_is_abs: bool,
     master_pki_dir: Optional[str] = None,
     master_id: str = "",
+    etcd: Optional[dict[str, Any]] = None,
+    cluster_id: Optional[str] = None,
 ) -> Driver:
-    """The process-wide driver of dir with this layout (opened once, kept across loader reloads)."""
+    """The process-wide driver of dir with this layout (opened once, kept across loader reloads).
+
+    With etcd (keycache_etcd), store and flush of keys and denied_keys go through etcd."""
+
+def replicate(
+    dir: str,
+    *,
+    size: int,
+    slot_size: int,
+    id_size: int,
+    max_segment_bytes: int,
+    etcd: Optional[dict[str, Any]],
+    cluster_id: Optional[str] = None,
+    report: Optional[Callable[[str, str], Any]] = None,
+    master_pki_dir: Optional[str] = None,
+    master_id: str = "",
+) -> None:
+    """Runs the replicator of dir from etcd (the GIL released) until a signal handler raises."""
 
 def set_error_class(cls: type) -> None:
     """Registers the exception class errors are raised as (Salt's SaltCacheError)."""

@@ -36,24 +36,58 @@ Differences from ``mmap_key``, all on the safe side:
   is kept in step with the master's public key in the ``master_keys``
   bank (mode 0644, written atomically, never a private key).
 
+etcd mode: with ``keycache_etcd`` beside ``keys.cache_driver: keycache``
+(and the replicator running, as the engine ``engines: [keycache: {}]`` of
+this package or ``keycache replicate``), the ``keys`` and ``denied_keys``
+banks of the master's own store directory are a live replica of one key
+state in etcd v3, shared by every master of the cluster:
+
+.. code-block:: yaml
+
+    keycache_etcd:
+      endpoints: [https://10.0.0.1:2379, https://10.0.0.2:2379]
+      prefix: /keycache/prod/   # default /keycache/<cluster_id or default>/
+      ca: /etc/salt/etcd/ca.pem
+      cert: /etc/salt/etcd/client.pem
+      key: /etc/salt/etcd/client-key.pem
+      user: salt
+      password: secret
+      write_timeout: 10         # seconds
+      stale_after: 30           # seconds
+    engines:
+      - keycache: {}
+
+``store`` and ``flush`` on those banks are etcd transactions, committed only
+if etcd still holds what the local replica holds for that id, and return
+once the replica has applied the commit (key tree included); the driver
+writes nothing locally. They raise ``SaltCacheError`` with the reason when
+etcd is unreachable, when the entry was changed elsewhere after this replica
+last saw it (nothing is written), or when the replica does not apply the
+commit within ``write_timeout``. ``flush`` of a whole bank (``salt-key
+--delete-den``) removes each entry through etcd. ``master_keys`` and every
+read stay local and take no lock. A bad ``keycache_etcd`` value raises
+``SaltCacheError`` naming the option.
+
+Staleness: when the replica has not heard from etcd for longer than
+``stale_after`` (etcd lost, or the replicator stopped), the master keeps
+serving reads from it (minions it accepted keep working: Salt's
+``validate_token`` reads ``minions/<id>``), and every write (a new key
+signing in, an accept, a delete) raises ``SaltCacheError``, as it needs
+etcd. A revocation committed on another master meanwhile reaches this one
+when its replicator reconnects (it resumes the watch, or lists again), which
+removes ``minions/<id>``.
+
 This module is only the shim Salt's loader needs (it packs Python functions
 alone, and runs this body again for every new ``Cache``); the stores are kept
 open by ``saltext.keycache._native`` for the life of the process.
 """
 
-import os
-
-import salt.utils.mmap_cache
 from salt.exceptions import SaltCacheError
 
-from saltext.keycache import _native
+from saltext.keycache import _native, _options
 
 __virtualname__ = "keycache"
 __func_alias__ = {"list_": "list", "flush_": "flush"}
-
-_DEFAULT_SIZE = 1_000_000
-_DEFAULT_SLOT_SIZE = 96
-_DEFAULT_ID_SIZE = 64
 
 _native.set_error_class(SaltCacheError)
 
@@ -68,30 +102,21 @@ def __virtual__():
 
 def _open(cachedir):
     opts = __opts__
-    max_segment_bytes = opts.get(
-        "mmap_key_max_segment_bytes",
-        opts.get(
-            "mmap_cache_max_segment_bytes",
-            salt.utils.mmap_cache.DEFAULT_MAX_SEGMENT_BYTES,
-        ),
-    )
-    pki_dir = opts.get("pki_dir")
-    # The master's own store directory (as init_kwargs picks it when no
-    # pki_dir is passed): its driver keeps <pki_dir>/master.pub in step.
-    own = opts.get("cluster_pki_dir") if opts.get("cluster_id") else pki_dir
-    master_pki_dir = pki_dir if isinstance(pki_dir, str) and cachedir == own else None
-    master_id = str(opts.get("id") or "").removesuffix("_master")
+    try:
+        layout = _options.layout(opts)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise SaltCacheError(f"keycache: bad settings for {cachedir!r}: {exc}")
+    # etcd mode only for the master's own store directory: a store elsewhere
+    # (another pki_dir passed to Cache) is no replica.
+    etcd = _options.etcd(opts) if cachedir == _options.own_dir(opts) else {}
     try:
         d = _native.driver(
             cachedir,
-            size=int(opts.get("mmap_key_size", _DEFAULT_SIZE)),
-            slot_size=int(opts.get("mmap_key_slot_size", _DEFAULT_SLOT_SIZE)),
-            id_size=int(opts.get("mmap_key_id_size", _DEFAULT_ID_SIZE)),
-            max_segment_bytes=int(max_segment_bytes),
+            **layout,
             tree=bool(opts.get("keycache_tree", True)),
-            pki_dir_is_abs=isinstance(pki_dir, str) and os.path.isabs(pki_dir),
-            master_pki_dir=master_pki_dir,
-            master_id=master_id,
+            pki_dir_is_abs=_options.pki_dir_is_abs(opts),
+            **_options.master(opts, cachedir),
+            **etcd,
         )
     except (TypeError, ValueError, OverflowError) as exc:
         raise SaltCacheError(f"keycache: bad settings for {cachedir!r}: {exc}")

@@ -1,0 +1,1 @@
+"""Salt engines of saltext.keycache (Salt's loader adds this directory)."""

@@ -1,0 +1,321 @@
+//! etcd mode: with `keycache_etcd` in the master's options, the `keys` and
+//! `denied_keys` banks are a live replica of the key state in etcd (see
+//! `keycache_etcd`). The driver's `store` and `flush` on them become etcd
+//! transactions ([`write`]), guarded by what the local replica shows, and
+//! return once the replica (kept by the `keycache` engine, see
+//! [`crate::replicate`]) has applied the commit; nothing is written locally
+//! by the driver. Reads stay local.
+//!
+//! Fork safety: every write makes its own runtime and connection inside the
+//! call ([`keycache_etcd::block_on`]) and drops both before it returns, so
+//! none is ever shared with a forked child.
+
+use std::path::Path;
+use std::time::Duration;
+
+use keycache::snapshot::Bank;
+use keycache::MinionId;
+use keycache_config::etcd::{EtcdSettings, DEFAULT_STALE_AFTER, DEFAULT_WRITE_TIMEOUT};
+use keycache_etcd::write::Writer;
+use keycache_etcd::{ReplicaState, Settings, Value};
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyDict, PyInt, PyList, PyString, PyTuple};
+
+/// The options of `keycache_etcd`, as read from the master's options: what
+/// identifies a driver's etcd mode (the password too, never shown).
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub(crate) struct EtcdOptions {
+    endpoints: Vec<String>,
+    prefix: String,
+    ca: Option<String>,
+    cert: Option<String>,
+    key: Option<String>,
+    user: Option<String>,
+    password: Option<String>,
+    write_timeout: u64,
+    stale_after: u64,
+}
+
+impl std::fmt::Debug for EtcdOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdOptions")
+            .field("endpoints", &self.endpoints)
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+const KNOWN: &str = "endpoints, prefix, ca, cert, key, user, password, write_timeout, stale_after";
+
+/// What a value is, for an error (never the value of `password`).
+fn shown(v: &Bound<'_, PyAny>) -> String {
+    v.get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "?".into())
+}
+
+fn bad(key: &str, expected: &str, v: &Bound<'_, PyAny>) -> String {
+    let what =
+        if key == "password" || !(v.is_instance_of::<PyString>() || v.is_instance_of::<PyInt>()) {
+            format!("a {}", shown(v))
+        } else {
+            v.repr().map(|r| r.to_string()).unwrap_or_else(|_| shown(v))
+        };
+    format!("keycache: bad option keycache_etcd.{key}: expected {expected}, got {what}")
+}
+
+fn text(key: &str, v: &Bound<'_, PyAny>) -> Result<String, String> {
+    match v.cast::<PyString>().ok().and_then(|s| s.to_str().ok()) {
+        Some(s) if !s.is_empty() && !s.contains('\0') => Ok(s.to_owned()),
+        _ => Err(bad(key, "a non-empty string", v)),
+    }
+}
+
+fn seconds(key: &str, v: &Bound<'_, PyAny>) -> Result<u64, String> {
+    if v.is_instance_of::<PyInt>() && !v.is_instance_of::<PyBool>() {
+        if let Ok(n) = v.extract::<u64>() {
+            if (1..=86_400).contains(&n) {
+                return Ok(n);
+            }
+        }
+    }
+    Err(bad(key, "a whole number of seconds from 1 to 86400", v))
+}
+
+impl EtcdOptions {
+    /// Reads `keycache_etcd` (`opts`: the option's value; `None`, an empty
+    /// mapping or a missing option: no etcd). `cluster_id` is the master's
+    /// `cluster_id` when it is true: the default prefix is
+    /// `/keycache/<cluster_id>/`, else `/keycache/default/`, as the CLI's
+    /// config reader has it. An error names the option.
+    pub(crate) fn from_py(
+        opts: Option<&Bound<'_, PyAny>>,
+        cluster_id: Option<&str>,
+    ) -> Result<Option<EtcdOptions>, String> {
+        let Some(v) = opts.filter(|v| !v.is_none()) else {
+            return Ok(None);
+        };
+        let Ok(map) = v.cast::<PyDict>() else {
+            return Err(format!(
+                "keycache: bad option keycache_etcd: expected a mapping, got a {}",
+                shown(v)
+            ));
+        };
+        if map.is_empty() {
+            return Ok(None);
+        }
+        let mut o = EtcdOptions {
+            endpoints: Vec::new(),
+            prefix: String::new(),
+            ca: None,
+            cert: None,
+            key: None,
+            user: None,
+            password: None,
+            write_timeout: DEFAULT_WRITE_TIMEOUT,
+            stale_after: DEFAULT_STALE_AFTER,
+        };
+        let mut prefix = None;
+        for (k, v) in map.iter() {
+            let Some(name) = k.cast::<PyString>().ok().and_then(|s| s.to_str().ok()) else {
+                return Err(format!(
+                    "keycache: bad option keycache_etcd: its keys must be strings, got a {}",
+                    shown(&k)
+                ));
+            };
+            match name {
+                "endpoints" => {
+                    let items: Vec<Bound<'_, PyAny>> = if v.is_instance_of::<PyString>() {
+                        vec![v.clone()]
+                    } else if let Ok(l) = v.cast::<PyList>() {
+                        l.iter().collect()
+                    } else if let Ok(t) = v.cast::<PyTuple>() {
+                        t.iter().collect()
+                    } else {
+                        return Err(bad(name, "a URL or a list of URLs", &v));
+                    };
+                    if items.is_empty() {
+                        return Err(bad(name, "a URL or a list of URLs", &v));
+                    }
+                    o.endpoints = items
+                        .iter()
+                        .map(|i| text(name, i).map_err(|_| bad(name, "a list of URLs", i)))
+                        .collect::<Result<_, _>>()?;
+                }
+                "prefix" => prefix = Some(text(name, &v)?),
+                "ca" => o.ca = Some(text(name, &v)?),
+                "cert" => o.cert = Some(text(name, &v)?),
+                "key" => o.key = Some(text(name, &v)?),
+                "user" => o.user = Some(text(name, &v)?),
+                "password" => o.password = Some(text(name, &v)?),
+                "write_timeout" => o.write_timeout = seconds(name, &v)?,
+                "stale_after" => o.stale_after = seconds(name, &v)?,
+                other => {
+                    return Err(format!(
+                        "keycache: unknown option keycache_etcd.{other} (expected one of {KNOWN})"
+                    ))
+                }
+            }
+        }
+        if o.endpoints.is_empty() {
+            return Err(
+                "keycache: bad option keycache_etcd.endpoints: expected a URL or a list of URLs, \
+                 got nothing"
+                    .into(),
+            );
+        }
+        for (first, second, half) in [
+            ("cert", "key", o.cert.is_some() != o.key.is_some()),
+            ("user", "password", o.user.is_some() != o.password.is_some()),
+        ] {
+            if half {
+                return Err(format!(
+                    "keycache: bad option keycache_etcd.{first}: {first} and {second} go together, \
+                     only one of them is set"
+                ));
+            }
+        }
+        let p = match (prefix, cluster_id.filter(|c| !c.is_empty())) {
+            (Some(p), _) => p,
+            (None, Some(c)) => format!("/keycache/{c}/"),
+            (None, None) => "/keycache/default/".into(),
+        };
+        o.prefix = if p.ends_with('/') { p } else { format!("{p}/") };
+        // Refused here, when the driver is opened, not on the first write.
+        o.settings()?;
+        Ok(Some(o))
+    }
+
+    /// The settings of `keycache_etcd`'s crate.
+    pub(crate) fn settings(&self) -> Result<Settings, String> {
+        let e = EtcdSettings {
+            endpoints: self.endpoints.clone(),
+            prefix: Some(self.prefix.clone()),
+            ca: self.ca.clone().map(Into::into),
+            cert: self.cert.clone().map(Into::into),
+            key: self.key.clone().map(Into::into),
+            user: self.user.clone(),
+            password: self.password.clone(),
+            write_timeout: self.write_timeout,
+            stale_after: self.stale_after,
+        };
+        Settings::from_parts(&e, &self.prefix).map_err(|e| format!("keycache: bad option {e}"))
+    }
+}
+
+/// One write through etcd: (bank, id) from what the local replica holds
+/// (`expected`) to `value` (`None`: removed).
+pub(crate) struct Op {
+    pub(crate) bank: Bank,
+    pub(crate) id: MinionId,
+    pub(crate) expected: Option<Value>,
+    pub(crate) value: Option<Value>,
+}
+
+/// What the local replica in `dir` holds for `name` in `table`: its value,
+/// or `None` when it is absent or holds nothing etcd could (such a value
+/// is then guarded as absent).
+pub(crate) fn local_value(
+    table: &keycache::table::Table,
+    bank: Bank,
+    name: &[u8],
+) -> keycache::Result<Option<Value>> {
+    let mut buf = Vec::new();
+    Ok(match table.get_into(name, &mut buf)? {
+        Some(f) if f.len > 0 => Value::decode(bank, f.value(&buf)).ok(),
+        _ => None,
+    })
+}
+
+/// Refuses a write before anything goes to etcd when this master's replica
+/// could not apply it: no replica in `dir` yet, another prefix, or no
+/// contact with etcd for longer than `stale_after` (the replicator stopped,
+/// or etcd lost).
+pub(crate) fn check_replica(settings: &Settings, dir: &Path) -> Result<(), String> {
+    let state = ReplicaState::read(dir).map_err(|e| format!("keycache: {e}"))?;
+    let Some(s) = state else {
+        return Err(format!(
+            "keycache: {} is not a replica of etcd yet (no {}): the replicator (the master's \
+             `engines: [keycache: {{}}]`, or `keycache replicate`) has not listed etcd into it; \
+             nothing was written",
+            dir.display(),
+            keycache::format::REPLICA_FILE
+        ));
+    };
+    if s.prefix != settings.layout.prefix() {
+        return Err(format!(
+            "keycache: the replica in {} holds etcd prefix {}, not {} (keycache_etcd.prefix): \
+             nothing was written; restart the replicator with this config",
+            dir.display(),
+            s.prefix,
+            settings.layout.prefix()
+        ));
+    }
+    let age = Duration::from_millis(keycache_etcd::state::now_ms().saturating_sub(s.contact_ms));
+    if age > settings.stale_after {
+        return Err(format!(
+            "keycache: the replica in {} last heard from etcd {} s ago (keycache_etcd.stale_after \
+             is {} s): writes need etcd and a running replicator; nothing was written (reads \
+             go on from the replica)",
+            dir.display(),
+            age.as_secs(),
+            settings.stale_after.as_secs()
+        ));
+    }
+    Ok(())
+}
+
+/// Runs `ops` through etcd for the store in `dir`, each committed only if
+/// etcd still holds what the replica showed, each waiting until the replica
+/// applied it. Every op is tried; the error names how many failed and the
+/// first failure. Call without the GIL.
+pub(crate) fn write(settings: &Settings, dir: &Path, ops: Vec<Op>) -> Result<(), String> {
+    check_replica(settings, dir)?;
+    let total = ops.len();
+    // A backstop: each request and the wait for the replica are bounded by
+    // write_timeout already.
+    let deadline = settings.write_timeout * 2 + Duration::from_secs(1);
+    let failures = keycache_etcd::block_on(async {
+        let fail = |e: keycache_etcd::Error| e.to_string();
+        let mut w =
+            match tokio::time::timeout(deadline, Writer::connect(settings.clone(), dir)).await {
+                Ok(Ok(w)) => w,
+                Ok(Err(e)) => return Ok(vec![(None, fail(e))]),
+                Err(_) => return Ok(vec![(None, timed_out(settings))]),
+            };
+        let mut failures = Vec::new();
+        for op in ops {
+            let r = tokio::time::timeout(
+                deadline,
+                w.put_if(op.bank, &op.id, op.expected.as_ref(), op.value),
+            )
+            .await;
+            match r {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => failures.push((Some(op.id), fail(e))),
+                Err(_) => failures.push((Some(op.id), timed_out(settings))),
+            }
+        }
+        Ok(failures)
+    })
+    .map_err(|e| format!("keycache: {e}"))?;
+    match failures.first() {
+        None => Ok(()),
+        Some((_, why)) if total <= 1 => Err(format!("keycache: {why}")),
+        Some((id, why)) => Err(format!(
+            "keycache: {} of {total} writes through etcd failed; the first{}: {why}",
+            if id.is_none() { total } else { failures.len() },
+            id.as_ref().map(|i| format!(" ({i})")).unwrap_or_default()
+        )),
+    }
+}
+
+fn timed_out(settings: &Settings) -> String {
+    format!(
+        "etcd ({}) did not answer within {} s: whether the change was committed is unknown; \
+         fetch it again once etcd answers",
+        settings.endpoints.join(","),
+        (settings.write_timeout * 2 + Duration::from_secs(1)).as_secs()
+    )
+}

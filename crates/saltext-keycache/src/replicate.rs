@@ -1,0 +1,164 @@
+//! `replicate`: the replicator of `keycache_etcd` (list, then watch; see
+//! `keycache_etcd::Replicator`) for the Salt engine
+//! `saltext/keycache/engines/keycache.py` (`engines: [keycache: {}]`).
+//!
+//! It runs on the calling thread, on a runtime made for the call, with the
+//! GIL released; every 200 ms it takes the GIL for a moment to run Python's
+//! signal handlers (Salt's engine process exits on SIGTERM through them),
+//! and stops with what they raised. It returns only that way, or with an
+//! error that retrying cannot mend: the process then ends, and Salt's
+//! process manager starts the engine again, which resumes from the revision
+//! the store recorded.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use keycache::tree::TreeSync;
+use keycache::{OpenOptions, Params, Store};
+use keycache_etcd::{Replicator, Report};
+use pyo3::prelude::*;
+
+use crate::error;
+use crate::etcd::EtcdOptions;
+
+/// How often the replicator lets Python run its signal handlers.
+const SIGNALS_EVERY: Duration = Duration::from_millis(200);
+
+/// A report as (log level, message).
+fn describe(r: &Report) -> Vec<(&'static str, String)> {
+    let refused = |applied: &keycache_etcd::replica::Applied| {
+        applied
+            .refused
+            .iter()
+            .map(|(k, why)| ("warning", format!("etcd key {k}: {why}")))
+            .collect::<Vec<_>>()
+    };
+    match r {
+        Report::Listed {
+            revision,
+            entries,
+            applied,
+        } => {
+            let mut v = vec![(
+                "info",
+                format!(
+                    "listed etcd at revision {revision}: {entries} entries; {} written, {} \
+                     removed here",
+                    applied.written, applied.removed
+                ),
+            )];
+            v.extend(refused(applied));
+            v
+        }
+        Report::Applied {
+            revision,
+            events,
+            applied,
+        } => {
+            let mut v = vec![(
+                "debug",
+                format!(
+                    "applied etcd revision {revision}: {events} changes; {} written, {} removed",
+                    applied.written, applied.removed
+                ),
+            )];
+            v.extend(refused(applied));
+            v
+        }
+        Report::Compacted { compact_revision } => vec![(
+            "warning",
+            format!(
+                "etcd compacted past this replica (revision {compact_revision}): listing again"
+            ),
+        )],
+        Report::Lost { why, retry_in } => vec![(
+            "warning",
+            format!("{why}; trying again in {} ms", retry_in.as_millis()),
+        )],
+        other => vec![("debug", format!("{other:?}"))],
+    }
+}
+
+/// Runs the replicator of the store in `dir` (the mmap_key layout of the
+/// other arguments, the key tree always kept in step) from the etcd of
+/// `etcd` (`keycache_etcd`), until a signal handler raises (its exception
+/// is raised) or an error retrying cannot mend (raised as the registered
+/// error class). `report(level, message)` hears what it does.
+#[pyfunction]
+#[pyo3(signature = (dir, *, size, slot_size, id_size, max_segment_bytes, etcd, cluster_id=None, report=None, master_pki_dir=None, master_id=String::new()))]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn replicate(
+    py: Python<'_>,
+    dir: String,
+    size: u64,
+    slot_size: usize,
+    id_size: usize,
+    max_segment_bytes: u64,
+    etcd: Option<Bound<'_, PyAny>>,
+    cluster_id: Option<String>,
+    report: Option<Py<PyAny>>,
+    master_pki_dir: Option<String>,
+    master_id: String,
+) -> PyResult<()> {
+    let Some(options) =
+        EtcdOptions::from_py(etcd.as_ref(), cluster_id.as_deref()).map_err(|why| error(py, why))?
+    else {
+        return Err(error(
+            py,
+            "keycache: the keycache engine replicates etcd: keycache_etcd (its endpoints at \
+             least) must be set in the master config"
+                .into(),
+        ));
+    };
+    let settings = options.settings().map_err(|why| error(py, why))?;
+    let path = Path::new(&dir);
+    if let Some(why) =
+        crate::legacy::refusal(path, master_pki_dir.as_deref().map(Path::new), &master_id)
+    {
+        return Err(error(py, why));
+    }
+    let opts = OpenOptions {
+        params: Params {
+            size,
+            slot_size,
+            id_size,
+            max_segment_bytes,
+        },
+        ..OpenOptions::default()
+    };
+    let store = crate::open::make_dir(path)
+        .and_then(|()| Store::open_with(path, &opts))
+        .map(|s| s.with_tree(TreeSync::On))
+        .map_err(|e| error(py, format!("keycache: {e}")))?;
+    let replicator = Replicator::new(settings, store, move |r| {
+        let Some(cb) = &report else { return };
+        Python::attach(|py| {
+            for (level, msg) in describe(&r) {
+                // A failing report callback must not stop the replica.
+                let _ = cb.call1(py, (level, msg));
+            }
+        });
+    });
+    let raised: Arc<Mutex<Option<PyErr>>> = Arc::new(Mutex::new(None));
+    let slot = raised.clone();
+    let out = py.detach(move || {
+        let mut replicator = replicator;
+        keycache_etcd::block_on(async move {
+            let stop = async move {
+                loop {
+                    tokio::time::sleep(SIGNALS_EVERY).await;
+                    if let Err(e) = Python::attach(|py| py.check_signals()) {
+                        *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                        return;
+                    }
+                }
+            };
+            replicator.run(stop).await
+        })
+    });
+    if let Some(e) = raised.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        return Err(e);
+    }
+    out.map_err(|e| error(py, format!("keycache: the replicator stopped: {e}")))
+}
