@@ -55,12 +55,16 @@ fn describe(r: &Report) -> Vec<(&'static str, String)> {
             revision,
             events,
             applied,
+            took,
         } => {
             let mut v = vec![(
                 "debug",
                 format!(
-                    "applied etcd revision {revision}: {events} changes; {} written, {} removed",
-                    applied.written, applied.removed
+                    "applied etcd revision {revision}: {events} changes; {} written, {} removed \
+                     in {:.1} ms",
+                    applied.written,
+                    applied.removed,
+                    took.as_secs_f64() * 1e3
                 ),
             )];
             v.extend(refused(applied));
