@@ -50,6 +50,10 @@ pub enum Report {
         entries: usize,
         /// What changed locally.
         applied: Applied,
+        /// How long the list took (etcd's pages).
+        listing: Duration,
+        /// How long the store (and tree) writes took.
+        took: Duration,
     },
     /// A batch of watched changes was applied.
     Applied {
@@ -198,8 +202,12 @@ impl Replicator {
 
     /// Lists the prefix at one revision and makes the store equal to it.
     async fn list(&mut self, client: &mut Client) -> Result<()> {
+        let t = std::time::Instant::now();
         let l = crate::list::list(client, &self.settings).await?;
+        let listing = t.elapsed();
+        let t = std::time::Instant::now();
         let mut done = replica::apply_list(&self.store, &l.entries)?;
+        let took = t.elapsed();
         done.refused.splice(0..0, l.refused);
         self.state = ReplicaState {
             prefix: self.settings.layout.prefix().to_owned(),
@@ -215,6 +223,8 @@ impl Replicator {
             revision: l.revision,
             entries: l.keys,
             applied: done,
+            listing,
+            took,
         });
         Ok(())
     }
@@ -228,6 +238,8 @@ impl Replicator {
             .with_start_revision(self.state.revision + 1)
             .with_progress_notify();
         let stream = client
+            .watch_client()
+            .max_decoding_message_size(crate::list::MAX_RESPONSE)
             .watch(layout.prefix(), Some(opts))
             .await
             .map_err(|e| self.settings.err("watch", e))?;

@@ -39,13 +39,17 @@ fn describe(r: &Report) -> Vec<(&'static str, String)> {
             revision,
             entries,
             applied,
+            took,
+            ..
         } => {
             let mut v = vec![(
                 "info",
                 format!(
                     "listed etcd at revision {revision}: {entries} entries; {} written, {} \
-                     removed here",
-                    applied.written, applied.removed
+                     removed here in {:.1} ms",
+                    applied.written,
+                    applied.removed,
+                    took.as_secs_f64() * 1e3
                 ),
             )];
             v.extend(refused(applied));

@@ -104,9 +104,12 @@ fn print(r: &Report, json: bool) {
                 revision,
                 entries,
                 applied,
+                took,
+                ..
             } => Line {
                 revision: Some(*revision),
                 entries: Some(*entries),
+                took_ms: Some(took.as_secs_f64() * 1e3),
                 ..Line::new("listed")
             }
             .applied(applied),
@@ -150,11 +153,14 @@ fn print(r: &Report, json: bool) {
             revision,
             entries,
             applied,
+            took,
+            ..
         } => {
             errln!(
-                "keycache: replicate: listed {entries} entries at revision {revision}: {} written, {} removed",
+                "keycache: replicate: listed {entries} entries at revision {revision}: {} written, {} removed in {:.1} ms",
                 applied.written,
-                applied.removed
+                applied.removed,
+                took.as_secs_f64() * 1e3
             );
             refused(applied);
         }

@@ -51,6 +51,13 @@ impl Master {
         std::fs::write(self.conf.join("master"), text).expect("master config");
     }
 
+    /// `keycache etcd seed --from` the sample pki tree, its JSON.
+    fn seed_from_sample(&self) -> Value {
+        kc().args(["etcd", "seed", "-c", self.c(), "--json", "--from"])
+            .arg(sample_pki())
+            .json()
+    }
+
     fn c(&self) -> &str {
         s(&self.conf)
     }
@@ -210,10 +217,7 @@ fn first(l: &Value, state: &str) -> String {
 /// replicator runs and holds the seed; the sample store's listing.
 fn replicated(c: &Cluster, extra: &str) -> (Master, Replicating, Value) {
     let m = Master::new(c, extra);
-    let seeded = kc()
-        .args(["etcd", "seed", "-c", m.c(), "--json", "--from"])
-        .arg(sample_pki())
-        .json();
+    let seeded = m.seed_from_sample();
     let r = Replicating::start(&m);
     m.wait_for(seeded["revision"].as_i64().expect("revision"), &r);
     let reference = tempfile::tempdir().expect("scratch");
@@ -284,10 +288,7 @@ fn commands_that_need_etcd_refuse_a_config_without_it() {
 fn seed_from_a_localfs_tree_puts_what_a_migration_would_hold() {
     let c = Cluster::start(1);
     let m = Master::new(&c, "");
-    let done = kc()
-        .args(["etcd", "seed", "-c", m.c(), "--json", "--from"])
-        .arg(sample_pki())
-        .json();
+    let done = m.seed_from_sample();
     assert_eq!(done["source"], "tree", "{done}");
     assert!(
         done["skipped"].as_array().is_some_and(|s| !s.is_empty()),
@@ -540,10 +541,7 @@ fn replicate_never_prints_the_password() {
 fn writes_through_etcd_are_refused_for_a_store_that_is_not_a_replica() {
     let c = Cluster::start(1);
     let m = Master::new(&c, "");
-    let seeded = kc()
-        .args(["etcd", "seed", "-c", m.c(), "--json", "--from"])
-        .arg(sample_pki())
-        .json();
+    let seeded = m.seed_from_sample();
     let before = etcd_value(&c, &format!("{PREFIX}keys/laptop-jdoe")).expect("seeded");
     // The store holds the same keys, but no replicator ever ran on it: the
     // write would commit and then wait for nobody.
@@ -569,10 +567,7 @@ fn writes_through_etcd_are_refused_for_a_store_that_is_not_a_replica() {
 fn replicate_json_prints_one_document_per_line_on_stdout() {
     let c = Cluster::start(1);
     let m = Master::new(&c, "");
-    let seeded = kc()
-        .args(["etcd", "seed", "-c", m.c(), "--json", "--from"])
-        .arg(sample_pki())
-        .json();
+    let seeded = m.seed_from_sample();
     let r = Replicating::start_with(&m, &["--json"]);
     m.wait_for(seeded["revision"].as_i64().expect("revision"), &r);
     let rev = etcd_put(

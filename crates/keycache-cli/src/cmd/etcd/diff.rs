@@ -5,17 +5,7 @@ use std::path::Path;
 
 use keycache_etcd::{block_on, status};
 
-use crate::args::{Json, Layout};
 use crate::output::{esc, esc_path, exit, outln, print_json, CmdResult};
-
-/// The arguments of `keycache etcd diff`.
-#[derive(Debug, clap::Args)]
-pub(crate) struct Args {
-    #[command(flatten)]
-    json: Json,
-    #[command(flatten)]
-    layout: Layout,
-}
 
 /// What `keycache etcd diff` found.
 #[derive(Debug, serde::Serialize)]
@@ -29,7 +19,7 @@ struct Out<'a> {
 }
 
 /// Runs `keycache etcd diff`: exit code 1 when the store and etcd differ.
-pub(crate) fn run(a: Args) -> CmdResult {
+pub(crate) fn run(a: super::Plain) -> CmdResult {
     let settings = super::required(&a.layout, "etcd diff")?;
     let store = a.layout.open(Path::new(""))?;
     let (revision, d) = block_on(async {

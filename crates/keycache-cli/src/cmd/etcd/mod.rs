@@ -24,6 +24,16 @@ pub(crate) struct Args {
     command: Command,
 }
 
+/// The arguments of `keycache etcd status` and `diff`: the master config
+/// and `--json`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct Plain {
+    #[command(flatten)]
+    json: crate::args::Json,
+    #[command(flatten)]
+    layout: Layout,
+}
+
 /// The subcommands of `keycache etcd`.
 #[derive(Debug, Subcommand)]
 enum Command {
@@ -37,10 +47,10 @@ enum Command {
     /// the keys under the prefix, the lag, the last contact with etcd.
     /// Exits 1 when the replica is stale (no contact for longer than
     /// keycache_etcd's stale_after) or etcd cannot be reached.
-    Status(status::Args),
+    Status(Plain),
     /// Compare the master's store with the key state in etcd, entry by
     /// entry; exits 1 when they differ.
-    Diff(diff::Args),
+    Diff(Plain),
 }
 
 /// Runs `keycache etcd ...`.

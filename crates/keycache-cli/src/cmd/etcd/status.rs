@@ -7,17 +7,7 @@ use std::process::ExitCode;
 use anstyle::AnsiColor;
 use keycache_etcd::{block_on, status};
 
-use crate::args::{Json, Layout};
 use crate::output::{esc, esc_path, exit, fmt_time, outln, paint, print_json, CmdResult};
-
-/// The arguments of `keycache etcd status`.
-#[derive(Debug, clap::Args)]
-pub(crate) struct Args {
-    #[command(flatten)]
-    json: Json,
-    #[command(flatten)]
-    layout: Layout,
-}
 
 /// The status and the bound it was judged by.
 #[derive(Debug, serde::Serialize)]
@@ -32,7 +22,7 @@ struct Out<'a> {
 
 /// Runs `keycache etcd status`: exit code 1 when the replica is stale or
 /// etcd cannot be reached.
-pub(crate) fn run(a: Args) -> CmdResult {
+pub(crate) fn run(a: super::Plain) -> CmdResult {
     let settings = super::required(&a.layout, "etcd status")?;
     let store = a.layout.open(Path::new(""))?;
     let st = block_on(async {
