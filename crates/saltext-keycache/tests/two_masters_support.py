@@ -1,4 +1,5 @@
-"""Helpers of test_two_masters.py: two real salt-masters, one multi-master salt-minion.
+"""Helpers of test_two_masters.py and test_etcd_masters.py: two real salt-masters,
+one multi-master salt-minion.
 
 Master A listens on 127.0.0.1, master B on 127.0.0.2 (the whole loopback range
 is this machine's), on the same two port numbers, so that one minion with
@@ -8,7 +9,9 @@ one master key pair (classic multi-master: B's ``master_keys`` bank is seeded
 with A's pair before B starts), which is also what makes keycache see them as
 one cluster (it names a cluster by ``cluster.pub``, else ``master.pub``). The
 masters have no channel between them: only ``keycache snapshot`` and
-``keycache merge`` carry keys from one store to the other.
+``keycache merge`` carry keys from one store to the other. Options per master
+(``TwoMasters(options=...)``) make other setups of the same two masters: both
+on one etcd, or a Salt cluster (test_etcd_masters.py).
 
 Daemons, timeouts and process groups come from master_minion_support.py.
 
@@ -16,13 +19,17 @@ Run as a script, ``python two_masters_support.py copy-master-keys FROM TO``
 copies the master's key pair from the ``master_keys`` bank of the master
 config FROM to that of TO, through ``salt.cache.Cache`` with each config's
 ``keys.cache_driver``, under TO's master id (where Salt's MasterKeys looks).
+``probe`` (and ``probe-go``, which fires once told to on stdin) is the
+minion's request judged by both masters (:meth:`TwoMasters.probe`).
 """
 
 import contextlib
 import json
 import pathlib
+import select
 import shutil
 import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -57,24 +64,32 @@ def free_ports_on(hosts, count, tries=50):
 
 
 class Master:
-    """One salt-master: its config, daemon, log and clients."""
+    """One salt-master: its config, daemon, log and clients.
 
-    def __init__(self, root, name, interface, ports, keycache_bin):
+    ``master_id``: its id (default ``kc-2m-<name>``); ``extra``: more master
+    options (see :func:`mm.write_master_config`).
+    """
+
+    def __init__(self, root, name, interface, ports, keycache_bin, master_id=None, extra=None):
         self.name = name
-        self.id = f"kc-2m-{name.lower()}"
+        self.id = master_id or f"kc-2m-{name.lower()}"
         self.interface = interface
         self.pub_port, self.ret_port = ports
         self.keycache_bin = keycache_bin
         self.root = pathlib.Path(root)
         self.conf = self.root / "conf"
         self.pki = self.root / "pki"
+        extra = dict(extra or {})
+        # the key store and tree: cluster_pki_dir in a Salt cluster (what
+        # validate_token reads there), else pki_dir
+        self.store = pathlib.Path(extra["cluster_pki_dir"]) if extra.get("cluster_id") else self.pki
         self.log = self.root / "master.log"
         self.out = self.root / "master.out"
         self.sock_dir = self.root / "s"
         # the merge timer's bases and the snapshots the test keeps
         self.merge_dir = self.root / "merge"
         self.merge_dir.mkdir(parents=True)
-        mm.write_master_config(self.root, self.id, interface, ports, "keycache")
+        mm.write_master_config(self.root, self.id, interface, ports, "keycache", extra)
         self.daemon = mm.Daemon(
             f"salt-master {name}",
             [mm.salt_script("salt-master"), "-c", self.conf, "-l", "warning"],
@@ -145,7 +160,7 @@ class Master:
 
     def accept_key_file(self, mid=MINION_ID):
         """The key in ``minions/<id>``, the file validate_token reads (stripped; None: absent)."""
-        path = self.pki / "minions" / mid
+        path = self.store / "minions" / mid
         return path.read_bytes().strip() if path.exists() else None
 
     def ping(self, timeout=4):
@@ -174,15 +189,25 @@ class Master:
 
 
 class TwoMasters:
-    """Masters A (127.0.0.1) and B (127.0.0.2), one minion signed in to both."""
+    """Masters A (127.0.0.1) and B (127.0.0.2), one minion signed in to both.
 
-    def __init__(self, keycache_bin):
+    ``options(name, root, interface)``: more master options for master
+    ``name`` ("A", "B") whose files are below ``root``, as a dict that may
+    name ``id`` (the master's id).
+    """
+
+    def __init__(self, keycache_bin, options=None):
         # Unix socket paths are capped at 107 bytes: a short private base
         self.base = pathlib.Path(tempfile.mkdtemp(prefix="kc2m-"))
         self.keycache_bin = keycache_bin
         ports = free_ports_on(["127.0.0.1", "127.0.0.2"], 2)
-        self.a = Master(self.base / "a", "A", "127.0.0.1", ports, keycache_bin)
-        self.b = Master(self.base / "b", "B", "127.0.0.2", ports, keycache_bin)
+        masters = []
+        for name, interface in (("A", "127.0.0.1"), ("B", "127.0.0.2")):
+            root = self.base / name.lower()
+            extra = dict(options(name, root, interface)) if options else {}
+            master_id = extra.pop("id", None)
+            masters.append(Master(root, name, interface, ports, keycache_bin, master_id, extra))
+        self.a, self.b = masters
         self.snapshots = 0
 
         self.minion_root = self.base / "n"
@@ -234,6 +259,52 @@ class TwoMasters:
         out = json.loads(proc.stdout.strip().splitlines()[-1])
         assert out["fired"], out
         return {name: (out["seen"][name], out["refused"][name]) for name in out["seen"]}
+
+    def probe_after(self, tag, action, wait=10):
+        """Have the minion send ``tag`` the moment ``action()`` returns.
+
+        The helper listens on both masters' buses and reads their logs (as
+        :meth:`probe`), says it is ready, and fires when told to, right after
+        ``action()`` returned. ``{name: (seen, refused, refused_after)}``:
+        ``refused_after`` is the time from ``action()``'s return to the moment
+        the helper found that master's refusal line (None: not refused).
+        """
+        args = [sys.executable, HERE, "probe-go", self.minion_conf / "minion", tag, str(wait)]
+        for master in (self.a, self.b):
+            offset = master.log.stat().st_size if master.log.exists() else 0
+            args += [master.name, master.conf / "master", master.log, str(offset)]
+        with subprocess.Popen(  # pylint: disable=consider-using-with
+            [str(a) for a in args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        ) as proc:
+
+            def ready_line():
+                if not select.select([proc.stdout], [], [], 0.2)[0]:
+                    return None
+                line = proc.stdout.readline()
+                if not line:
+                    raise AssertionError(f"probe helper exited {proc.wait()} before listening")
+                return line
+
+            try:
+                ready = mm.wait_for("the probe helper to listen", ready_line, 90, interval=0)
+                assert json.loads(ready) == {"ready": True}, ready
+                action()
+                done = time.monotonic()
+                proc.stdin.write("go\n")
+                proc.stdin.flush()
+                out, _ = proc.communicate(timeout=wait + 60)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+        if proc.returncode != 0:
+            raise AssertionError(f"probe helper exited {proc.returncode}:\n{out}")
+        out = json.loads(out.strip().splitlines()[-1])
+        assert out["fired"], out
+        result = {}
+        for name in out["seen"]:
+            at = out["refused_at"][name]
+            result[name] = (out["seen"][name], out["refused"][name], None if at is None else at - done)
+        return result
 
     def assert_serves(self, *masters, timeout=60):
         """Each of ``masters`` answers for the minion: ``salt <id> test.ping`` True."""
@@ -320,7 +391,12 @@ def _cmd_copy_master_keys(src_config, dst_config):
     print(json.dumps({"copied": sorted(dst_cache.list("master_keys"))}))
 
 
-def _cmd_probe(minion_config, tag, wait, *masters):
+def _cmd_probe_go(minion_config, tag, wait, *masters):
+    """:func:`_cmd_probe`, firing once a line comes on stdin (after printing ``{"ready": true}``)."""
+    _cmd_probe(minion_config, tag, wait, *masters, go=True)
+
+
+def _cmd_probe(minion_config, tag, wait, *masters, go=False):
     import salt.config  # pylint: disable=import-outside-toplevel
     import salt.utils.event  # pylint: disable=import-outside-toplevel
 
@@ -333,6 +409,9 @@ def _cmd_probe(minion_config, tag, wait, *masters):
         watched[name] = {"listener": listener, "log": log, "offset": int(offset)}
     nopts = salt.config.minion_config(minion_config)
     sender = salt.utils.event.get_event("minion", opts=nopts, listen=False)
+    if go:
+        print(json.dumps({"ready": True}), flush=True)
+        sys.stdin.readline()
     # the running minion's handle_event: tag "fire_master" -> _fire_master_main,
     # on each of its connections: {"cmd": "_minion_event", "tok": ..., "id": ...}
     fired = sender.fire_event(
@@ -340,18 +419,21 @@ def _cmd_probe(minion_config, tag, wait, *masters):
     )
     seen = {name: False for name in watched}
     refused = {name: False for name in watched}
+    refused_at = {name: None for name in watched}
     deadline = time.monotonic() + float(wait)
     settled_at = None
     while time.monotonic() < deadline:
         for name, w in watched.items():
             if not seen[name]:
-                event = w["listener"].get_event(wait=0.3, tag=tag, full=True)
+                event = w["listener"].get_event(wait=0.05, tag=tag, full=True)
                 if event and event.get("tag") == tag and event["data"].get("id") == MINION_ID:
                     seen[name] = True
             if not refused[name]:
                 with open(w["log"], "rb") as fh:
                     fh.seek(w["offset"])
                     refused[name] = line in fh.read()
+                if refused[name]:
+                    refused_at[name] = time.monotonic()
         if settled_at is None and all(seen[n] or refused[n] for n in watched):
             settled_at = time.monotonic()
             # a late event or refusal line would show a master doing both
@@ -359,8 +441,11 @@ def _cmd_probe(minion_config, tag, wait, *masters):
     for w in watched.values():
         w["listener"].destroy()
     sender.destroy()
-    print(json.dumps({"fired": bool(fired), "seen": seen, "refused": refused}))
+    print(json.dumps({"fired": bool(fired), "seen": seen, "refused": refused, "refused_at": refused_at}))
 
 
 if __name__ == "__main__":
-    mm.script_main({"copy-master-keys": _cmd_copy_master_keys, "probe": _cmd_probe}, sys.argv[1:])
+    mm.script_main(
+        {"copy-master-keys": _cmd_copy_master_keys, "probe": _cmd_probe, "probe-go": _cmd_probe_go},
+        sys.argv[1:],
+    )
