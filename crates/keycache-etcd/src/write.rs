@@ -269,7 +269,9 @@ impl Writer {
     /// local replica showed when the driver decided (`expected`: the
     /// replica's value, or `None` for absent), so that a change committed
     /// elsewhere that the replica has not applied yet (a revocation) is
-    /// never overwritten. Waits for the replica.
+    /// never overwritten; a write whose value etcd already holds (another
+    /// master wrote the same) succeeds without writing. Waits for the
+    /// replica.
     pub async fn put_if(
         &mut self,
         bank: Bank,
@@ -282,21 +284,44 @@ impl Writer {
             Some(v) => Compare::value(key.clone(), CompareOp::Equal, v.encode()),
             None => Compare::version(key.clone(), CompareOp::Equal, 0),
         };
-        let op = match value {
-            Some(v) => TxnOp::put(key.clone(), v.encode(), None),
+        let want = value.as_ref().map(Value::encode);
+        let op = match &want {
+            Some(v) => TxnOp::put(key.clone(), v.clone(), None),
             None => TxnOp::delete(key.clone(), None),
         };
         let r = self
             .client
-            .txn(Txn::new().when([guard]).and_then([op]))
+            .txn(
+                Txn::new()
+                    .when([guard])
+                    .and_then([op])
+                    .or_else([TxnOp::get(key.clone(), None)]),
+            )
             .await
             .map_err(|e| self.settings.err("txn (write)", e))?;
-        if !r.succeeded() {
-            return Err(Error::Changed {
-                key: String::from_utf8_lossy(&key).into_owned(),
+        let revision = if r.succeeded() {
+            r.header().map_or(0, |h| h.revision())
+        } else {
+            // Changed since the replica read it; when etcd already holds
+            // exactly what this write would (two masters taking one
+            // minion's first sign-in at once), that is this write's
+            // outcome: wait for it like for a commit of our own.
+            let now = r.op_responses().into_iter().find_map(|op| match op {
+                TxnOpResponse::Get(g) => g
+                    .kvs()
+                    .first()
+                    .map(|kv| (kv.value().to_vec(), kv.mod_revision())),
+                _ => None,
             });
-        }
-        let revision = r.header().map_or(0, |h| h.revision());
+            match (now, &want) {
+                (Some((v, rev)), Some(w)) if v == *w => rev,
+                _ => {
+                    return Err(Error::Changed {
+                        key: String::from_utf8_lossy(&key).into_owned(),
+                    })
+                }
+            }
+        };
         self.wait_applied(revision).await?;
         Ok(revision)
     }

@@ -310,3 +310,30 @@ fn an_accept_that_races_a_reject_elsewhere_reads_again_and_never_overwrites_it()
         .expect("get");
     assert_eq!(v.as_bytes()[0], 3, "the reject stands");
 }
+
+#[test]
+fn a_write_whose_value_etcd_already_holds_succeeds_and_any_other_stale_one_is_refused() {
+    let c = Cluster::start(1);
+    let st = settings(&c, "/keycache/t5/");
+    let dir = tempfile::tempdir().expect("dir");
+    let _r = Running::start(&st, dir.path());
+    let pending = Value::Key(KeyState::Pending, pem("y", 100).into_bytes());
+    let raw = String::from_utf8(pending.encode()).expect("utf8");
+    c.etcdctl(&["put", "/keycache/t5/keys/y", &raw])
+        .expect("put");
+    let rev = c.revision();
+    wait_for(dir.path(), rev);
+    // Two masters took y's first sign-in at once: this one decided on a
+    // replica without y, the other's write landed first, with the same key.
+    let put_y = |v: Value| {
+        block_on(async {
+            let mut w = Writer::connect(st.clone(), dir.path()).await?;
+            w.put_if(Bank::Keys, &id("y"), None, Some(v)).await
+        })
+    };
+    assert_eq!(put_y(pending.clone()).expect("same value"), rev);
+    assert_eq!(c.revision(), rev, "nothing written");
+    let accepted = Value::Key(KeyState::Accepted, pem("y", 100).into_bytes());
+    let e = put_y(accepted).expect_err("stale");
+    assert!(matches!(e, keycache_etcd::Error::Changed { .. }), "{e}");
+}
