@@ -37,6 +37,100 @@ pub fn free_port() -> u16 {
         .expect("a free port")
 }
 
+/// TLS for the members' client URLs: the files of a CA, a server
+/// certificate for 127.0.0.1 and a client certificate (see [`Tls::make`]).
+#[derive(Debug, Clone)]
+pub struct Tls {
+    /// The CA certificate.
+    pub ca: PathBuf,
+    /// The server's certificate and key.
+    pub server: (PathBuf, PathBuf),
+    /// A client certificate and key signed by the CA (CN `keycache`).
+    pub client: (PathBuf, PathBuf),
+}
+
+impl Tls {
+    /// Makes a CA, a server certificate (SAN IP 127.0.0.1) and a client
+    /// certificate in `dir` with the `openssl` command.
+    pub fn make(dir: &Path) -> Tls {
+        let run = |args: &[&str]| {
+            let out = Command::new("openssl")
+                .args(args)
+                .current_dir(dir)
+                .output()
+                .expect("run openssl");
+            assert!(
+                out.status.success(),
+                "openssl {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        run(&[
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=keycache test CA",
+        ]);
+        for (name, cn, ext) in [
+            (
+                "server",
+                "127.0.0.1",
+                "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth",
+            ),
+            ("client", "keycache", "extendedKeyUsage=clientAuth"),
+        ] {
+            run(&[
+                "req",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:prime256v1",
+                "-nodes",
+                "-keyout",
+                &format!("{name}.key"),
+                "-out",
+                &format!("{name}.csr"),
+                "-subj",
+                &format!("/CN={cn}"),
+            ]);
+            std::fs::write(dir.join(format!("{name}.ext")), ext).expect("ext file");
+            run(&[
+                "x509",
+                "-req",
+                "-in",
+                &format!("{name}.csr"),
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-out",
+                &format!("{name}.pem"),
+                "-days",
+                "2",
+                "-extfile",
+                &format!("{name}.ext"),
+            ]);
+        }
+        Tls {
+            ca: dir.join("ca.pem"),
+            server: (dir.join("server.pem"), dir.join("server.key")),
+            client: (dir.join("client.pem"), dir.join("client.key")),
+        }
+    }
+}
+
 /// One member.
 #[derive(Debug)]
 pub struct Member {
@@ -46,13 +140,15 @@ pub struct Member {
     pub client: u16,
     /// Peer port.
     pub peer: u16,
+    tls: bool,
     child: Option<Child>,
 }
 
 impl Member {
-    /// `http://127.0.0.1:<client>`.
+    /// `http://127.0.0.1:<client>` (`https` with TLS).
     pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client)
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.client)
     }
 
     /// Whether it runs.
@@ -69,17 +165,27 @@ pub struct Cluster {
     dir: tempfile::TempDir,
     bin: PathBuf,
     initial: String,
+    tls: Option<Tls>,
+    /// `--user NAME:PASSWORD` for etcdctl, once auth is on.
+    pub user: Option<String>,
 }
 
 impl Cluster {
     /// Starts `n` members and waits until the cluster answers.
     pub fn start(n: usize) -> Cluster {
+        Cluster::start_with(n, None)
+    }
+
+    /// Starts `n` members whose client URLs are https with `tls`, client
+    /// certificates required.
+    pub fn start_with(n: usize, tls: Option<Tls>) -> Cluster {
         let dir = tempfile::tempdir().expect("scratch directory");
         let members: Vec<Member> = (0..n)
             .map(|i| Member {
                 name: format!("m{i}"),
                 client: free_port(),
                 peer: free_port(),
+                tls: tls.is_some(),
                 child: None,
             })
             .collect();
@@ -93,6 +199,8 @@ impl Cluster {
             dir,
             bin: bin_dir(),
             initial,
+            tls,
+            user: None,
         };
         for i in 0..n {
             c.start_member(i);
@@ -120,7 +228,17 @@ impl Cluster {
         let data = self.dir.path().join(&m.name);
         let log = std::fs::File::create(self.dir.path().join(format!("{}.log", m.name)))
             .expect("log file");
-        let child = Command::new(self.bin.join("etcd"))
+        let mut cmd = Command::new(self.bin.join("etcd"));
+        if let Some(t) = &self.tls {
+            cmd.arg("--cert-file")
+                .arg(&t.server.0)
+                .arg("--key-file")
+                .arg(&t.server.1)
+                .arg("--trusted-ca-file")
+                .arg(&t.ca)
+                .arg("--client-cert-auth");
+        }
+        let child = cmd
             .args(["--name", &m.name, "--data-dir"])
             .arg(&data)
             .args([
@@ -169,7 +287,19 @@ impl Cluster {
             .filter(|m| m.running())
             .map(Member::endpoint)
             .collect();
-        let out = Command::new(self.bin.join("etcdctl"))
+        let mut cmd = Command::new(self.bin.join("etcdctl"));
+        if let Some(t) = &self.tls {
+            cmd.arg("--cacert")
+                .arg(&t.ca)
+                .arg("--cert")
+                .arg(&t.client.0)
+                .arg("--key")
+                .arg(&t.client.1);
+        }
+        if let Some(u) = &self.user {
+            cmd.arg(format!("--user={u}"));
+        }
+        let out = cmd
             .env("ETCDCTL_API", "3")
             .arg(format!("--endpoints={}", eps.join(",")))
             .args(["--command-timeout=5s"])
