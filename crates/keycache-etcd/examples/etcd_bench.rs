@@ -324,6 +324,35 @@ fn apply_alone(n: usize) -> Res<()> {
     Ok(())
 }
 
+/// One change a batch, as the watch brings them at low rates: the median
+/// time of `replica::apply_changes`, with and without the key tree.
+fn single(n: usize) -> Res<()> {
+    let pem = pem("single", 400);
+    for tree in [TreeSync::On, TreeSync::Off] {
+        let d = tempfile::tempdir()?;
+        let s = Store::open_with(d.path(), &opts(10_007))?.with_tree(tree);
+        let mut times = Vec::with_capacity(n);
+        for i in 0..n {
+            let c = keycache_etcd::replica::Change {
+                bank: Bank::Keys,
+                id: MinionId::new(format!("m{}", i % 500))?,
+                value: Some(Value::Key(KeyState::Accepted, pem.as_bytes().to_vec())),
+            };
+            let t = Instant::now();
+            keycache_etcd::replica::apply_changes(&s, &[c])?;
+            times.push(t.elapsed());
+        }
+        times.sort();
+        println!(
+            "  one change a batch ({n} batches), key tree {}: median {:.2} ms, p99 {:.2} ms",
+            if tree.is_on() { "on " } else { "off" },
+            ms(pct(&times, 0.5)),
+            ms(pct(&times, 0.99))
+        );
+    }
+    Ok(())
+}
+
 fn main() -> Res<()> {
     let args: Vec<String> = std::env::args().collect();
     let arg = |name: &str, default: usize| -> usize {
@@ -349,6 +378,9 @@ fn main() -> Res<()> {
             lag(&c, 100, 5, tree)?;
             lag(&c, 1_000, 5, tree)?;
         }
+    }
+    if part("single") {
+        single(2_000)?;
     }
     if part("apply") {
         apply_alone(10_000)?;
