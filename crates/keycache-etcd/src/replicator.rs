@@ -80,6 +80,77 @@ pub enum Report {
     },
 }
 
+/// How much a line of a [`Report`] matters, for a log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Level {
+    /// A batch of changes applied.
+    Debug,
+    /// A list.
+    Info,
+    /// A compaction, a lost connection, an etcd key the store cannot hold.
+    Warning,
+}
+
+impl Report {
+    /// The report as lines for a log (the CLI's stderr, Salt's log): what
+    /// happened, then one line per etcd key that the store cannot hold.
+    pub fn lines(&self) -> Vec<(Level, String)> {
+        let ms = |d: &Duration| d.as_secs_f64() * 1e3;
+        let (level, first, applied) = match self {
+            Report::Listed {
+                revision,
+                entries,
+                applied,
+                took,
+                ..
+            } => (
+                Level::Info,
+                format!(
+                    "listed {entries} entries at revision {revision}: {} written, {} removed \
+                     in {:.1} ms",
+                    applied.written,
+                    applied.removed,
+                    ms(took)
+                ),
+                Some(applied),
+            ),
+            Report::Applied {
+                revision,
+                events,
+                applied,
+                took,
+            } => (
+                Level::Debug,
+                format!(
+                    "revision {revision}: {events} changes, {} written, {} removed in {:.1} ms",
+                    applied.written,
+                    applied.removed,
+                    ms(took)
+                ),
+                Some(applied),
+            ),
+            Report::Compacted { compact_revision } => (
+                Level::Warning,
+                format!(
+                    "etcd compacted its history past this replica's revision (to \
+                     {compact_revision}): listing again"
+                ),
+                None,
+            ),
+            Report::Lost { why, retry_in } => (
+                Level::Warning,
+                format!("{why}; retrying in {} ms", retry_in.as_millis()),
+                None,
+            ),
+        };
+        let mut out = vec![(level, first)];
+        for (key, why) in applied.map_or(&[][..], |a| &a.refused[..]) {
+            out.push((Level::Warning, format!("not held here: {key}: {why}")));
+        }
+        out
+    }
+}
+
 /// A replicator of one store.
 pub struct Replicator {
     settings: Settings,

@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use keycache::tree::TreeSync;
 use keycache::{OpenOptions, Params, Store};
+use keycache_etcd::replicator::Level;
 use keycache_etcd::{Replicator, Report};
 use pyo3::prelude::*;
 
@@ -27,65 +28,17 @@ const SIGNALS_EVERY: Duration = Duration::from_millis(200);
 
 /// A report as (log level, message).
 fn describe(r: &Report) -> Vec<(&'static str, String)> {
-    let refused = |applied: &keycache_etcd::replica::Applied| {
-        applied
-            .refused
-            .iter()
-            .map(|(k, why)| ("warning", format!("etcd key {k}: {why}")))
-            .collect::<Vec<_>>()
-    };
-    match r {
-        Report::Listed {
-            revision,
-            entries,
-            applied,
-            took,
-            ..
-        } => {
-            let mut v = vec![(
-                "info",
-                format!(
-                    "listed etcd at revision {revision}: {entries} entries; {} written, {} \
-                     removed here in {:.1} ms",
-                    applied.written,
-                    applied.removed,
-                    took.as_secs_f64() * 1e3
-                ),
-            )];
-            v.extend(refused(applied));
-            v
-        }
-        Report::Applied {
-            revision,
-            events,
-            applied,
-            took,
-        } => {
-            let mut v = vec![(
-                "debug",
-                format!(
-                    "applied etcd revision {revision}: {events} changes; {} written, {} removed \
-                     in {:.1} ms",
-                    applied.written,
-                    applied.removed,
-                    took.as_secs_f64() * 1e3
-                ),
-            )];
-            v.extend(refused(applied));
-            v
-        }
-        Report::Compacted { compact_revision } => vec![(
-            "warning",
-            format!(
-                "etcd compacted past this replica (revision {compact_revision}): listing again"
-            ),
-        )],
-        Report::Lost { why, retry_in } => vec![(
-            "warning",
-            format!("{why}; trying again in {} ms", retry_in.as_millis()),
-        )],
-        other => vec![("debug", format!("{other:?}"))],
-    }
+    r.lines()
+        .into_iter()
+        .map(|(level, line)| {
+            let level = match level {
+                Level::Debug => "debug",
+                Level::Info => "info",
+                Level::Warning => "warning",
+            };
+            (level, line)
+        })
+        .collect()
 }
 
 /// Runs the replicator of the store in `dir` (the mmap_key layout of the

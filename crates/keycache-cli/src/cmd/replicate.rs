@@ -139,55 +139,8 @@ fn print(r: &Report, json: bool) {
         print_json_line(&line);
         return;
     }
-    let refused = |a: &Applied| {
-        for (key, why) in &a.refused {
-            errln!(
-                "keycache: replicate: not held here: {}: {}",
-                esc(key),
-                esc(why)
-            );
-        }
-    };
-    match r {
-        Report::Listed {
-            revision,
-            entries,
-            applied,
-            took,
-            ..
-        } => {
-            errln!(
-                "keycache: replicate: listed {entries} entries at revision {revision}: {} written, {} removed in {:.1} ms",
-                applied.written,
-                applied.removed,
-                took.as_secs_f64() * 1e3
-            );
-            refused(applied);
-        }
-        Report::Applied {
-            revision,
-            events,
-            applied,
-            took,
-        } => {
-            errln!(
-                "keycache: replicate: revision {revision}: {events} changes, {} written, {} removed in {:.1} ms",
-                applied.written,
-                applied.removed,
-                took.as_secs_f64() * 1e3
-            );
-            refused(applied);
-        }
-        Report::Compacted { compact_revision } => errln!(
-            "keycache: replicate: etcd compacted its history past this replica's revision \
-             (to {compact_revision}): listing again"
-        ),
-        Report::Lost { why, retry_in } => errln!(
-            "keycache: replicate: {}; retrying in {} ms",
-            esc(why),
-            retry_in.as_millis()
-        ),
-        other => errln!("keycache: replicate: {other:?}"),
+    for (_, line) in r.lines() {
+        errln!("keycache: replicate: {}", esc(&line));
     }
 }
 
