@@ -19,8 +19,9 @@ pub const PAGE: i64 = 20_000;
 /// The largest response accepted (tonic's default is 4 MB).
 pub const MAX_RESPONSE: usize = 64 << 20;
 /// gRPC's `OUT_OF_RANGE` status code: tonic's answer to a response larger
-/// than the decoding limit.
-const GRPC_OUT_OF_RANGE: i32 = 11;
+/// than the decoding limit, and etcd's to a revision compacted or not yet
+/// reached.
+pub(crate) const GRPC_OUT_OF_RANGE: i32 = 11;
 /// The smallest page, after halving for responses over [`MAX_RESPONSE`].
 pub const MIN_PAGE: i64 = 100;
 

@@ -117,6 +117,39 @@ pub fn apply_changes(store: &Store, changes: &[Change]) -> Result<Applied> {
     Ok(applied)
 }
 
+/// [`apply_list`]'s rebuild: the listed entries that the store can hold,
+/// as its whole contents.
+fn rebuild(
+    store: &Store,
+    listed: &BTreeMap<(Bank, MinionId), Value>,
+    had: usize,
+) -> Result<Applied> {
+    let mut applied = Applied::default();
+    let mut c = keycache::store::Contents::default();
+    for ((bank, id), v) in listed {
+        let ch = Change {
+            bank: *bank,
+            id: id.clone(),
+            value: Some(v.clone()),
+        };
+        if !fits(store, &ch, &mut applied) {
+            continue;
+        }
+        match v {
+            Value::Key(s, pem) => {
+                c.keys.insert(id.clone(), (*s, pem.clone()));
+            }
+            Value::Denied(pem) => {
+                c.denied.insert(id.clone(), pem.clone());
+            }
+        }
+    }
+    store.replace_all(&c)?;
+    applied.written = (c.keys.len() + c.denied.len()) as u64;
+    applied.removed = had.saturating_sub(c.keys.len() + c.denied.len()) as u64;
+    Ok(applied)
+}
+
 /// Every entry of both banks of `store`, as etcd would hold it.
 pub fn local_entries(store: &Store) -> keycache::Result<Vec<(Bank, String, Value)>> {
     let mut out = Vec::new();
@@ -131,10 +164,32 @@ pub fn local_entries(store: &Store) -> keycache::Result<Vec<(Bank, String, Value
     Ok(out)
 }
 
+/// Changes from which [`apply_list`] rebuilds the store instead of
+/// writing a batch, when they are also a tenth of the entries or more.
+pub const REBUILD_FROM: usize = 1_000;
+
 /// Makes the store equal to `listed` (every entry etcd holds under the
-/// prefix) in one batch under both banks' locks: entries that differ are
-/// written, entries etcd lacks are removed, equal ones are left alone.
+/// prefix). Many changes (a new replica, one far behind: [`REBUILD_FROM`]
+/// and a tenth of the entries) are one atomic rebuild of both banks
+/// ([`Store::replace_all`]: readers and crashes see the old store or the
+/// new one); a few are one batch under both banks' locks, in which entries
+/// that differ are written, entries etcd lacks removed, equal ones left
+/// alone. The key tree is kept in step either way.
 pub fn apply_list(store: &Store, listed: &BTreeMap<(Bank, MinionId), Value>) -> Result<Applied> {
+    let local = local_entries(store)?;
+    let differ = local
+        .iter()
+        .filter(|(b, id, have)| {
+            MinionId::new(id.clone()).map_or(true, |mid| listed.get(&(*b, mid)) != Some(have))
+        })
+        .count();
+    let missing = listed
+        .len()
+        .saturating_sub(local.len() - differ.min(local.len()));
+    let changes = differ + missing;
+    if changes >= REBUILD_FROM && changes * 10 >= listed.len().max(local.len()) {
+        return rebuild(store, listed, local.len());
+    }
     let mut applied = Applied::default();
     store.batch_locked(
         |b| {

@@ -300,6 +300,32 @@ impl Replicator {
         Ok(())
     }
 
+    /// Whether etcd still holds the history right after the revision the
+    /// store holds. etcd lets a watch start at its compaction revision, but
+    /// compaction has already dropped the deletions made at that very
+    /// revision (a key whose last revision is a deletion is forgotten
+    /// whole): a watch from there would miss them, a revocation among
+    /// them. A range read at the store's own revision fails exactly when
+    /// etcd compacted past it (gRPC `OUT_OF_RANGE`, as for a revision etcd
+    /// has not reached): then the replicator lists again. Asked once the
+    /// watcher exists, so that a compaction after the question cancels the
+    /// watcher instead.
+    async fn history_kept(&self, client: &mut Client) -> Result<bool> {
+        let o = GetOptions::new()
+            .with_revision(self.state.revision)
+            .with_limit(1)
+            .with_keys_only();
+        match client.get(self.settings.layout.prefix(), Some(o)).await {
+            Ok(_) => Ok(true),
+            Err(etcd_client::Error::GRpcStatus(s))
+                if s.code() as i32 == crate::list::GRPC_OUT_OF_RANGE =>
+            {
+                Ok(false)
+            }
+            Err(e) => Err(self.settings.err("range (history check)", e)),
+        }
+    }
+
     /// Watches from the recorded revision until the watch must list again
     /// (`Ok`) or fails (`Err`).
     async fn watch(&mut self, client: &mut Client) -> Result<Next> {
@@ -315,6 +341,33 @@ impl Replicator {
             .await
             .map_err(|e| self.settings.err("watch", e))?;
         let (mut requests, mut responses) = stream.split();
+        // The watcher exists once etcd says so; only then is the history
+        // after our revision known to be whole (see `history_kept`).
+        match responses
+            .message()
+            .await
+            .map_err(|e| self.settings.err("watch", e))?
+        {
+            Some(m) if m.created() && !m.canceled() => {}
+            Some(m) if m.compact_revision() > 0 => {
+                (self.report)(Report::Compacted {
+                    compact_revision: m.compact_revision(),
+                });
+                return Ok(Next::List);
+            }
+            Some(m) => {
+                return Err(self
+                    .settings
+                    .err("watch", format!("not created: {}", m.cancel_reason())))
+            }
+            None => return Err(self.settings.err("watch", "the stream ended")),
+        }
+        if !self.history_kept(client).await? {
+            (self.report)(Report::Compacted {
+                compact_revision: self.state.revision + 1,
+            });
+            return Ok(Next::List);
+        }
         let mut tick = tokio::time::interval(PROGRESS_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {

@@ -337,3 +337,55 @@ fn a_write_whose_value_etcd_already_holds_succeeds_and_any_other_stale_one_is_re
     let e = put_y(accepted).expect_err("stale");
     assert!(matches!(e, keycache_etcd::Error::Changed { .. }), "{e}");
 }
+
+#[test]
+fn a_new_replica_of_many_keys_is_one_rebuild_with_its_tree_and_a_later_list_drops_what_etcd_lost() {
+    let c = Cluster::start(1);
+    let st = settings(&c, "/keycache/t6/");
+    let (src, dst) = (
+        tempfile::tempdir().expect("dir"),
+        tempfile::tempdir().expect("dir"),
+    );
+    let n = keycache_etcd::replica::REBUILD_FROM + 200;
+    seed_store(src.path(), n);
+    let seeded = block_on(async {
+        let mut cl = st.connect().await?;
+        keycache_etcd::seed::seed(&mut cl, &st, &Store::open(src.path())?, false).await
+    })
+    .expect("seed");
+    // A stale store with a key etcd never had: the rebuild drops it, and
+    // its tree file.
+    open(dst.path())
+        .put(
+            &id("stale"),
+            KeyState::Accepted,
+            pem("stale", 200).as_bytes(),
+        )
+        .expect("put");
+    {
+        let _r = Running::start(&st, dst.path());
+        wait_for(dst.path(), seeded.revision);
+        assert_eq!(contents(dst.path()), contents(src.path()));
+        assert!(!dst.path().join("minions/stale").exists());
+        assert!(dst.path().join("minions/m0").is_file());
+        assert!(dst.path().join("minions_rejected/m2").is_file());
+        let s = open(dst.path());
+        assert!(keycache::tree::check(&s).expect("check").is_empty());
+    }
+    // While the replicator is down, most keys are deleted in etcd and the
+    // history compacted: the new list is a rebuild that drops them.
+    c.etcdctl(&["del", "--prefix", "/keycache/t6/keys/m1"])
+        .expect("del");
+    c.compact(c.revision());
+    let _r = Running::start(&st, dst.path());
+    wait_for(dst.path(), c.revision());
+    let s = open(dst.path());
+    assert_eq!(s.get(&id("m1")).expect("get"), None);
+    assert_eq!(s.get(&id("m100")).expect("get"), None);
+    assert!(!dst.path().join("minions/m100").exists());
+    assert_eq!(
+        s.get(&id("m0")).expect("get").map(|e| e.state),
+        Some(KeyState::Accepted)
+    );
+    assert!(keycache::tree::check(&s).expect("check").is_empty());
+}

@@ -18,10 +18,12 @@ use crate::tree::{TreeChanges, TreeSync};
 
 mod batch;
 mod reader;
+mod replace;
 mod tree_source;
 
 pub use batch::Batch;
 pub use reader::Reader;
+pub use replace::Contents;
 
 /// What the tree must hold for each id of a batch.
 type Wants = Vec<(MinionId, Want)>;
