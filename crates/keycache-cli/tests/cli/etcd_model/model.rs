@@ -12,12 +12,14 @@
 //!   by an operation at the very revision etcd shows as its last change,
 //!   and no operation definitely wrote the key after it; a key etcd does not
 //!   hold was (possibly) deleted after its last definite put;
+//! - [`Model::check_history`]: each definite write found what it needed
+//!   (an accept an entry, a sign-in none), as etcd ordered the writes;
 //! - [`Model::check_accepted`]: no id is accepted unless an accept of it
 //!   (possibly) committed after its last definite reject or delete.
 //!
 //! An unknown outcome counts as possibly applied (it may explain a value)
 //! and never as definitely applied (it never forbids one): conservative in
-//! both directions.
+//! both directions; its revision is bounded as [`When::Between`] says.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
