@@ -19,6 +19,8 @@
 //!   before a compaction, verify while Salt writes;
 //! - [`master_keys`]: the master key banks;
 //! - [`merge`]: snapshots and merges between masters;
+//! - [`etcd`], [`etcd_model`]: the etcd replica's commands, and its model
+//!   test (three masters on a real etcd cluster, random operations, kills);
 //! - [`crash`]: writers, compactions, migrations, merges and tree writers
 //!   killed or losing power; their child writer is [`child_writer`] below.
 
@@ -30,6 +32,7 @@ mod crash;
 mod damage;
 mod edges;
 mod etcd;
+mod etcd_model;
 mod hostile;
 mod key_material;
 mod layout;
