@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
+use etcd_client::{Certificate, Client, ConnectOptions, GetOptions, Identity, TlsOptions};
 use keycache_config::etcd::EtcdSettings;
 use keycache_config::MasterConfig;
 
@@ -104,8 +104,36 @@ impl Settings {
         })
     }
 
-    /// Connects (lazily: the first request makes the connection).
+    /// Connects to the first endpoint that answers a read with a leader
+    /// behind it, starting from one picked by this process's id (so that
+    /// the masters spread over the members) and trying each in turn: a
+    /// member that is down or cut off from the quorum is passed over, where
+    /// etcd-client's balancing over every endpoint would send some requests
+    /// to it and fail them. The client talks to that one member; a caller
+    /// whose requests fail later connects again.
     pub async fn connect(&self) -> Result<Client> {
+        let opts = self.options()?;
+        let n = self.endpoints.len();
+        let first = std::process::id() as usize % n.max(1);
+        let mut why = Vec::new();
+        for i in 0..n {
+            let ep = &self.endpoints[(first + i) % n];
+            let probe = async {
+                let mut c = Client::connect([ep.as_str()], Some(opts.clone())).await?;
+                let o = GetOptions::new().with_keys_only().with_limit(1);
+                c.get(self.layout.prefix(), Some(o)).await?;
+                Ok::<Client, etcd_client::Error>(c)
+            };
+            match probe.await {
+                Ok(c) => return Ok(c),
+                Err(e) => why.push(format!("{ep}: {e}")),
+            }
+        }
+        Err(Error::etcd(&self.endpoints, "connect", why.join("; ")))
+    }
+
+    /// The client options: timeouts, TLS, auth.
+    fn options(&self) -> Result<ConnectOptions> {
         let mut opts = ConnectOptions::new()
             .with_connect_timeout(Duration::from_secs(3))
             .with_timeout(self.write_timeout)
@@ -124,9 +152,7 @@ impl Settings {
         if let Some((u, p)) = &self.user {
             opts = opts.with_user(u.clone(), p.clone());
         }
-        Client::connect(&self.endpoints, Some(opts))
-            .await
-            .map_err(|e| Error::etcd(&self.endpoints, "connect", e))
+        Ok(opts)
     }
 
     /// An error of a request to etcd.
