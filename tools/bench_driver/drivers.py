@@ -94,7 +94,7 @@ class Env:
 
 
 SALT_NAME = {"noop": NOOP_MODULE, "keycache": "keycache", "mmap_key": "mmap_key", "localfs_key": "localfs_key",
-             "keycache_notree": "keycache"}
+             "keycache_notree": "keycache", "keycache-etcd": "keycache"}
 
 
 def load_module(env, driver, pki_dir, size):
