@@ -97,6 +97,7 @@ class Replica:
         self.etcd = None
         self.repl = None
         self.endpoint = None
+        self.seeded = None
 
     def opts(self):
         """The options the driver is opened with, beside pki_dir = self.replica."""
@@ -129,6 +130,7 @@ class Replica:
             seeded = json.loads(r.stdout)
         except ValueError as exc:
             raise BenchError(f"{' '.join(cmd)}: not JSON on stdout ({exc}): {r.stdout[-500:]!r}")
+        self.seeded = seeded.get("put")
         log(f"  keycache etcd seed: {seeded.get('put')} entries in {seeded.get('txns')} transactions")
         rlog = self.dir / "replicate.log"
         with open(rlog, "ab") as fh:
@@ -146,6 +148,19 @@ class Replica:
             time.sleep(0.05)
         log(f"  keycache replicate (pid {self.repl.pid}) listed the prefix into {self.replica}; "
             f"ready in {time.monotonic() - t0:.1f} s")
+
+    def count(self):
+        """How many keys etcd holds under the prefix (etcdctl), to check that the driver's
+        writes went through etcd (a range's count is the whole range's, whatever --limit)."""
+        cmd = [str(etcd_bin_dir() / "etcdctl"), f"--endpoints={self.endpoint}", "get", PREFIX,
+               "--prefix", "--keys-only", "--limit=1", "-w", "json"]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
+        if r.returncode != 0:
+            raise BenchError(f"etcdctl get --prefix failed ({r.returncode}): {r.stderr.strip()[-500:]}")
+        try:
+            return int(json.loads(r.stdout).get("count", 0))
+        except (ValueError, AttributeError) as exc:
+            raise BenchError(f"etcdctl get --prefix: not the JSON expected ({exc}): {r.stdout[-300:]!r}")
 
     def _start_etcd(self):
         client, peer = free_ports(2)

@@ -303,6 +303,16 @@ def _bench_size(args, env, pems, n, results, pop, paths, replica):
                             pass
         log(f"n={n}: round {r + 1}/{args.rounds} done in {time.monotonic() - t_round:.1f} s")
 
+    if ETCD in wcaches and replica is not None and replica.seeded is not None:
+        # Every new key stored through the driver is in etcd (the replaces add none).
+        want = replica.seeded + args.rounds * args.store_count
+        got = replica.count()
+        if got != want:
+            results.errors.append(f"n={n} {ETCD}: etcd holds {got} keys under the prefix, want {want} "
+                                  f"(seeded {replica.seeded} + {args.rounds} x {args.store_count} new)")
+        else:
+            results.notes.append(f"n={n}: {ETCD}: etcd holds the {replica.seeded} seeded keys and the "
+                                 f"{args.rounds * args.store_count} stored through the driver")
     for d in list(wcaches):
         if d not in ("localfs_key", "noop", ETCD):
             shutil.rmtree(os.path.join(paths["base"], f"work-{d}"), ignore_errors=True)
