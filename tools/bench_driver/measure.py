@@ -11,6 +11,7 @@ import time
 from .common import PEM_POOL, log
 from .data import STATE_OF_DIR, prepare_size, work_copy
 from .drivers import SALT_NAME, load_module
+from .etcd import DRIVER as ETCD, Replica
 from .report import fmt_time
 
 
@@ -120,7 +121,23 @@ def check_equal(results, what, got):
 def bench_size(args, env, gen, pems, n, results):
     drivers = args.drivers
     need_mmap = [d for d in drivers if d in ("mmap_key", "keycache")]
+    if ETCD in drivers and "keycache" not in need_mmap:
+        need_mmap.append("keycache")  # the replica starts as a copy of keycache's store
     pop, paths = prepare_size(args, gen, pems, n, need_mmap)
+    replica = None
+    try:
+        if ETCD in drivers:
+            log(f"n={n}: starting etcd, seeding it and the replicator for {ETCD}")
+            replica = Replica(args, env.tmp, paths["base"], paths["keycache"], paths["size"])
+            replica.start()
+        _bench_size(args, env, pems, n, results, pop, paths, replica)
+    finally:
+        if replica is not None:
+            replica.stop()
+
+
+def _bench_size(args, env, pems, n, results, pop, paths, replica):
+    drivers = args.drivers
     size = paths["size"]
     tests = args.only
     localfs = "localfs_key" in drivers and n <= args.localfs_max
@@ -130,7 +147,12 @@ def bench_size(args, env, gen, pems, n, results):
 
     pki = {"noop": paths["tree"], "keycache": paths["keycache"], "mmap_key": paths["mmap_key"],
            "localfs_key": paths["tree"]}
-    caches = {d: env.cache(SALT_NAME[d], pki[d], size) for d in rd}
+    extra = {}
+    if replica is not None:
+        # The replica's directory is the master's own pki_dir, as etcd mode needs.
+        pki[ETCD] = replica.replica
+        extra[ETCD] = replica.opts()
+    caches = {d: env.cache(SALT_NAME[d], pki[d], size, **extra.get(d, {})) for d in rd}
 
     rng = random.Random(n)
     in_keys = [i for i in range(n) if pop.dirs[i] != "minions_denied"]
@@ -159,7 +181,11 @@ def bench_size(args, env, gen, pems, n, results):
 
     direct = {}
     if "direct" in tests:
+        if ETCD in rd:
+            results.notes.append(f"n={n}: {ETCD} not measured in `direct` (its reads are keycache's)")
         for d in rd:
+            if d == ETCD:
+                continue
             try:
                 mod, kw = load_module(env, d, pki[d], size)
             except Exception as exc:  # pylint: disable=broad-except
@@ -175,7 +201,8 @@ def bench_size(args, env, gen, pems, n, results):
     if "store" in tests:
         wd = [d for d in rd if d != "noop"] + (["keycache_notree"] if "keycache" in rd else [])
         for d in wd:
-            if d == "localfs_key":
+            if d in ("localfs_key", ETCD):
+                # keycache-etcd writes into its replica (a copy already), through etcd.
                 wcaches[d] = caches[d]
                 continue
             src = paths["keycache" if d.startswith("keycache") else d]
@@ -276,8 +303,18 @@ def bench_size(args, env, gen, pems, n, results):
                             pass
         log(f"n={n}: round {r + 1}/{args.rounds} done in {time.monotonic() - t_round:.1f} s")
 
+    if ETCD in wcaches and replica is not None and replica.seeded is not None:
+        # Every new key stored through the driver is in etcd (the replaces add none).
+        want = replica.seeded + args.rounds * args.store_count
+        got = replica.count()
+        if got != want:
+            results.errors.append(f"n={n} {ETCD}: etcd holds {got} keys under the prefix, want {want} "
+                                  f"(seeded {replica.seeded} + {args.rounds} x {args.store_count} new)")
+        else:
+            results.notes.append(f"n={n}: {ETCD}: etcd holds the {replica.seeded} seeded keys and the "
+                                 f"{args.rounds * args.store_count} stored through the driver")
     for d in list(wcaches):
-        if d not in ("localfs_key", "noop"):
+        if d not in ("localfs_key", "noop", ETCD):
             shutil.rmtree(os.path.join(paths["base"], f"work-{d}"), ignore_errors=True)
     for c in list(caches.values()) + list(wcaches.values()):
         c.destroy()

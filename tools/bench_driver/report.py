@@ -1,6 +1,6 @@
 """The report: the Markdown table of medians, keycache's ratios and targets."""
 
-from .common import ALL_DRIVERS
+from .common import TABLE_DRIVERS
 
 
 def fmt_time(s):
@@ -87,7 +87,7 @@ def report(args, results):
                 def get(d, n=n, key=key):
                     return results.median(n, key, d)
                 kc = get(kcname)
-                if all(get(d) is None for d in ALL_DRIVERS) and kc is None:
+                if all(get(d) is None for d in TABLE_DRIVERS) and kc is None:
                     continue
                 if kcname != "keycache" and kc is None:
                     continue
@@ -103,12 +103,16 @@ def report(args, results):
                     f"{fmt(get('localfs_key'))} | {noop_ratio} | {fmt_x(kc, get('mmap_key'))} | "
                     f"{fmt_x(kc, get('localfs_key'))} | {tgt} | {met} |")
                 rows_json.append({"minions": n, "test": key, "keycache_variant": kcname,
-                                  "median_seconds": {d: get(d) for d in ALL_DRIVERS + (kcname,)},
+                                  "median_seconds": {d: get(d) for d in TABLE_DRIVERS + (kcname,)},
                                   "target": tgt, "met": ok})
     # Lines measured for drivers without keycache (development runs): the table above shows them too.
     text = "\n".join(lines)
+    etcd_text, etcd_rows = etcd_table(args, results, sizes)
+    if etcd_text:
+        text += "\n\n" + etcd_text
+        rows_json.extend(etcd_rows)
     extra = []
-    direct_other = sorted({k[2] for k in results.samples if k[1] == "direct" and k[2] not in ALL_DRIVERS and not k[2].startswith("keycache ")})
+    direct_other = sorted({k[2] for k in results.samples if k[1] == "direct" and k[2] not in TABLE_DRIVERS and not k[2].startswith("keycache ")})
     if direct_other:
         extra.append(f"other direct lines: {direct_other}")
     for note in results.notes:
@@ -117,3 +121,56 @@ def report(args, results):
         extra.append("ERRORS:")
         extra.extend(f"- {e}" for e in results.errors)
     return text + ("\n\n" + "\n".join(extra) if extra else ""), rows_json
+
+
+ETCD = "keycache-etcd"
+
+
+def etcd_table(args, results, sizes):
+    """The table of keycache in etcd mode: its medians beside the do-nothing driver's,
+    keycache's (local store) and mmap_key's, measured in the same rounds, and its time
+    divided by each. Targets: the pair within 1.3x the do-nothing driver's; stores reported
+    against mmap_key's local store. Returns (text, JSON rows); ("", []) when not measured."""
+    lines = [
+        "keycache in etcd mode (keycache-etcd: writes through etcd, each returning once the "
+        "local replica applied it; reads local):",
+        "",
+        "| minions | measurement | do-nothing | keycache (local) | keycache-etcd | mmap_key (local) "
+        "| keycache-etcd's time ÷ do-nothing's | ÷ keycache's | ÷ mmap_key's | target | met |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|",
+    ]
+    rows = []
+    store_new = f"store {args.store_count} new"
+    for n in sizes:
+        for test, label, unit in TESTS:
+            key = store_new if test == "store new" else test
+
+            def get(d, n=n, key=key):
+                return results.median(n, key, d)
+            e = get(ETCD)
+            if e is None:
+                continue
+            fmt = (lambda s, unit=unit: fmt_rate(s, unit)) if unit else fmt_time
+
+            def ratio(d, e=e, get=get):
+                o = get(d)
+                return "—" if o is None or o <= 0 else f"{e / o:.2f}x"
+            if test == "pair":
+                noop = get("noop")
+                ok = None if noop is None else e <= 1.3 * noop
+                tgt = "keycache-etcd's time <= 1.3x the do-nothing driver's"
+            else:
+                ok = None
+                tgt = "reported (against mmap_key)" if test.startswith("store") else "reported"
+            met = "—" if ok is None else ("yes" if ok else "**no**")
+            lab = label.replace("new keys", f"{args.store_count} new keys")
+            lines.append(
+                f"| {n:,} | {lab} | {fmt(get('noop'))} | {fmt(get('keycache'))} | {fmt(e)} | "
+                f"{fmt(get('mmap_key'))} | {ratio('noop')} | {ratio('keycache')} | {ratio('mmap_key')} | "
+                f"{tgt} | {met} |")
+            rows.append({"minions": n, "test": key, "keycache_variant": ETCD,
+                         "median_seconds": {d: get(d) for d in ("noop", "keycache", ETCD, "mmap_key")},
+                         "target": tgt, "met": ok})
+    if not rows:
+        return "", []
+    return "\n".join(lines), rows
