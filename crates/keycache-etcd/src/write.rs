@@ -270,8 +270,8 @@ impl Writer {
     /// replica's value, or `None` for absent), so that a change committed
     /// elsewhere that the replica has not applied yet (a revocation) is
     /// never overwritten; a write whose value etcd already holds (another
-    /// master wrote the same) succeeds without writing. Waits for the
-    /// replica.
+    /// master wrote the same) succeeds without writing, and one whose value
+    /// the replica already shows sends nothing. Waits for the replica.
     pub async fn put_if(
         &mut self,
         bank: Bank,
@@ -280,6 +280,12 @@ impl Writer {
         value: Option<Value>,
     ) -> Result<i64> {
         let key = self.settings.layout.key(bank, id);
+        if expected == value.as_ref() {
+            // The replica holds it already (Salt's cluster masters store a
+            // peer's key change again on every master): nothing to write,
+            // and no new revision for every master to apply.
+            return Ok(ReplicaState::read(&self.dir)?.map_or(0, |s| s.revision));
+        }
         let guard = match expected {
             Some(v) => Compare::value(key.clone(), CompareOp::Equal, v.encode()),
             None => Compare::version(key.clone(), CompareOp::Equal, 0),

@@ -389,3 +389,25 @@ fn a_new_replica_of_many_keys_is_one_rebuild_with_its_tree_and_a_later_list_drop
     );
     assert!(keycache::tree::check(&s).expect("check").is_empty());
 }
+
+#[test]
+fn a_write_of_what_the_replica_already_shows_sends_nothing() {
+    let c = Cluster::start(1);
+    let st = settings(&c, "/keycache/t7/");
+    let dir = tempfile::tempdir().expect("dir");
+    let _r = Running::start(&st, dir.path());
+    let v = Value::Key(KeyState::Accepted, pem("z", 100).into_bytes());
+    let raw = String::from_utf8(v.encode()).expect("utf8");
+    c.etcdctl(&["put", "/keycache/t7/keys/z", &raw])
+        .expect("put");
+    let rev = c.revision();
+    wait_for(dir.path(), rev);
+    let got = block_on(async {
+        let mut w = Writer::connect(st.clone(), dir.path()).await?;
+        w.put_if(Bank::Keys, &id("z"), Some(&v), Some(v.clone()))
+            .await
+    })
+    .expect("no-op");
+    assert_eq!(got, rev);
+    assert_eq!(c.revision(), rev, "no new revision");
+}
