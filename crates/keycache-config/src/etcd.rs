@@ -158,12 +158,12 @@ pub(crate) fn parse(
             Kind::Str(x) if !x.is_empty() => Ok(x.clone()),
             _ => Err(err(file, v, what, "a non-empty string")),
         };
-        let seconds = |what: &str| match &v.kind {
-            Kind::Int(i) => u64::try_from(*i)
-                .ok()
-                .filter(|n| SECONDS.contains(n))
-                .ok_or_else(|| err(file, v, what, "a number of seconds from 1 to 86400")),
-            _ => Err(err(file, v, what, "a number of seconds from 1 to 86400")),
+        let seconds = |what: &str| {
+            match &v.kind {
+                Kind::Int(i) => u64::try_from(*i).ok().filter(|n| SECONDS.contains(n)),
+                _ => None,
+            }
+            .ok_or_else(|| err(file, v, what, "a number of seconds from 1 to 86400"))
         };
         match name.as_str() {
             "endpoints" => {
@@ -282,6 +282,26 @@ mod tests {
             None
         );
         assert_eq!(load("pki_dir: /p\n").expect("loads").etcd, None);
+    }
+
+    /// The rules the Salt driver's reader shares (it reads Python values).
+    #[test]
+    fn the_shared_rules_pair_halves_and_default_prefixes() {
+        use super::{prefix_or_default, EtcdSettings, SECONDS};
+        let mut s = EtcdSettings::default();
+        assert_eq!(s.half_pair(), None);
+        s.key = Some("/k.pem".into());
+        s.user = Some("u".into());
+        assert_eq!(s.half_pair(), Some(("cert", "key")));
+        s.cert = Some("/c.pem".into());
+        assert_eq!(s.half_pair(), Some(("user", "password")));
+        s.password = Some("p".into());
+        assert_eq!(s.half_pair(), None);
+        assert_eq!(prefix_or_default(Some("/kc/x"), Some("c")), "/kc/x/");
+        assert_eq!(prefix_or_default(None, Some("c")), "/keycache/c/");
+        assert_eq!(prefix_or_default(None, None), "/keycache/default/");
+        assert!(SECONDS.contains(&1) && SECONDS.contains(&86_400));
+        assert!(!SECONDS.contains(&0) && !SECONDS.contains(&86_401));
     }
 
     #[test]
