@@ -118,6 +118,21 @@ pub(crate) fn esc_path(p: &Path) -> String {
     esc(&p.to_string_lossy()).into_owned()
 }
 
+/// Prints what a command did to the key tree, a line a file:
+/// `{lead}wrote {path}{end}`, then `{lead}removed {path}{end}`.
+pub(crate) fn print_tree_changes<P: AsRef<Path>>(
+    lead: &str,
+    end: &str,
+    written: &[P],
+    removed: &[P],
+) {
+    for (verb, paths) in [("wrote", written), ("removed", removed)] {
+        for p in paths {
+            outln!("{lead}{verb} {}{end}", esc_path(p.as_ref()));
+        }
+    }
+}
+
 /// A failed command: `keycache: {message}` on stderr, exit code `code`.
 #[derive(Debug)]
 pub(crate) struct CmdError {

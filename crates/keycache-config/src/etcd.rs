@@ -18,6 +18,7 @@
 //! master's own options. A value of the wrong type is refused with its file
 //! and line, as the other options are.
 
+use std::ops::RangeInclusive;
 use std::path::PathBuf;
 
 use serde::Serialize;
@@ -33,8 +34,11 @@ pub const DEFAULT_WRITE_TIMEOUT: u64 = 10;
 /// counts as stale.
 pub const DEFAULT_STALE_AFTER: u64 = 30;
 
+/// The seconds `write_timeout` and `stale_after` may be.
+pub const SECONDS: RangeInclusive<u64> = 1..=86_400;
+
 /// The `keycache_etcd` mapping of a master config.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
 pub struct EtcdSettings {
     /// `endpoints`: `http://host:port` or `https://host:port` (a bare
     /// `host:port` is http).
@@ -56,6 +60,58 @@ pub struct EtcdSettings {
     pub write_timeout: u64,
     /// `stale_after`, seconds.
     pub stale_after: u64,
+}
+
+impl Default for EtcdSettings {
+    /// No endpoint and nothing set, the default seconds: what a
+    /// `keycache_etcd` mapping's options are read into.
+    fn default() -> EtcdSettings {
+        EtcdSettings {
+            endpoints: Vec::new(),
+            prefix: None,
+            ca: None,
+            cert: None,
+            key: None,
+            user: None,
+            password: None,
+            write_timeout: DEFAULT_WRITE_TIMEOUT,
+            stale_after: DEFAULT_STALE_AFTER,
+        }
+    }
+}
+
+impl EtcdSettings {
+    /// The first pair of options that go together, (`cert`, `key`) then
+    /// (`user`, `password`), of which only one is set.
+    pub fn half_pair(&self) -> Option<(&'static str, &'static str)> {
+        [
+            ("cert", "key", self.cert.is_some() != self.key.is_some()),
+            (
+                "user",
+                "password",
+                self.user.is_some() != self.password.is_some(),
+            ),
+        ]
+        .into_iter()
+        .find(|p| p.2)
+        .map(|(first, second, _)| (first, second))
+    }
+}
+
+/// The etcd prefix of a master's key state, ending in `/`: `prefix` (the
+/// option), else `/keycache/<cluster_id>/` for a master of a Salt cluster
+/// (`cluster_id`), else `/keycache/default/`.
+pub fn prefix_or_default(prefix: Option<&str>, cluster_id: Option<&str>) -> String {
+    let p = match (prefix, cluster_id) {
+        (Some(p), _) => p.to_string(),
+        (None, Some(c)) => format!("/keycache/{c}/"),
+        (None, None) => "/keycache/default/".to_string(),
+    };
+    if p.ends_with('/') {
+        p
+    } else {
+        format!("{p}/")
+    }
 }
 
 fn err(file: &std::path::Path, node: &Node, key: &str, expected: &'static str) -> ConfigError {
@@ -93,17 +149,7 @@ pub(crate) fn parse(
             })
         }
     };
-    let mut s = EtcdSettings {
-        endpoints: Vec::new(),
-        prefix: None,
-        ca: None,
-        cert: None,
-        key: None,
-        user: None,
-        password: None,
-        write_timeout: DEFAULT_WRITE_TIMEOUT,
-        stale_after: DEFAULT_STALE_AFTER,
-    };
+    let mut s = EtcdSettings::default();
     for (k, v) in map {
         let Kind::Str(name) = &k.kind else {
             return Err(err(file, k, "?", "a mapping with string keys"));
@@ -112,9 +158,12 @@ pub(crate) fn parse(
             Kind::Str(x) if !x.is_empty() => Ok(x.clone()),
             _ => Err(err(file, v, what, "a non-empty string")),
         };
-        let seconds = |what: &str| match &v.kind {
-            Kind::Int(i) if *i > 0 && *i <= 86_400 => Ok(*i as u64),
-            _ => Err(err(file, v, what, "a number of seconds from 1 to 86400")),
+        let seconds = |what: &str| {
+            match &v.kind {
+                Kind::Int(i) => u64::try_from(*i).ok().filter(|n| SECONDS.contains(n)),
+                _ => None,
+            }
+            .ok_or_else(|| err(file, v, what, "a number of seconds from 1 to 86400"))
         };
         match name.as_str() {
             "endpoints" => {
@@ -159,23 +208,18 @@ pub(crate) fn parse(
             found: "nothing".into(),
         });
     }
-    for (first, halves) in [
-        ("cert", s.cert.is_some() != s.key.is_some()),
-        ("user", s.user.is_some() != s.password.is_some()),
-    ] {
-        if halves {
-            return Err(ConfigError::Type {
-                file: file.to_path_buf(),
-                line: node.line,
-                key: format!("keycache_etcd.{first}"),
-                expected: if first == "cert" {
-                    "cert and key together"
-                } else {
-                    "user and password together"
-                },
-                found: "only one of them".into(),
-            });
-        }
+    if let Some((first, _)) = s.half_pair() {
+        return Err(ConfigError::Type {
+            file: file.to_path_buf(),
+            line: node.line,
+            key: format!("keycache_etcd.{first}"),
+            expected: if first == "cert" {
+                "cert and key together"
+            } else {
+                "user and password together"
+            },
+            found: "only one of them".into(),
+        });
     }
     Ok(Some(s))
 }
@@ -187,15 +231,11 @@ impl crate::MasterConfig {
     /// `keycache_etcd`.
     pub fn etcd_prefix(&self) -> Option<String> {
         let s = &self.etcd.as_ref()?.value;
-        let p = match (
-            &s.prefix,
-            self.cluster_id.as_ref().filter(|_| self.clustered),
-        ) {
-            (Some(p), _) => p.clone(),
-            (None, Some(c)) => format!("/keycache/{}/", c.value),
-            (None, None) => "/keycache/default/".to_string(),
-        };
-        Some(if p.ends_with('/') { p } else { format!("{p}/") })
+        let cluster = self.cluster_id.as_ref().filter(|_| self.clustered);
+        Some(prefix_or_default(
+            s.prefix.as_deref(),
+            cluster.map(|c| c.value.as_str()),
+        ))
     }
 }
 
@@ -242,6 +282,26 @@ mod tests {
             None
         );
         assert_eq!(load("pki_dir: /p\n").expect("loads").etcd, None);
+    }
+
+    /// The rules the Salt driver's reader shares (it reads Python values).
+    #[test]
+    fn the_shared_rules_pair_halves_and_default_prefixes() {
+        use super::{prefix_or_default, EtcdSettings, SECONDS};
+        let mut s = EtcdSettings::default();
+        assert_eq!(s.half_pair(), None);
+        s.key = Some("/k.pem".into());
+        s.user = Some("u".into());
+        assert_eq!(s.half_pair(), Some(("cert", "key")));
+        s.cert = Some("/c.pem".into());
+        assert_eq!(s.half_pair(), Some(("user", "password")));
+        s.password = Some("p".into());
+        assert_eq!(s.half_pair(), None);
+        assert_eq!(prefix_or_default(Some("/kc/x"), Some("c")), "/kc/x/");
+        assert_eq!(prefix_or_default(None, Some("c")), "/keycache/c/");
+        assert_eq!(prefix_or_default(None, None), "/keycache/default/");
+        assert!(SECONDS.contains(&1) && SECONDS.contains(&86_400));
+        assert!(!SECONDS.contains(&0) && !SECONDS.contains(&86_401));
     }
 
     #[test]

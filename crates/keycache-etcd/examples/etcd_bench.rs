@@ -23,10 +23,10 @@ use std::time::{Duration, Instant};
 use keycache::snapshot::Bank;
 use keycache::store::{KeyState, Store};
 use keycache::tree::TreeSync;
-use keycache::{MinionId, OpenOptions, Params};
+use keycache::{MinionId, OpenOptions};
 use keycache_etcd::write::{Decision, Writer};
 use keycache_etcd::{block_on, ReplicaState, Replicator, Report, Settings, Value};
-use keycache_testkit::common::pem;
+use keycache_testkit::common::{pem, sized};
 use keycache_testkit::etcd::Cluster;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
@@ -39,10 +39,7 @@ type Running = (
 
 fn opts(size: u64) -> OpenOptions {
     OpenOptions {
-        params: Params {
-            size,
-            ..Params::default()
-        },
+        params: sized(size),
         ..OpenOptions::default()
     }
 }
@@ -190,17 +187,7 @@ fn accept_all(c: &Cluster, n: usize) -> Res<()> {
         .map(|i| MinionId::new(format!("minion-{i:07}")))
         .collect::<Result<_, _>>()?;
     let start = Instant::now();
-    let w = block_on(async {
-        let mut w = Writer::connect(st.clone(), a.path()).await?;
-        w.update(&ids, |_, cur| match &cur.key {
-            Some((KeyState::Pending, p)) => Decision::Write(vec![(
-                Bank::Keys,
-                Some(Value::Key(KeyState::Accepted, p.clone())),
-            )]),
-            _ => Decision::Skip("not pending".into()),
-        })
-        .await
-    })?;
+    let w = move_all(&st, a.path(), &ids, KeyState::Pending, KeyState::Accepted)?;
     let on_a = start.elapsed();
     wait_revision(b.path(), w.revision, Duration::from_secs(60))?;
     let on_b = start.elapsed();
@@ -234,17 +221,13 @@ fn accept_all(c: &Cluster, n: usize) -> Res<()> {
     }
     .write(nowait.path())?;
     let t = Instant::now();
-    let back = block_on(async {
-        let mut w = Writer::connect(st.clone(), nowait.path()).await?;
-        w.update(&ids, |_, cur| match &cur.key {
-            Some((KeyState::Accepted, p)) => Decision::Write(vec![(
-                Bank::Keys,
-                Some(Value::Key(KeyState::Pending, p.clone())),
-            )]),
-            _ => Decision::Skip("not accepted".into()),
-        })
-        .await
-    })?;
+    let back = move_all(
+        &st,
+        nowait.path(),
+        &ids,
+        KeyState::Accepted,
+        KeyState::Pending,
+    )?;
     assert_eq!(back.done.len(), n);
     println!(
         "  of which etcd's transactions ({} ids per transaction, {} in flight): {:.0} ms",
@@ -253,6 +236,27 @@ fn accept_all(c: &Cluster, n: usize) -> Res<()> {
         ms(t.elapsed())
     );
     Ok(())
+}
+
+/// Moves every id of `ids` in state `from` to `to` through a writer on the
+/// replica in `dir` (`salt-key -A` and back); the others are skipped.
+fn move_all(
+    st: &Settings,
+    dir: &Path,
+    ids: &[MinionId],
+    from: KeyState,
+    to: KeyState,
+) -> Res<keycache_etcd::write::Written> {
+    Ok(block_on(async {
+        let mut w = Writer::connect(st.clone(), dir).await?;
+        w.update(ids, |_, cur| match &cur.key {
+            Some((s, p)) if *s == from => {
+                Decision::Write(vec![(Bank::Keys, Some(Value::Key(to, p.clone())))])
+            }
+            _ => Decision::Skip(format!("not {}", from.name())),
+        })
+        .await
+    })?)
 }
 
 fn new_replica(c: &Cluster, n: usize, trees: &[TreeSync]) -> Res<()> {

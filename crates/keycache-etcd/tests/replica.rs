@@ -99,6 +99,13 @@ fn contents(dir: &Path) -> Vec<(Bank, String, Value)> {
     out
 }
 
+/// The first byte of `key`'s value in etcd (a key's state: 1 accepted,
+/// 2 pending, 3 rejected).
+fn first_byte(c: &Cluster, key: &str) -> u8 {
+    let v = c.etcdctl(&["get", key, "--print-value-only"]).expect("get");
+    v.as_bytes()[0]
+}
+
 fn settings(c: &Cluster, prefix: &str) -> Settings {
     Settings::plain(c.endpoints(), prefix).expect("settings")
 }
@@ -211,10 +218,11 @@ fn a_write_fails_cleanly_when_no_replica_applies_it_and_a_stale_driver_write_is_
     // absent (it never applied the commit) is refused and changes nothing.
     let e = put_x(KeyState::Accepted).expect_err("stale");
     assert!(matches!(e, keycache_etcd::Error::Changed { .. }), "{e}");
-    let v = c
-        .etcdctl(&["get", "/keycache/t2/keys/x", "--print-value-only"])
-        .expect("get");
-    assert_eq!(v.as_bytes()[0], 2, "still pending in etcd");
+    assert_eq!(
+        first_byte(&c, "/keycache/t2/keys/x"),
+        2,
+        "still pending in etcd"
+    );
 }
 
 #[test]
@@ -305,10 +313,11 @@ fn an_accept_that_races_a_reject_elsewhere_reads_again_and_never_overwrites_it()
     assert_eq!(calls, 2, "read and decided again after the conflict");
     assert!(w.done.is_empty(), "{w:?}");
     assert_eq!(w.skipped.len(), 1);
-    let v = c
-        .etcdctl(&["get", "/keycache/t4/keys/r", "--print-value-only"])
-        .expect("get");
-    assert_eq!(v.as_bytes()[0], 3, "the reject stands");
+    assert_eq!(
+        first_byte(&c, "/keycache/t4/keys/r"),
+        3,
+        "the reject stands"
+    );
 }
 
 #[test]

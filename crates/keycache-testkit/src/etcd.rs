@@ -53,35 +53,39 @@ impl Tls {
     /// Makes a CA, a server certificate (SAN IP 127.0.0.1) and a client
     /// certificate in `dir` with the `openssl` command.
     pub fn make(dir: &Path) -> Tls {
+        // Must succeed: a failure shows the command line and openssl's stderr.
         let run = |args: &[&str]| {
-            let out = Command::new("openssl")
+            crate::cmd::TestCommand::new("openssl")
                 .args(args)
                 .current_dir(dir)
-                .output()
-                .expect("run openssl");
-            assert!(
-                out.status.success(),
-                "openssl {args:?}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+                .ok_output();
         };
-        run(&[
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
+        // `openssl req`: a new P-256 key without a passphrase in `key`, and
+        // in `out` a request for `subject` (`extra` `-x509`: a certificate).
+        let req = |key: &str, out: &str, subject: &str, extra: &[&str]| {
+            let mut args = vec![
+                "req",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:prime256v1",
+                "-nodes",
+                "-keyout",
+                key,
+                "-out",
+                out,
+                "-subj",
+                subject,
+            ];
+            args.extend_from_slice(extra);
+            run(&args);
+        };
+        req(
             "ca.key",
-            "-out",
             "ca.pem",
-            "-days",
-            "2",
-            "-subj",
             "/CN=keycache test CA",
-        ]);
+            &["-x509", "-days", "2"],
+        );
         for (name, cn, ext) in [
             (
                 "server",
@@ -90,20 +94,12 @@ impl Tls {
             ),
             ("client", "keycache", "extendedKeyUsage=clientAuth"),
         ] {
-            run(&[
-                "req",
-                "-newkey",
-                "ec",
-                "-pkeyopt",
-                "ec_paramgen_curve:prime256v1",
-                "-nodes",
-                "-keyout",
+            req(
                 &format!("{name}.key"),
-                "-out",
                 &format!("{name}.csr"),
-                "-subj",
                 &format!("/CN={cn}"),
-            ]);
+                &[],
+            );
             std::fs::write(dir.join(format!("{name}.ext")), ext).expect("ext file");
             run(&[
                 "x509",

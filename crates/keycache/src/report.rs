@@ -223,13 +223,20 @@ mod tests {
         }
     }
 
-    #[test]
-    fn stats_and_compact_report_the_garbage() -> Result<()> {
+    /// A store of size 1009 in a new directory with `n` pending keys,
+    /// `m0`, `m1`, ...
+    fn pending_store(n: usize) -> Result<(tempfile::TempDir, Store)> {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open_with(dir.path(), &opts(1009))?;
-        for n in 0..4 {
+        for n in 0..n {
             store.put(&MinionId::new(format!("m{n}"))?, KeyState::Pending, PEM)?;
         }
+        Ok((dir, store))
+    }
+
+    #[test]
+    fn stats_and_compact_report_the_garbage() -> Result<()> {
+        let (dir, store) = pending_store(4)?;
         store.remove(&MinionId::new("m0")?)?;
         store.deny(&MinionId::new("m1")?, PEM)?;
         let s = stats(&store)?;
@@ -254,11 +261,7 @@ mod tests {
 
     #[test]
     fn compact_refuses_a_table_past_the_migration_limit_and_writes_nothing() -> Result<()> {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open_with(dir.path(), &opts(1009))?;
-        for n in 0..17 {
-            store.put(&MinionId::new(format!("m{n}"))?, KeyState::Pending, PEM)?;
-        }
+        let (dir, store) = pending_store(17)?;
         drop(store);
         let idx = std::fs::read(dir.path().join(crate::format::KEYS_INDEX)).unwrap();
         // 17 entries in 18 data slots: 94% full.

@@ -83,6 +83,18 @@ impl Driver {
         }
     }
 
+    /// The bank `bank` names and the bytes of `key` in it, after Salt's
+    /// checks of both ([`Driver::check_id`], then [`Driver::bank`]).
+    fn target(
+        &self,
+        py: Python<'_>,
+        bank: &str,
+        key: &Bound<'_, PyAny>,
+    ) -> PyResult<(Bank, Vec<u8>)> {
+        self.check_id(py, Bank::parse(bank), key)?;
+        Ok((Self::bank(py, bank)?, Self::name(key)?))
+    }
+
     /// The bytes of a key name (`str`, or bytes for `master_keys`).
     fn name(key: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
         values::to_bytes(key)
@@ -212,10 +224,7 @@ impl Driver {
         key: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let open = self.ready(py, false)?;
-        let b = Bank::parse(bank);
-        self.check_id(py, b, key)?;
-        let b = Self::bank(py, bank)?;
-        let name = Self::name(key)?;
+        let (b, name) = self.target(py, bank, key)?;
         if !self.fits(&name) {
             return Ok(values::absent(py, b));
         }
@@ -236,10 +245,7 @@ impl Driver {
         data: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
         let open = self.ready(py, true)?;
-        let b = Bank::parse(bank);
-        self.check_id(py, b, key)?;
-        let b = Self::bank(py, bank)?;
-        let name = Self::name(key)?;
+        let (b, name) = self.target(py, bank, key)?;
         enum Put {
             Key(KeyState, Vec<u8>),
             Denied(Vec<u8>),
@@ -443,9 +449,7 @@ impl Driver {
                     .exists()
             }));
         };
-        self.check_id(py, b, k)?;
-        let b = Self::bank(py, bank)?;
-        let name = Self::name(k)?;
+        let (b, name) = self.target(py, bank, k)?;
         if !self.fits(&name) {
             return Ok(false);
         }
@@ -457,10 +461,7 @@ impl Driver {
     /// `None`.
     fn updated(&self, py: Python<'_>, bank: &str, key: &Bound<'_, PyAny>) -> PyResult<Option<i64>> {
         let open = self.ready(py, false)?;
-        let b = Bank::parse(bank);
-        self.check_id(py, b, key)?;
-        let b = Self::bank(py, bank)?;
-        let name = Self::name(key)?;
+        let (b, name) = self.target(py, bank, key)?;
         if !self.fits(&name) {
             return Ok(None);
         }

@@ -15,32 +15,23 @@ use std::time::Duration;
 
 use keycache::snapshot::Bank;
 use keycache::MinionId;
-use keycache_config::etcd::{EtcdSettings, DEFAULT_STALE_AFTER, DEFAULT_WRITE_TIMEOUT};
+use keycache_config::etcd::{prefix_or_default, EtcdSettings, SECONDS};
 use keycache_etcd::write::Writer;
 use keycache_etcd::{ReplicaState, Settings, Value};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyInt, PyList, PyString, PyTuple};
 
 /// The options of `keycache_etcd`, as read from the master's options: what
-/// identifies a driver's etcd mode (the password too, never shown).
+/// identifies a driver's etcd mode (the password too, never shown), the
+/// prefix resolved.
 #[derive(Clone, PartialEq, Eq, Hash)]
-pub(crate) struct EtcdOptions {
-    endpoints: Vec<String>,
-    prefix: String,
-    ca: Option<String>,
-    cert: Option<String>,
-    key: Option<String>,
-    user: Option<String>,
-    password: Option<String>,
-    write_timeout: u64,
-    stale_after: u64,
-}
+pub(crate) struct EtcdOptions(EtcdSettings);
 
 impl std::fmt::Debug for EtcdOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("EtcdOptions")
-            .field("endpoints", &self.endpoints)
-            .field("prefix", &self.prefix)
+            .field("endpoints", &self.0.endpoints)
+            .field("prefix", &self.prefix())
             .finish_non_exhaustive()
     }
 }
@@ -75,7 +66,7 @@ fn text(key: &str, v: &Bound<'_, PyAny>) -> Result<String, String> {
 fn seconds(key: &str, v: &Bound<'_, PyAny>) -> Result<u64, String> {
     if v.is_instance_of::<PyInt>() && !v.is_instance_of::<PyBool>() {
         if let Ok(n) = v.extract::<u64>() {
-            if (1..=86_400).contains(&n) {
+            if SECONDS.contains(&n) {
                 return Ok(n);
             }
         }
@@ -105,18 +96,7 @@ impl EtcdOptions {
         if map.is_empty() {
             return Ok(None);
         }
-        let mut o = EtcdOptions {
-            endpoints: Vec::new(),
-            prefix: String::new(),
-            ca: None,
-            cert: None,
-            key: None,
-            user: None,
-            password: None,
-            write_timeout: DEFAULT_WRITE_TIMEOUT,
-            stale_after: DEFAULT_STALE_AFTER,
-        };
-        let mut prefix = None;
+        let mut o = EtcdSettings::default();
         for (k, v) in map.iter() {
             let Some(name) = k.cast::<PyString>().ok().and_then(|s| s.to_str().ok()) else {
                 return Err(format!(
@@ -143,10 +123,10 @@ impl EtcdOptions {
                         .map(|i| text(name, i).map_err(|_| bad(name, "a list of URLs", i)))
                         .collect::<Result<_, _>>()?;
                 }
-                "prefix" => prefix = Some(text(name, &v)?),
-                "ca" => o.ca = Some(text(name, &v)?),
-                "cert" => o.cert = Some(text(name, &v)?),
-                "key" => o.key = Some(text(name, &v)?),
+                "prefix" => o.prefix = Some(text(name, &v)?),
+                "ca" => o.ca = Some(text(name, &v)?.into()),
+                "cert" => o.cert = Some(text(name, &v)?.into()),
+                "key" => o.key = Some(text(name, &v)?.into()),
                 "user" => o.user = Some(text(name, &v)?),
                 "password" => o.password = Some(text(name, &v)?),
                 "write_timeout" => o.write_timeout = seconds(name, &v)?,
@@ -165,42 +145,31 @@ impl EtcdOptions {
                     .into(),
             );
         }
-        for (first, second, half) in [
-            ("cert", "key", o.cert.is_some() != o.key.is_some()),
-            ("user", "password", o.user.is_some() != o.password.is_some()),
-        ] {
-            if half {
-                return Err(format!(
-                    "keycache: bad option keycache_etcd.{first}: {first} and {second} go together, \
-                     only one of them is set"
-                ));
-            }
+        if let Some((first, second)) = o.half_pair() {
+            return Err(format!(
+                "keycache: bad option keycache_etcd.{first}: {first} and {second} go together, \
+                 only one of them is set"
+            ));
         }
-        let p = match (prefix, cluster_id.filter(|c| !c.is_empty())) {
-            (Some(p), _) => p,
-            (None, Some(c)) => format!("/keycache/{c}/"),
-            (None, None) => "/keycache/default/".into(),
-        };
-        o.prefix = if p.ends_with('/') { p } else { format!("{p}/") };
+        o.prefix = Some(prefix_or_default(
+            o.prefix.as_deref(),
+            cluster_id.filter(|c| !c.is_empty()),
+        ));
+        let o = EtcdOptions(o);
         // Refused here, when the driver is opened, not on the first write.
         o.settings()?;
         Ok(Some(o))
     }
 
+    /// The etcd prefix, resolved when the options were read.
+    fn prefix(&self) -> &str {
+        self.0.prefix.as_deref().unwrap_or_default()
+    }
+
     /// The settings of `keycache_etcd`'s crate.
     pub(crate) fn settings(&self) -> Result<Settings, String> {
-        let e = EtcdSettings {
-            endpoints: self.endpoints.clone(),
-            prefix: Some(self.prefix.clone()),
-            ca: self.ca.clone().map(Into::into),
-            cert: self.cert.clone().map(Into::into),
-            key: self.key.clone().map(Into::into),
-            user: self.user.clone(),
-            password: self.password.clone(),
-            write_timeout: self.write_timeout,
-            stale_after: self.stale_after,
-        };
-        Settings::from_parts(&e, &self.prefix).map_err(|e| format!("keycache: bad option {e}"))
+        Settings::from_parts(&self.0, self.prefix())
+            .map_err(|e| format!("keycache: bad option {e}"))
     }
 }
 

@@ -36,23 +36,30 @@ pub(crate) struct Open {
     vetted: AtomicBool,
 }
 
+/// Open options of the layout Salt's options give: (`mmap_key_size`,
+/// `mmap_key_slot_size`, `mmap_key_id_size`, `mmap_key_max_segment_bytes`).
+pub(crate) fn options(
+    (size, slot_size, id_size, max_segment_bytes): (u64, usize, usize, u64),
+) -> OpenOptions {
+    OpenOptions {
+        params: Params {
+            size,
+            slot_size,
+            id_size,
+            max_segment_bytes,
+        },
+        ..OpenOptions::default()
+    }
+}
+
 impl Open {
     /// Handles for `key`, opened on first use.
     pub(crate) fn new(key: &DriverKey) -> Open {
-        let (size, slot_size, id_size, max_segment_bytes) = key.params;
         Open {
             generation: fork_generation(),
             pid: std::process::id(),
             dir: PathBuf::from(&key.dir),
-            opts: OpenOptions {
-                params: Params {
-                    size,
-                    slot_size,
-                    id_size,
-                    max_segment_bytes,
-                },
-                ..OpenOptions::default()
-            },
+            opts: options(key.params),
             tree: key.tree,
             store: ArcSwapOption::empty(),
             master: ArcSwapOption::empty(),
@@ -92,42 +99,47 @@ impl Open {
         }
     }
 
-    /// The `keys` and `denied_keys` banks.
-    pub(crate) fn store(&self) -> keycache::Result<Arc<Store>> {
-        if let Some(s) = self.store.load_full() {
-            return Ok(s);
+    /// What `slot` holds, else what `open` opens, made once (under
+    /// `opening`, the store's directory made first) and kept in `slot`.
+    fn once<T>(
+        &self,
+        slot: &ArcSwapOption<T>,
+        open: impl FnOnce() -> keycache::Result<T>,
+    ) -> keycache::Result<Arc<T>> {
+        if let Some(v) = slot.load_full() {
+            return Ok(v);
         }
         let _g = self.opening.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(s) = self.store.load_full() {
-            return Ok(s);
+        if let Some(v) = slot.load_full() {
+            return Ok(v);
         }
         make_dir(&self.dir)?;
-        let sync = if self.tree {
-            TreeSync::On
-        } else {
-            TreeSync::Off
-        };
-        let s = Arc::new(Store::open_with(&self.dir, &self.opts)?.with_tree(sync));
-        self.store.store(Some(s.clone()));
-        Ok(s)
+        let v = Arc::new(open()?);
+        slot.store(Some(v.clone()));
+        Ok(v)
+    }
+
+    /// The `keys` and `denied_keys` banks.
+    pub(crate) fn store(&self) -> keycache::Result<Arc<Store>> {
+        self.once(&self.store, || {
+            let sync = if self.tree {
+                TreeSync::On
+            } else {
+                TreeSync::Off
+            };
+            Ok(Store::open_with(&self.dir, &self.opts)?.with_tree(sync))
+        })
     }
 
     /// The `master_keys` bank (its files mode 0600 or narrower).
     pub(crate) fn master(&self) -> keycache::Result<Arc<Table>> {
-        if let Some(t) = self.master.load_full() {
-            return Ok(t);
-        }
-        let _g = self.opening.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(t) = self.master.load_full() {
-            return Ok(t);
-        }
-        make_dir(&self.dir)?;
-        let t = Arc::new(keycache::master_keys::open_bank(&self.dir, &self.opts)?);
-        if let Some(mp) = &self.master_pub {
-            mp.sync(&t)?;
-        }
-        self.master.store(Some(t.clone()));
-        Ok(t)
+        self.once(&self.master, || {
+            let t = keycache::master_keys::open_bank(&self.dir, &self.opts)?;
+            if let Some(mp) = &self.master_pub {
+                mp.sync(&t)?;
+            }
+            Ok(t)
+        })
     }
 
     /// The table of `bank`.

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use keycache::tree::TreeSync;
-use keycache::{OpenOptions, Params, Store};
+use keycache::Store;
 use keycache_etcd::replicator::Level;
 use keycache_etcd::{Replicator, Report};
 use pyo3::prelude::*;
@@ -79,15 +79,7 @@ pub(crate) fn replicate(
     {
         return Err(error(py, why));
     }
-    let opts = OpenOptions {
-        params: Params {
-            size,
-            slot_size,
-            id_size,
-            max_segment_bytes,
-        },
-        ..OpenOptions::default()
-    };
+    let opts = crate::open::options((size, slot_size, id_size, max_segment_bytes));
     let store = crate::open::make_dir(path)
         .and_then(|()| Store::open_with(path, &opts))
         .map(|s| s.with_tree(TreeSync::On))

@@ -86,14 +86,7 @@ def _checks(pair, etcd, prefix, phase):
         return a.state_of(), b.state_of()
 
     # ---- the minion's key arrives pending on both, through etcd
-    pair.minion.start()
-    mm.wait_for(
-        "the minion's key to arrive pending on both masters",
-        lambda: states() == ("minions_pre", "minions_pre"),
-        60,
-        alive=pair.daemons,
-    )
-    minion_pub = (pair.minion_pki / "minion.pub").read_bytes().strip()
+    minion_pub = pair.start_minion_pending()
     value = etcd.get(key)
     assert value is not None and value[:1] == PENDING, f"etcd's {key}: {value!r}"
     assert value[1:].strip() == minion_pub

@@ -101,14 +101,7 @@ def test_merges_between_two_real_masters(masters):  # pylint: disable=redefined-
         master_pub = (a.pki / "master.pub").read_bytes()
         assert (b.pki / "master.pub").read_bytes() == master_pub
         assert tm.GENERATING_LINE not in b.log_text(), "B made its own key pair"
-        masters.minion.start()
-        mm.wait_for(
-            "the minion's key to arrive pending on both masters",
-            lambda: states() == ("minions_pre", "minions_pre"),
-            60,
-            alive=masters.daemons,
-        )
-        minion_pub = (masters.minion_pki / "minion.pub").read_bytes().strip()
+        minion_pub = masters.start_minion_pending()
         # a timer has run since the sign-in: A observed, then B (its first
         # observation of the pending key comes after A's last one)
         masters.pull_ok(b, a)

@@ -239,6 +239,17 @@ class TwoMasters:
             raise AssertionError(f"copy-master-keys exited {proc.returncode}:\n{proc.stdout}{proc.stderr}")
         self.b.start()
 
+    def start_minion_pending(self):
+        """Start the minion; once its key is pending on both masters, its public key (stripped)."""
+        self.minion.start()
+        mm.wait_for(
+            "the minion's key to arrive pending on both masters",
+            lambda: (self.a.state_of(), self.b.state_of()) == ("minions_pre", "minions_pre"),
+            60,
+            alive=self.daemons,
+        )
+        return (self.minion_pki / "minion.pub").read_bytes().strip()
+
     def probe(self, tag, wait=30):
         """Have the minion send ``tag`` to its masters; ``{name: (seen, refused)}`` per master.
 

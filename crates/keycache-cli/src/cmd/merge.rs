@@ -15,7 +15,9 @@ use keycache::snapshot::{Entry, Snapshot};
 use crate::args::{announce_lock_wait, Json, Layout};
 use crate::cmd::snapshot::lock_wait;
 use crate::cmd::state::TreeMode;
-use crate::output::{errln, esc, esc_path, exit, outln, print_json, CmdError, CmdResult};
+use crate::output::{
+    errln, esc, esc_path, exit, outln, print_json, print_tree_changes, CmdError, CmdResult,
+};
 
 /// The arguments of `keycache merge`.
 #[derive(Debug, clap::Args)]
@@ -301,13 +303,13 @@ pub(crate) fn run(a: Args) -> CmdResult {
         });
     } else {
         print_text(store.dir(), &plan, a.dry_run, report.written);
-        let rel = |p: &PathBuf| esc_path(p.strip_prefix(store.dir()).unwrap_or(p));
-        for p in &report.tree.written {
-            outln!("Key tree: wrote {}.", rel(p));
-        }
-        for p in &report.tree.removed {
-            outln!("Key tree: removed {}.", rel(p));
-        }
+        let rel = |v: &[PathBuf]| -> Vec<PathBuf> {
+            v.iter()
+                .map(|p| p.strip_prefix(store.dir()).unwrap_or(p).to_path_buf())
+                .collect()
+        };
+        let t = &report.tree;
+        print_tree_changes("Key tree: ", ".", &rel(&t.written), &rel(&t.removed));
     }
     if counts.held > 0 {
         errln!(

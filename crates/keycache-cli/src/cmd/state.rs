@@ -14,7 +14,8 @@ use keycache::MinionId;
 
 use crate::args::{announce_lock_wait, minion_id, Json, Layout, StoreIds};
 use crate::output::{
-    errln, esc, esc_path, exit, outln, print_json, write_stderr, CmdError, CmdResult,
+    errln, esc, esc_path, exit, outln, print_json, print_tree_changes, write_stderr, CmdError,
+    CmdResult,
 };
 
 /// The arguments of `keycache accept`, `reject` and `delete`.
@@ -322,12 +323,7 @@ pub(super) fn print(report: StateReport, all: bool, json: bool) -> std::process:
         }
     }
     if let Some(t) = &report.tree {
-        for p in &t.written {
-            outln!("Key tree: wrote {}.", esc(p));
-        }
-        for p in &t.removed {
-            outln!("Key tree: removed {}.", esc(p));
-        }
+        print_tree_changes("Key tree: ", ".", &t.written, &t.removed);
     }
     for p in &report.skipped {
         errln!("keycache: {}: {}", esc(&p.id), p.reason);

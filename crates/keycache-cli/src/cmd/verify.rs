@@ -5,7 +5,7 @@ use keycache::verify::{check_store, missing_key_tree, BankFinding, VerifyReport}
 
 use crate::args::{ConfiguredStore, Json, Layout};
 use crate::cmd::state::TreeMode;
-use crate::output::{esc_path, exit, json_str, outln, print_json, CmdResult};
+use crate::output::{esc_path, exit, json_str, outln, print_json, print_tree_changes, CmdResult};
 
 /// The arguments of `keycache verify`.
 #[derive(Debug, clap::Args)]
@@ -116,12 +116,7 @@ pub(crate) fn run(a: Args) -> CmdResult {
 
 fn print_tree(t: &TreeOut) {
     if let Some(r) = &t.repaired {
-        for p in &r.written {
-            outln!("tree: wrote {}", esc_path(p));
-        }
-        for p in &r.removed {
-            outln!("tree: removed {}", esc_path(p));
-        }
+        print_tree_changes("tree: ", "", &r.written, &r.removed);
     }
     for d in &t.disagreements {
         outln!("tree: {}", crate::output::esc(&d.to_string()));
