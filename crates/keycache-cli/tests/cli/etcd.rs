@@ -5,14 +5,14 @@
 //! config.
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use keycache_testkit::etcd::Cluster;
 use serde_json::Value;
 
-use crate::common::{kc, s, sample_pki, sample_store};
+use crate::common::{kc, s, sample_pki, sample_store, tree_files};
 
 const PREFIX: &str = "/keycache/test/";
 
@@ -181,28 +181,6 @@ fn keys_of_listing(l: &Value) -> BTreeSet<String> {
     ] {
         for id in l[state].as_array().expect("a list") {
             out.insert(format!("{PREFIX}{bank}/{}", id.as_str().expect("id")));
-        }
-    }
-    out
-}
-
-/// The files of the key tree of `dir`, as `minions/ID` etc.
-fn tree_files(dir: &Path) -> BTreeSet<String> {
-    let mut out = BTreeSet::new();
-    for sub in [
-        "minions",
-        "minions_pre",
-        "minions_rejected",
-        "minions_denied",
-    ] {
-        let Ok(rd) = std::fs::read_dir(dir.join(sub)) else {
-            continue;
-        };
-        for e in rd {
-            let name = e.expect("entry").file_name().to_string_lossy().into_owned();
-            if !name.starts_with('.') {
-                out.insert(format!("{sub}/{name}"));
-            }
         }
     }
     out

@@ -185,3 +185,21 @@ pub fn ok(o: &Output) -> String {
     check_ok("keycache", o);
     stdout(o)
 }
+
+/// The files of the key tree of `dir`, as `minions/ID` and so on (dot-files,
+/// keycache's temporaries among them, left out).
+pub fn tree_files(dir: &Path) -> std::collections::BTreeSet<String> {
+    let mut out = std::collections::BTreeSet::new();
+    for sub in keycache::tree::TreeDir::NAMES {
+        let Ok(rd) = std::fs::read_dir(dir.join(sub)) else {
+            continue;
+        };
+        for e in rd {
+            let name = e.expect("entry").file_name().to_string_lossy().into_owned();
+            if !name.starts_with('.') {
+                out.insert(format!("{sub}/{name}"));
+            }
+        }
+    }
+    out
+}

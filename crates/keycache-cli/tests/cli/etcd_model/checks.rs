@@ -6,10 +6,11 @@ use std::sync::atomic::Ordering;
 use keycache_testkit::etcd::Cluster;
 use serde_json::Value;
 
-use super::master::{tree_files, Master};
+use super::master::Master;
 use super::model::{self, Kind, Model, Outcome, Rec, St, B, STATES};
 use super::{World, PREFIX};
 use crate::common::kc;
+use crate::common::tree_files;
 
 /// `keycache verify` is clean, key tree included, but for what a kill of a
 /// replicator this test killed may leave (docs/reliability.md): the

@@ -11,8 +11,8 @@ use keycache_etcd::{ReplicaState, Settings};
 use keycache_testkit::etcd::Cluster;
 use serde_json::Value;
 
-use super::model::STATES;
 use super::{PREFIX, WRITE_TIMEOUT};
+use crate::common::tree_files;
 use crate::common::{kc, s};
 
 /// A master: its store directory, its config, its replicator.
@@ -134,21 +134,4 @@ impl Master {
     pub fn snapshot(&self) -> (Value, BTreeSet<String>, i64) {
         (self.list(), tree_files(&self.pki), self.revision())
     }
-}
-
-/// The files of the key tree of `dir`, as `minions/ID` etc.
-pub fn tree_files(dir: &std::path::Path) -> BTreeSet<String> {
-    let mut out = BTreeSet::new();
-    for (sub, _, _) in STATES {
-        let Ok(rd) = std::fs::read_dir(dir.join(sub)) else {
-            continue;
-        };
-        for e in rd {
-            let name = e.expect("entry").file_name().to_string_lossy().into_owned();
-            if !name.starts_with('.') {
-                out.insert(format!("{sub}/{name}"));
-            }
-        }
-    }
-    out
 }
