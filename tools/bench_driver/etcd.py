@@ -14,6 +14,7 @@ live replica, for one size of a run of tools/bench-driver.py.
   from the kernel if this process dies first (PR_SET_PDEATHSIG).
 """
 
+import contextlib
 import ctypes
 import json
 import os
@@ -47,16 +48,10 @@ def etcd_bin_dir():
 
 
 def free_ports(n):
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
+    """``n`` distinct TCP ports free on 127.0.0.1 (each held until all are picked)."""
+    with contextlib.ExitStack() as held:
+        socks = [held.enter_context(socket.create_server(("127.0.0.1", 0))) for _ in range(n)]
         return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def _die_with_parent():
