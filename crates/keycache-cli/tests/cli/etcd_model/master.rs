@@ -25,6 +25,19 @@ pub struct Master {
     pub repl: Mutex<Repl>,
 }
 
+impl Drop for Master {
+    /// No replicator outlives the test: its etcd is gone with the test's
+    /// cluster, and it would try to reach it forever.
+    fn drop(&mut self) {
+        if let Ok(r) = self.repl.get_mut() {
+            if let Some(mut c) = r.child.take() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+}
+
 /// A master's `keycache replicate` child, and the log of its latest start.
 #[derive(Default)]
 pub struct Repl {
