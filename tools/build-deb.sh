@@ -78,7 +78,13 @@ rm -rf "$stage"
 mkdir -p "$stage/release"
 cp "$binary" "$stage/release/keycache"
 bin="$stage/release/keycache"
-echo "==> packaging $binary ($("$bin" --version))" >&2
+# It must run here: it writes the man page and completions (and a binary of
+# another architecture would be labelled with this machine's).
+if ! version="$("$bin" --version 2>&1)"; then
+    echo "build-deb: $binary does not run on this machine: $version" >&2
+    exit 2
+fi
+echo "==> packaging $binary ($version)" >&2
 
 # --- man page and completions, from the binary packaged ---------------------
 rm -rf "$assets"
