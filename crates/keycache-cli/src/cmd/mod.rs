@@ -5,6 +5,7 @@ mod compact;
 mod diff;
 mod etcd;
 mod export;
+mod generate;
 mod get;
 mod list;
 mod merge;
@@ -113,6 +114,10 @@ pub(crate) enum Command {
     Etcd(etcd::Args),
     /// Measure lookup throughput of an existing store on this machine.
     Bench(bench::Args),
+    /// Write the man page or a shell's completion script to stdout, made
+    /// from these definitions (for packagers: tools/build-deb.sh).
+    #[command(hide = true)]
+    Generate(generate::Args),
 }
 
 /// Runs a command; its exit code, or why it failed.
@@ -134,5 +139,6 @@ pub(crate) fn run(cmd: Command) -> CmdResult {
         Command::Replicate(a) => replicate::run(a),
         Command::Etcd(a) => etcd::run(a),
         Command::Bench(a) => bench::run(a),
+        Command::Generate(a) => generate::run(a),
     }
 }

@@ -22,7 +22,9 @@
 //! - [`etcd`], [`etcd_model`]: the etcd replica's commands, and its model
 //!   test (three masters on a real etcd cluster, random operations, kills);
 //! - [`crash`]: writers, compactions, migrations, merges and tree writers
-//!   killed or losing power; their child writer is [`child_writer`] below.
+//!   killed or losing power; their child writer is [`child_writer`] below;
+//! - [`generate`]: the man page and shell completions the Debian package
+//!   ships.
 
 mod commands;
 mod common;
@@ -33,6 +35,7 @@ mod damage;
 mod edges;
 mod etcd;
 mod etcd_model;
+mod generate;
 mod hostile;
 mod key_material;
 mod layout;

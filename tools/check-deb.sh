@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# Check the Debian package tools/build-deb.sh made:
+#
+#   tools/check-deb.sh DEB
+#
+# - `dpkg-deb -c` lists the binary, the man page, the bash, zsh and fish
+#   completions, the replicator's systemd unit and the docs, with the modes
+#   they need;
+# - `dpkg-deb -f`: Package keycache, a Version, the Architecture of this
+#   machine's dpkg, a Depends naming libc6, section admin;
+# - no maintainer script (the unit is neither enabled nor started);
+# - the unit starts /usr/bin/keycache;
+# - extracted with `dpkg-deb -x`, usr/bin/keycache --version names the
+#   package's version, and `usr/bin/keycache generate man | head` runs; the
+#   gzipped man page is roff naming the subcommands.
+# Every failure says what is wrong; the exit status is 1 when any check
+# failed, 2 on bad usage.
+set -euo pipefail
+
+if [ $# -ne 1 ]; then
+    echo "usage: tools/check-deb.sh DEB" >&2
+    exit 2
+fi
+deb="$1"
+if [ ! -f "$deb" ]; then
+    echo "check-deb: $deb: no such file" >&2
+    exit 2
+fi
+
+failures=0
+fail() {
+    echo "check-deb: $deb: $*" >&2
+    failures=$((failures + 1))
+}
+
+listing="$(dpkg-deb -c "$deb")" || { echo "check-deb: $deb: dpkg-deb -c cannot read it" >&2; exit 1; }
+# cargo-deb 2.0.0 writes member names without dpkg-deb -b's leading "./":
+# the paths below are compared in that form, either way
+listing="$(sed -E 's#^(.* )(\./)?([^ ]+)$#\1./\3#' <<<"$listing")"
+
+# path and mode (ls -l's first column) of what the package must hold
+expect=(
+    "./usr/bin/keycache -rwxr-xr-x"
+    "./usr/share/man/man1/keycache.1.gz -rw-r--r--"
+    "./usr/share/bash-completion/completions/keycache -rw-r--r--"
+    "./usr/share/zsh/vendor-completions/_keycache -rw-r--r--"
+    "./usr/share/fish/vendor_completions.d/keycache.fish -rw-r--r--"
+    "./lib/systemd/system/keycache-replicate.service -rw-r--r--"
+    "./usr/share/doc/keycache/copyright -rw-r--r--"
+    "./usr/share/doc/keycache/README.md -rw-r--r--"
+    "./usr/share/doc/keycache/CHANGELOG.md -rw-r--r--"
+    "./usr/share/doc/keycache/cli.md -rw-r--r--"
+    "./usr/share/doc/keycache/design.md -rw-r--r--"
+)
+for e in "${expect[@]}"; do
+    path="${e% *}"
+    mode="${e##* }"
+    line="$(awk -v p="$path" '$NF == p' <<<"$listing")"
+    if [ -z "$line" ]; then
+        fail "lacks $path"
+    elif [ "${line%% *}" != "$mode" ]; then
+        fail "$path has mode ${line%% *}, not $mode"
+    fi
+done
+# every doc of the source tree is shipped
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+for doc in "$repo"/docs/*.md; do
+    path="./usr/share/doc/keycache/$(basename "$doc")"
+    awk -v p="$path" '$NF == p {found=1} END {exit !found}' <<<"$listing" || fail "lacks $path"
+done
+# nothing outside the places a package of a command may write
+while read -r path; do
+    case "$path" in
+      ./usr/bin/* | ./usr/share/* | ./lib/systemd/system/*) ;;
+      *) fail "holds $path, outside usr/bin, usr/share and lib/systemd/system" ;;
+    esac
+done < <(awk '$1 !~ /^d/ {print $NF}' <<<"$listing")
+
+field() { dpkg-deb -f "$deb" "$1"; }
+[ "$(field Package)" = keycache ] || fail "Package is '$(field Package)', not keycache"
+version="$(field Version)"
+[[ "$version" =~ ^[0-9]+\.[0-9]+\.[0-9]+(-[0-9A-Za-z.+~]+)?$ ]] || fail "Version '$version' is not X.Y.Z[-REV]"
+arch="$(field Architecture)"
+if command -v dpkg >/dev/null 2>&1; then
+    [ "$arch" = "$(dpkg --print-architecture)" ] || fail "Architecture is '$arch', not this machine's $(dpkg --print-architecture)"
+else
+    [ -n "$arch" ] && [ "$arch" != all ] || fail "Architecture is '$arch'"
+fi
+depends="$(field Depends)"
+[[ "$depends" == *libc6* ]] || fail "Depends '$depends' does not name libc6 (not \$auto-computed?)"
+[ "$(field Section)" = admin ] || fail "Section is '$(field Section)', not admin"
+[ -n "$(field Maintainer)" ] || fail "no Maintainer"
+
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+
+# no maintainer scripts: the replicator is enabled by an operator, once
+# keycache_etcd is configured
+dpkg-deb -e "$deb" "$work/control"
+for script in preinst postinst prerm postrm; do
+    [ ! -e "$work/control/$script" ] || fail "has a $script maintainer script"
+done
+
+dpkg-deb -x "$deb" "$work/root"
+bin="$work/root/usr/bin/keycache"
+unit="$work/root/lib/systemd/system/keycache-replicate.service"
+if [ -f "$unit" ]; then
+    grep -q '^ExecStart=/usr/bin/keycache replicate' "$unit" || fail "the unit does not start /usr/bin/keycache replicate"
+fi
+if [ -x "$bin" ]; then
+    if ver="$("$bin" --version 2>&1)"; then
+        [ "$ver" = "keycache ${version%%-*}" ] || fail "usr/bin/keycache --version says '$ver', the package is $version"
+    else
+        fail "usr/bin/keycache --version fails: $ver"
+    fi
+    head_man="$("$bin" generate man | head -n 5)" || fail "usr/bin/keycache generate man | head fails"
+    grep -q '^\.TH KEYCACHE 1 ' <<<"$head_man" || fail "usr/bin/keycache generate man has no .TH KEYCACHE 1 in its first lines: $head_man"
+    if command -v readelf >/dev/null 2>&1 && readelf -S "$bin" | grep -q '\.debug_info'; then
+        fail "usr/bin/keycache is not stripped (it has a .debug_info section)"
+    fi
+fi
+man="$work/root/usr/share/man/man1/keycache.1.gz"
+if [ -f "$man" ]; then
+    if page="$(gzip -dc "$man")"; then
+        for sub in migrate list get accept reject delete verify compact export snapshot merge replicate "etcd seed"; do
+            grep -qxF ".SS \"keycache $sub\"" <<<"$page" || fail "the man page has no section for keycache $sub"
+        done
+    else
+        fail "usr/share/man/man1/keycache.1.gz is not gzip"
+    fi
+fi
+bash_completion="$work/root/usr/share/bash-completion/completions/keycache"
+if [ -f "$bash_completion" ]; then
+    bash -n "$bash_completion" || fail "bash -n rejects the bash completion"
+    grep -q -- '--config-dir' "$bash_completion" || fail "the bash completion lacks --config-dir"
+fi
+
+if [ "$failures" -gt 0 ]; then
+    echo "check-deb: $deb: $failures check(s) failed" >&2
+    exit 1
+fi
+echo "check-deb: $deb: ok ($(field Package) $version $arch; Depends: $depends)" >&2
