@@ -10,8 +10,9 @@
 #      reliability, fuzz corpus replay);
 #   4. pytest on the Salt driver (crates/saltext-keycache/tests) against
 #      that install, with the wheel's `keycache` binary;
-#   5. cargo doc, warnings are errors;
-#   6. the benches and the comparison tool compile.
+#   5. the Debian package of the CLI (tools/build-deb.sh, tools/check-deb.sh);
+#   6. cargo doc, warnings are errors;
+#   7. the benches and the comparison tool compile.
 # Tests that cannot run here (not root, no strace) print a SKIP line and are
 # listed at the end; with KEYCACHE_NO_SKIPS=1 (as .ci/run sets) they fail.
 # Usage: tools/test.sh [extra cargo test args]
@@ -54,6 +55,10 @@ if [ -s "$skips" ]; then
     echo "==> $(sort -u "$skips" | wc -l) test(s) or part(s) of tests skipped:" >&2
     sort -u "$skips" >&2
 fi
+
+echo "==> the Debian package (cargo-deb) of the wheel's keycache: built, then its contents checked" >&2
+deb=$(tools/build-deb.sh target/deb "$wheel_bin" | tail -n 1)
+tools/check-deb.sh "$deb"
 
 echo "==> cargo doc (warnings are errors)" >&2
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
