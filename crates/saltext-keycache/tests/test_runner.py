@@ -8,6 +8,8 @@ without the binary (a source install) finds that one, and an install that
 ships it (the wheel) finds its own. ``KEYCACHE_EXPECT_RUNNER_BIN``, when set,
 is the path the runner must report having run (``keycache_bin`` of its
 reports): the wheel's. Only the tests of ``keycache_bin`` set the option.
+With ``keycache_etcd``, status and diff are checked against a real etcd
+member (``etcd_support.Etcd``), seeded by ``keycache etcd seed``.
 """
 
 import base64
@@ -338,3 +340,44 @@ def test_the_bin_directory_beside_the_package_comes_first(tmp_path, keycache_bin
 
     assert code == 0, proc.stdout + proc.stderr
     assert ret["keycache_bin"] == str(target / "bin" / "keycache"), ret
+
+
+@pytest.fixture
+def etcd(tmp_path):
+    from etcd_support import Etcd  # pylint: disable=import-outside-toplevel
+
+    e = Etcd(tmp_path / "etcd")
+    e.start()
+    yield e
+    e.stop()
+
+
+def test_etcd_status_and_diff(tmp_path, keycache_bin, etcd):
+    """With keycache_etcd: status is `keycache etcd status` (stale without a
+    replicator: a failure), diff is `keycache etcd diff`."""
+    conf = make_master(tmp_path / "m", junk=False, extra={"keycache_etcd": {"endpoints": [etcd.endpoint]}})
+    cli(keycache_bin, "migrate", "-c", str(conf))
+    cli(keycache_bin, "etcd", "seed", "-c", str(conf))
+
+    code, ret, proc = salt_run(conf, "keycache.diff")
+    assert code == 0, proc.stdout + proc.stderr
+    assert ret["same"] is True and ret["differences"] == [] and ret["result"] is True, ret
+    assert ret["prefix"] == "/keycache/default/", ret
+    assert_ran(ret, keycache_bin)
+
+    code, ret, proc = salt_run(conf, "keycache.status")
+    assert code == 1, proc.stdout + proc.stderr
+    assert ret["stale"] is True and ret["replica_revision"] == 0 and ret["retcode"] == 1, ret
+    assert ret["etcd_keys"] == 9, ret
+
+    # etcd now holds the tree without p1.
+    other = tmp_path / "other"
+    shutil.copytree(tmp_path / "m" / "pki", other, ignore=shutil.ignore_patterns(".mmap*", "master.p*"))
+    (other / "minions_pre" / "p1").unlink()
+    cli(keycache_bin, "etcd", "seed", "-c", str(conf), "--from", str(other), "--replace")
+    code, ret, proc = salt_run(conf, "keycache.diff")
+    assert code == 1, proc.stdout + proc.stderr
+    assert ret["same"] is False and ret["retcode"] == 1, ret
+    assert [(d["bank"], d["id"], d["store"], d["etcd"]) for d in ret["differences"]] == [
+        ("keys", "p1", "pending", None)
+    ], ret
