@@ -171,9 +171,8 @@ def _migrate_text(doc):
         lines.append(f"  Kept:     {kept:,} entries of the store that the tree lacks")
     lines.extend(_master_keys_lines(doc))
     for dup in doc.get("duplicates") or []:
-        lines.append(
-            "  Duplicate: {} in {}: {}".format(dup.get("id"), ", ".join(map(str, dup.get("found_in", []))), dup.get("state"))
-        )
+        found_in = ", ".join(map(str, dup.get("found_in") or []))
+        lines.append(f"  Duplicate: {dup.get('id')} (found {found_in}): {dup.get('state')}")
     skipped = doc.get("skipped") or []
     lines.append(f"  Skipped:  {len(skipped):,}")
     for skip in skipped:
