@@ -387,3 +387,19 @@ def test_etcd_status_and_diff(tmp_path, keycache_bin, etcd):
     assert [(d["bank"], d["id"], d["store"], d["etcd"]) for d in ret["differences"]] == [
         ("keys", "p1", "pending", None)
     ], ret
+
+
+def test_a_refused_migration_writes_nothing_and_says_why(tmp_path, keycache_bin):
+    conf = make_master(tmp_path / "m")
+    pki = tmp_path / "m" / "pki"
+    long_id = "x" * 65  # mmap_key_id_size is 64
+    (pki / "minions" / long_id).write_text(pem("long"))
+    before = tree_snapshot(pki)
+
+    code, ret, proc = salt_run(conf, "keycache.migrate")
+
+    assert code == 1, proc.stdout + proc.stderr
+    assert ret["retcode"] == 1, ret
+    assert ret["error"].startswith(f"keycache migrate ({expected_runner_bin(keycache_bin)}) exited 2: "), ret
+    assert long_id in ret["error"], ret
+    assert tree_snapshot(pki) == before
