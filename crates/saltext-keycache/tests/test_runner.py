@@ -145,7 +145,7 @@ def expected_runner_bin(keycache_bin):
         return want
     import saltext.keycache  # pylint: disable=import-outside-toplevel
 
-    root = pathlib.Path(saltext.keycache.__file__).resolve().parents[2]
+    root = pathlib.Path(os.path.abspath(saltext.keycache.__file__)).parents[2]
     for path in (root / "bin" / "keycache", pathlib.Path(sysconfig.get_path("scripts")) / "keycache"):
         if os.access(path, os.X_OK):
             return str(path)
