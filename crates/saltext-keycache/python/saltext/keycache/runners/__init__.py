@@ -1,0 +1,1 @@
+"""Salt runners of saltext.keycache (Salt's loader adds this directory)."""

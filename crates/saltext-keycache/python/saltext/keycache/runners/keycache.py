@@ -1,0 +1,298 @@
+"""
+keycache: the ``keycache`` command's main jobs from ``salt-run``.
+
+For masters whose PATH lacks the ``keycache`` command (``salt-pip`` installs
+an extension's scripts into ``extras-3.N/bin``, off PATH):
+
+.. code-block:: bash
+
+    salt-run keycache.migrate dry_run=True   # keycache migrate -c <config dir> --dry-run
+    salt-run keycache.migrate                # keycache migrate -c <config dir>
+    salt-run keycache.status                 # keycache stats (keycache etcd status with keycache_etcd)
+    salt-run keycache.verify                 # keycache verify
+    salt-run keycache.diff                   # keycache etcd diff (needs keycache_etcd)
+    salt-run keycache.diff other=/srv/peer   # keycache diff <this store> /srv/peer
+
+Each function runs the ``keycache`` binary on the master config Salt handed
+the runner (``-c <directory of conf_file>``, ``--json``) and returns what it
+reports. The binary is, in order: the master option ``keycache_bin``; the
+``bin/keycache`` beside the directory holding the ``saltext`` package (where
+``pip install --target``, salt-pip's way, puts a wheel's scripts); the
+Python's scripts directory (a virtualenv's ``bin``); ``keycache`` on PATH.
+
+A failure (no binary, an error of the command, findings of ``verify``, a
+stale replica, stores that differ) sets ``retcode`` 1 in the returned dict
+and in ``__context__``: ``salt-run`` exits 1, and ``success`` is false for
+the API and orchestration. Nothing here prints or returns a private key: the
+command never prints one.
+"""
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sysconfig
+
+import salt.utils.data
+
+__virtualname__ = "keycache"
+
+log = logging.getLogger(__name__)
+
+# The directory holding the ``saltext`` package: <root>/saltext/keycache/runners/keycache.py.
+_INSTALL_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+
+def __virtual__():
+    return __virtualname__
+
+
+def _candidates(opts):
+    """``(where, path)`` of each place the binary is looked for, in order;
+    with ``keycache_bin`` set, that one alone."""
+    configured = opts.get("keycache_bin")
+    if configured:
+        return [("the master option keycache_bin", str(configured))]
+    places = [("the bin directory beside the saltext package", os.path.join(_INSTALL_ROOT, "bin", "keycache"))]
+    scripts = sysconfig.get_path("scripts")
+    if scripts:
+        places.append(("the Python's scripts directory", os.path.join(scripts, "keycache")))
+    return places
+
+
+def _find_binary(opts):
+    """The path of the ``keycache`` binary, or ``None`` and the text saying
+    where it was looked for."""
+    places = _candidates(opts)
+    for _, path in places:
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path, None
+    looked = [f"{path} ({where})" for where, path in places]
+    if not opts.get("keycache_bin"):
+        found = shutil.which("keycache")
+        if found:
+            return os.path.abspath(found), None
+        looked.append("keycache on PATH ({})".format(os.environ.get("PATH", "")))
+    return None, "; ".join(looked)
+
+
+def _fail(ret):
+    """``ret`` marked as failed: ``retcode`` 1 there (``salt-run``'s exit
+    code) and in ``__context__`` (the job's ``success``)."""
+    __context__["retcode"] = 1
+    ret["retcode"] = 1
+    return ret
+
+
+def _error(message, binary=None):
+    ret = {"error": message}
+    if binary:
+        ret["keycache_bin"] = binary
+    return _fail(ret)
+
+
+def _run(args, options=()):
+    """Runs ``keycache <args> -c <config dir> --json <options>``.
+
+    Returns ``(document, exit code, binary, None)`` when the command printed
+    its JSON report and exited 0 or 1 (1: findings, differences, stale), or
+    ``(None, None, binary, error dict)``.
+    """
+    binary, looked = _find_binary(__opts__)
+    if binary is None:
+        return None, None, None, _error(f"keycache: no keycache binary found; looked for {looked}")
+    conf_file = __opts__.get("conf_file")
+    if not conf_file:
+        return None, None, binary, _error("keycache: the master opts have no conf_file", binary)
+    argv = [binary, *args, "-c", os.path.dirname(conf_file), "--json", *options]
+    what = "keycache " + " ".join(args)
+    log.debug("keycache runner: running %s", argv)
+    try:
+        proc = subprocess.run(
+            argv,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            env=dict(os.environ, NO_COLOR="1"),
+            check=False,
+        )
+    except OSError as exc:
+        return None, None, binary, _error(f"{what}: cannot run {binary}: {exc}", binary)
+    stdout = proc.stdout.decode("utf-8", "replace")
+    stderr = proc.stderr.decode("utf-8", "replace").strip()
+    if stderr:
+        log.debug("keycache runner: %s said on stderr: %s", what, stderr)
+    if proc.returncode in (0, 1):
+        try:
+            doc = json.loads(stdout)
+        except ValueError:
+            doc = None
+        if isinstance(doc, dict):
+            return doc, proc.returncode, binary, None
+    if proc.returncode < 0:
+        status = f"was killed by signal {-proc.returncode}"
+    else:
+        status = f"exited {proc.returncode}"
+    detail = stderr or stdout.strip() or "no output"
+    return None, None, binary, _error(f"{what} ({binary}) {status}: {detail}", binary)
+
+
+def _report(doc, code, binary):
+    """``doc`` with the binary that made it and ``result``: whether the
+    command exited 0; failed when it exited 1."""
+    doc["keycache_bin"] = binary
+    doc["result"] = not code
+    return _fail(doc) if code else doc
+
+
+def _migrate_text(doc):
+    """``pki.migrate_to_mmap``'s text for a ``keycache migrate --json``
+    report: its lines first, then what keycache says more (the store, the
+    master's own keys, what was skipped)."""
+    migrated = doc.get("migrated") or {}
+    counts = {state: int(migrated.get(state, 0)) for state in ("accepted", "pending", "rejected", "denied")}
+    if doc.get("dry_run"):
+        head = "PKI migration dry-run (no changes written):"
+    else:
+        head = "PKI keys migrated to mmap_key backend successfully."
+    lines = [
+        head,
+        f"  Accepted: {counts['accepted']:,}",
+        f"  Pending:  {counts['pending']:,}",
+        f"  Rejected: {counts['rejected']:,}",
+        f"  Denied:   {counts['denied']:,}",
+        f"  Total:    {sum(counts.values()):,}",
+    ]
+    total = doc.get("total") or {}
+    verb = "would hold" if doc.get("dry_run") else "holds"
+    lines.append(f"  Store:    {doc.get('target', '')} {verb} {sum(int(v) for v in total.values()):,} entries")
+    kept = sum(int(v) for v in (doc.get("kept") or {}).values())
+    if kept:
+        lines.append(f"  Kept:     {kept:,} entries of the store that the tree lacks")
+    lines.extend(_master_keys_lines(doc))
+    for dup in doc.get("duplicates") or []:
+        found_in = ", ".join(map(str, dup.get("found_in") or []))
+        lines.append(f"  Duplicate: {dup.get('id')} (found {found_in}): {dup.get('state')}")
+    skipped = doc.get("skipped") or []
+    lines.append(f"  Skipped:  {len(skipped):,}")
+    for skip in skipped:
+        detail = skip.get("detail")
+        lines.append(f"    {skip.get('path')}: {skip.get('reason')}" + (f" ({detail})" if detail else ""))
+    return "\n".join(lines)
+
+
+def _master_keys_lines(doc):
+    report = doc.get("master_keys")
+    if report is None:
+        return ["  Master keys: none found"]
+    master = doc.get("master_id") or {}
+    lines = [f"  Master keys (master id {master.get('id', '?')}):"]
+    for field in ("written", "replaced", "unchanged", "kept"):
+        names = report.get(field) or []
+        if names:
+            lines.append(f"    {field + ':':<10} {', '.join(names)}")
+    for skip in report.get("skipped") or []:
+        lines.append(f"    skipped:   {skip.get('path')}: {skip.get('reason')}")
+    return lines
+
+
+def migrate(dry_run=False):
+    """
+    Migrate the master's ``localfs_key`` tree (accepted, pending, rejected
+    and denied keys) into the ``keys`` and ``denied_keys`` banks, and the
+    master's own key files into the ``master_keys`` bank, as ``keycache
+    migrate -c <config dir>`` does: atomically, refusing (writing nothing) a
+    layout that does not fit, an id too long or a ``master_keys`` entry that
+    holds other bytes than its file. Use ``keys.cache_driver: keycache`` (or
+    ``mmap_key``) afterwards.
+
+    Returns the text ``pki.migrate_to_mmap`` returns (counts per state and
+    their total), then the store, the master's keys and every file skipped,
+    with the reason. With ``dry_run=True``, writes nothing (no bank, no lock
+    file, no change to the tree) and says what would be migrated.
+
+    CLI Examples:
+
+    .. code-block:: bash
+
+        # Preview what would be migrated
+        salt-run keycache.migrate dry_run=True
+
+        # Perform the migration
+        salt-run keycache.migrate
+    """
+    dry = salt.utils.data.is_true(dry_run)
+    doc, code, binary, err = _run(["migrate"], ["--dry-run"] if dry else [])
+    if err is not None:
+        return err
+    log.debug("keycache runner: migrated with %s", binary)
+    if code:
+        return _report(doc, code, binary)
+    return _migrate_text(doc)
+
+
+def status():
+    """
+    This master's key store: with ``keycache_etcd`` configured, what
+    ``keycache etcd status`` says (the replica's revision, etcd's, the lag,
+    the last contact; fails when the replica is stale or etcd cannot be
+    reached); else what ``keycache stats`` says (counts per state, and each
+    bank's slots, probe lengths and heap).
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-run keycache.status
+    """
+    args = ["etcd", "status"] if __opts__.get("keycache_etcd") else ["stats"]
+    doc, code, binary, err = _run(args)
+    return err if err is not None else _report(doc, code, binary)
+
+
+def verify():
+    """
+    Check this master's key store as ``keycache verify`` does: counters, the
+    roster, probe chains, duplicates, every record's bounds and checksum, and
+    the key tree Salt's ``validate_token`` reads. Fails (``salt-run`` exits 1)
+    on any finding, and lists them. Repair with ``keycache verify --repair``.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-run keycache.verify
+    """
+    doc, code, binary, err = _run(["verify"])
+    return err if err is not None else _report(doc, code, binary)
+
+
+def diff(other=None):
+    """
+    Compare this master's key store: with ``other``, with the store in that
+    directory (``keycache diff``, e.g. a peer's store copied here); else,
+    with ``keycache_etcd`` configured, with etcd (``keycache etcd diff``).
+    Fails (``salt-run`` exits 1) when they differ, and lists the
+    differences. Without either there is nothing to compare with: an error.
+
+    CLI Examples:
+
+    .. code-block:: bash
+
+        salt-run keycache.diff
+        salt-run keycache.diff other=/var/lib/keycache/peer-b
+    """
+    if other is not None:
+        own = __opts__.get("cluster_pki_dir") if __opts__.get("cluster_id") else __opts__.get("pki_dir")
+        if not own:
+            return _error("keycache.diff: the master config names no pki_dir (or cluster_pki_dir)")
+        doc, code, binary, err = _run(["diff"], [str(own), str(other)])
+    elif __opts__.get("keycache_etcd"):
+        doc, code, binary, err = _run(["etcd", "diff"])
+    else:
+        return _error(
+            "keycache.diff: nothing to compare this master's store with: it compares it with "
+            "etcd when keycache_etcd is configured, or with another store directory: "
+            "salt-run keycache.diff other=/path/to/store"
+        )
+    return err if err is not None else _report(doc, code, binary)
