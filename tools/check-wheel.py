@@ -64,6 +64,7 @@ def check_contents(path):
             "saltext/keycache/_native.abi3.so",
             "saltext/keycache/cache/keycache.py",
             "saltext/keycache/engines/keycache.py",
+            "saltext/keycache/runners/keycache.py",
         ):
             if member not in names:
                 fail(f"{name}: {member} missing")

@@ -31,7 +31,7 @@ export KEYCACHE_PYTHON="$py"
 wheel=$(ls -t target/wheels/saltext_keycache-*.whl | head -n 1)
 "$py" tools/check-wheel.py "$wheel"
 # The CLI the driver's tests run is the wheel's, as installed (extras-3.N/bin).
-wheel_bin=$("$py" -c 'import pathlib, saltext.keycache as k; print(pathlib.Path(k.__file__).resolve().parents[2] / "bin" / "keycache")')
+wheel_bin=$("$py" -c 'import pathlib, saltext.keycache as k; print(pathlib.Path(k.__file__).parents[2] / "bin" / "keycache")')
 
 # strace lets tests/cli/hostile.rs check that the migrator opens nothing outside the
 # tree and the target; without it that check is skipped (and says so).
