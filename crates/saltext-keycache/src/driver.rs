@@ -2,7 +2,7 @@
 //! the values and errors of `salt/cache/mmap_key.py` (see [`crate::values`]).
 
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
 use keycache::format::MASTER_INDEX;
@@ -15,7 +15,7 @@ use keycache::snapshot::Bank as Replicated;
 use keycache_etcd::{Settings, Value};
 
 use crate::etcd::Op;
-use crate::listing::{Keep, Walk};
+use crate::listing::{Keep, Kept};
 use crate::open::Open;
 use crate::values::{self, Bank};
 use crate::{error, fork_generation, DriverKey};
@@ -32,6 +32,10 @@ pub struct Driver {
     /// etcd mode (`keycache_etcd`): the `keys` and `denied_keys` banks are
     /// written through etcd (see [`crate::etcd`]).
     pub(crate) etcd: Option<Settings>,
+    /// What the last listing kept for the next (see [`crate::listing`]):
+    /// taken by a listing, put back when it is done; a listing that finds
+    /// it taken (another thread is listing) starts from nothing.
+    pub(crate) kept: Mutex<Option<Kept>>,
 }
 
 impl Driver {
@@ -53,6 +57,29 @@ impl Driver {
         let open = self.current(writing);
         open.vet().map_err(|why| error(py, why))?;
         Ok(open)
+    }
+
+    /// Walks `bank` without the GIL, then builds the listing with `build`
+    /// from the walk (see [`crate::listing`]).
+    fn listing<'py, T>(
+        &self,
+        py: Python<'py>,
+        open: &Open,
+        bank: Bank,
+        keep: Keep,
+        build: impl FnOnce(&mut Kept) -> PyResult<T>,
+    ) -> PyResult<T> {
+        let taken = self.kept.try_lock().ok().and_then(|mut k| k.take());
+        let mut kept = taken.unwrap_or_default();
+        let out = match py.detach(|| kept.walk(&*open.table(bank)?, keep)) {
+            Ok(()) => build(&mut kept),
+            Err(e) => Err(fail(py, e)),
+        };
+        kept.shrink();
+        if let Ok(mut k) = self.kept.try_lock() {
+            *k = Some(kept);
+        }
+        out
     }
 
     /// The bank named `bank`, or Salt's error for an unknown one.
@@ -396,10 +423,7 @@ impl Driver {
     fn list<'py>(&self, py: Python<'py>, bank: &str) -> PyResult<Bound<'py, PyList>> {
         let open = self.ready(py, false)?;
         let b = Self::bank(py, bank)?;
-        let walk = py
-            .detach(|| Walk::of(&*open.table(b)?, Keep::Ids))
-            .map_err(|e| fail(py, e))?;
-        walk.ids(py)
+        self.listing(py, &open, b, Keep::Ids, |k| k.ids(py, b))
     }
 
     /// Salt's `list_all(bank, include_data=False)`: `{id: value}` of the
@@ -425,10 +449,7 @@ impl Driver {
             bank: b,
             data: include_data,
         };
-        let walk = py
-            .detach(|| Walk::of(&*open.table(b)?, keep))
-            .map_err(|e| fail(py, e))?;
-        walk.dict(py, b, include_data)
+        self.listing(py, &open, b, keep, |k| k.dict(py, b, include_data))
     }
 
     /// Salt's `contains(bank, key)`; with `key=None`, whether the bank's
