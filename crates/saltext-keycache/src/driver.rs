@@ -15,7 +15,7 @@ use keycache::snapshot::Bank as Replicated;
 use keycache_etcd::{Settings, Value};
 
 use crate::etcd::Op;
-use crate::listing::{Keep, Kept};
+use crate::listing::{Failed, Keep, Kept, Listing};
 use crate::open::Open;
 use crate::values::{self, Bank};
 use crate::{error, fork_generation, DriverKey};
@@ -59,27 +59,29 @@ impl Driver {
         Ok(open)
     }
 
-    /// Walks `bank` without the GIL, then builds the listing with `build`
-    /// from the walk (see [`crate::listing`]).
-    fn listing<'py, T>(
+    /// Lists `bank` (see [`crate::listing`]), with what the last listing
+    /// kept; a listing that finds it taken (another thread is listing)
+    /// starts from nothing.
+    fn listing<'py>(
         &self,
         py: Python<'py>,
         open: &Open,
         bank: Bank,
         keep: Keep,
-        build: impl FnOnce(&mut Kept) -> PyResult<T>,
-    ) -> PyResult<T> {
+    ) -> PyResult<Listing<'py>> {
         let taken = self.kept.try_lock().ok().and_then(|mut k| k.take());
         let mut kept = taken.unwrap_or_default();
-        let out = match py.detach(|| kept.walk(&*open.table(bank)?, keep)) {
-            Ok(()) => build(&mut kept),
-            Err(e) => Err(fail(py, e)),
-        };
-        kept.shrink();
+        let out = py
+            .detach(|| open.table(bank))
+            .map_err(Failed::Walk)
+            .and_then(|t| kept.list(py, &t, bank, keep));
         if let Ok(mut k) = self.kept.try_lock() {
             *k = Some(kept);
         }
-        out
+        out.map_err(|e| match e {
+            Failed::Walk(e) => fail(py, e),
+            Failed::Py(e) => e,
+        })
     }
 
     /// The bank named `bank`, or Salt's error for an unknown one.
@@ -423,7 +425,10 @@ impl Driver {
     fn list<'py>(&self, py: Python<'py>, bank: &str) -> PyResult<Bound<'py, PyList>> {
         let open = self.ready(py, false)?;
         let b = Self::bank(py, bank)?;
-        self.listing(py, &open, b, Keep::Ids, |k| k.ids(py, b))
+        match self.listing(py, &open, b, Keep::Ids)? {
+            Listing::Ids(l) => Ok(l),
+            Listing::Dict(_) => Err(error(py, "keycache: list built a dict".to_string())),
+        }
     }
 
     /// Salt's `list_all(bank, include_data=False)`: `{id: value}` of the
@@ -449,7 +454,10 @@ impl Driver {
             bank: b,
             data: include_data,
         };
-        self.listing(py, &open, b, keep, |k| k.dict(py, b, include_data))
+        match self.listing(py, &open, b, keep)? {
+            Listing::Dict(d) => Ok(d),
+            Listing::Ids(_) => Err(error(py, "keycache: list_all built a list".to_string())),
+        }
     }
 
     /// Salt's `contains(bank, key)`; with `key=None`, whether the bank's

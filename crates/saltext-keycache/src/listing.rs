@@ -1,102 +1,24 @@
-//! `list` and `list_all`: a bank walked once without the GIL into one
-//! buffer ([`Walk`]), then the Python objects built from it with the GIL.
-//! A walk allocates nothing per entry, and a driver keeps the walk's memory
-//! and the `str`s it built ([`Kept`]) for its next listing: a bank listed
-//! again and again costs one pass over the files and one pass building the
-//! result, without fresh memory or new `str`s for entries seen before.
+//! `list` and `list_all`: a bank walked without the GIL into a buffer
+//! ([`Walk`]), [`CHUNK`] entries at a time, the Python objects built from
+//! each chunk with the GIL.
+//!
+//! A driver keeps what a listing worked with ([`Kept`]) for its next one:
+//! the walk's buffers and the iterator's memory (so a listing allocates no
+//! fresh memory), and the `str`s it built ([`Strs`]), reused for the same
+//! bytes.
 
-use keycache::table::{IterScratch, Table};
+use keycache::table::{Iter, IterScratch, Table};
+use keycache::KeyState;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList};
+use pyo3::types::{PyDict, PyList, PyString};
 
-use crate::strs::Strs;
+use crate::strs::{Reuse, Strs};
 use crate::values::{self, Bank};
 
-/// A walk's buffers above this size are not kept for the next listing:
-/// a listing of a very large bank with its keys pays for fresh memory
-/// rather than holding it for good.
-const KEEP_BYTES: usize = 64 << 20;
-
-/// What a driver keeps from one listing to the next (see the module's
-/// header): taken whole by a listing, given back when it is done.
-#[derive(Default)]
-pub(crate) struct Kept {
-    walk: Walk,
-    scratch: IterScratch,
-    keys: Strs,
-    denied: Strs,
-}
-
-impl Kept {
-    /// Walks `table` into this listing's buffers.
-    pub(crate) fn walk(&mut self, table: &Table, keep: Keep) -> keycache::Result<()> {
-        self.walk.fill(table, keep, &mut self.scratch)
-    }
-
-    /// `list`'s result, from the last walk of `bank`.
-    pub(crate) fn ids<'py>(&mut self, py: Python<'py>, bank: Bank) -> PyResult<Bound<'py, PyList>> {
-        let (walk, strs) = self.parts(bank);
-        let mut strs = strs.reuse();
-        PyList::new(py, walk.iter().map(|e| strs.id(py, e.id)))
-    }
-
-    /// `list_all`'s result, from the last walk of `bank`.
-    pub(crate) fn dict<'py>(
-        &mut self,
-        py: Python<'py>,
-        bank: Bank,
-        data: bool,
-    ) -> PyResult<Bound<'py, PyDict>> {
-        let (walk, strs) = self.parts(bank);
-        let mut strs = strs.reuse();
-        let out = PyDict::new(py);
-        // `{"state": ...}` per state, copied for each entry (a small dict's
-        // copy is one allocation and a memcpy).
-        let mut templates: [Option<Bound<'py, PyDict>>; 3] = [None, None, None];
-        for e in walk.iter() {
-            let id = strs.id(py, e.id);
-            let v = match (bank, keycache::KeyState::from_byte(e.state)) {
-                (Bank::Keys, Some(s)) => {
-                    let at = match s {
-                        keycache::KeyState::Accepted => 0,
-                        keycache::KeyState::Pending => 1,
-                        keycache::KeyState::Rejected => 2,
-                    };
-                    let t = match &mut templates[at] {
-                        Some(t) => t,
-                        t @ None => t.insert(values::key_dict(py, s, None)?),
-                    };
-                    let d = t.copy()?;
-                    if data {
-                        d.set_item(pyo3::intern!(py, "pub"), strs.value(py, e.value))?;
-                    }
-                    d.into_any()
-                }
-                (Bank::Keys, None) => continue,
-                _ => PyList::new(py, [strs.value(py, e.value)])?.into_any(),
-            };
-            out.set_item(id, v)?;
-        }
-        Ok(out)
-    }
-
-    /// The walk and the `str`s of `bank`.
-    fn parts(&mut self, bank: Bank) -> (&Walk, &mut Strs) {
-        let strs = match bank {
-            Bank::Denied => &mut self.denied,
-            _ => &mut self.keys,
-        };
-        (&self.walk, strs)
-    }
-
-    /// Lets go of the walk's buffers when they are larger than
-    /// [`KEEP_BYTES`], before this is kept for the next listing.
-    pub(crate) fn shrink(&mut self) {
-        if self.walk.bytes.capacity() > KEEP_BYTES {
-            self.walk = Walk::default();
-        }
-    }
-}
+/// Entries walked at a time: the walk's buffers stay small (in the CPU's
+/// cache while the result is built from them, and little memory kept),
+/// and the GIL is released and taken once per chunk.
+const CHUNK: usize = 1024;
 
 /// What a walk keeps of each entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,7 +30,145 @@ pub(crate) enum Keep {
     Values { bank: Bank, data: bool },
 }
 
-/// The entries of a bank, in roster order, packed into one buffer.
+/// A listing's result.
+pub(crate) enum Listing<'py> {
+    /// `list`'s.
+    Ids(Bound<'py, PyList>),
+    /// `list_all`'s.
+    Dict(Bound<'py, PyDict>),
+}
+
+/// Why a listing failed.
+pub(crate) enum Failed {
+    /// The bank could not be walked.
+    Walk(keycache::Error),
+    /// Building the result raised.
+    Py(PyErr),
+}
+
+/// What a driver keeps from one listing to the next (see the module's
+/// header): taken whole by a listing, given back when it is done.
+#[derive(Default)]
+pub(crate) struct Kept {
+    scratch: IterScratch,
+    /// The walk's buffers, emptied.
+    spare: Option<Walk>,
+    keys: Strs,
+    denied: Strs,
+}
+
+impl Kept {
+    /// Lists `table`, the bank `bank`, keeping `keep` of each entry.
+    pub(crate) fn list<'py>(
+        &mut self,
+        py: Python<'py>,
+        table: &Table,
+        bank: Bank,
+        keep: Keep,
+    ) -> Result<Listing<'py>, Failed> {
+        let scratch = std::mem::take(&mut self.scratch);
+        let it = py
+            .detach(|| table.iter_reusing(scratch))
+            .map_err(Failed::Walk)?;
+        let strs = match bank {
+            Bank::Denied => &mut self.denied,
+            _ => &mut self.keys,
+        };
+        let mut build = Build::new(py, keep, strs.reuse());
+        let mut w = self.spare.take().unwrap_or_default();
+        let mut it = it;
+        let built = loop {
+            w.clear();
+            let more = py.detach(|| w.fill(&mut it, keep, CHUNK));
+            if let Err(e) = build.feed(&w) {
+                break Err(e);
+            }
+            if !more {
+                break Ok(());
+            }
+        };
+        w.clear();
+        self.spare = Some(w);
+        self.scratch = it.into_scratch();
+        built.map_err(Failed::Py)?;
+        build.finish().map_err(Failed::Py)
+    }
+}
+
+/// A listing's result as it is built, chunk by chunk.
+struct Build<'a, 'py> {
+    py: Python<'py>,
+    keep: Keep,
+    strs: Reuse<'a>,
+    ids: Vec<Bound<'py, PyString>>,
+    dict: Bound<'py, PyDict>,
+    /// `{"state": ...}` per state, copied for each entry (a small dict's
+    /// copy is one allocation and a memcpy).
+    templates: [Option<Bound<'py, PyDict>>; 3],
+}
+
+impl<'a, 'py> Build<'a, 'py> {
+    fn new(py: Python<'py>, keep: Keep, strs: Reuse<'a>) -> Self {
+        Build {
+            py,
+            keep,
+            strs,
+            ids: Vec::new(),
+            dict: PyDict::new(py),
+            templates: [None, None, None],
+        }
+    }
+
+    /// Adds the entries of `w`.
+    fn feed(&mut self, w: &Walk) -> PyResult<()> {
+        let py = self.py;
+        let (bank, data) = match self.keep {
+            Keep::Ids => {
+                self.ids.reserve(w.entries.len());
+                for e in w.iter() {
+                    self.ids.push(self.strs.id(py, e.id));
+                }
+                return Ok(());
+            }
+            Keep::Values { bank, data } => (bank, data),
+        };
+        for e in w.iter() {
+            let id = self.strs.id(py, e.id);
+            let v = match (bank, KeyState::from_byte(e.state)) {
+                (Bank::Keys, Some(s)) => {
+                    let at = match s {
+                        KeyState::Accepted => 0,
+                        KeyState::Pending => 1,
+                        KeyState::Rejected => 2,
+                    };
+                    let t = match &mut self.templates[at] {
+                        Some(t) => t,
+                        t @ None => t.insert(values::key_dict(py, s, None)?),
+                    };
+                    let d = t.copy()?;
+                    if data {
+                        d.set_item(pyo3::intern!(py, "pub"), self.strs.value(py, e.value))?;
+                    }
+                    d.into_any()
+                }
+                (Bank::Keys, None) => continue,
+                _ => PyList::new(py, [self.strs.value(py, e.value)])?.into_any(),
+            };
+            self.dict.set_item(id, v)?;
+        }
+        Ok(())
+    }
+
+    /// The result.
+    fn finish(self) -> PyResult<Listing<'py>> {
+        Ok(match self.keep {
+            Keep::Ids => Listing::Ids(PyList::new(self.py, self.ids)?),
+            Keep::Values { .. } => Listing::Dict(self.dict),
+        })
+    }
+}
+
+/// Entries of a bank, in roster order, packed into one buffer.
 #[derive(Debug, Default)]
 struct Walk {
     bytes: Vec<u8>,
@@ -135,20 +195,22 @@ struct Entry<'a> {
 }
 
 impl Walk {
-    /// Walks `table` into this walk's buffers (their contents replaced),
-    /// in `scratch`. An entry that cannot be read back is left out, as Salt
-    /// leaves out what it cannot read.
-    fn fill(
-        &mut self,
-        table: &Table,
-        keep: Keep,
-        scratch: &mut IterScratch,
-    ) -> keycache::Result<()> {
+    /// Empties the buffers (their memory kept).
+    fn clear(&mut self) {
         self.bytes.clear();
         self.entries.clear();
+    }
+
+    /// Appends up to `max` entries of `it`; whether `it` may have more. An
+    /// entry that cannot be read back is left out, as Salt leaves out what
+    /// it cannot read.
+    fn fill(&mut self, it: &mut Iter<'_>, keep: Keep, max: usize) -> bool {
         let (mut id, mut value) = (Vec::new(), Vec::new());
-        let mut it = table.iter_reusing(std::mem::take(scratch))?;
-        while let Some(r) = it.next_into(&mut id, &mut value) {
+        let mut n = 0;
+        while n < max {
+            let Some(r) = it.next_into(&mut id, &mut value) else {
+                return false;
+            };
             if r.is_err() {
                 continue;
             }
@@ -178,9 +240,9 @@ impl Walk {
                 end: self.bytes.len(),
                 state,
             });
+            n += 1;
         }
-        *scratch = it.into_scratch();
-        Ok(())
+        true
     }
 
     /// Each entry, in roster order.
