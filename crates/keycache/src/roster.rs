@@ -12,17 +12,34 @@ use crate::format::{ROSTER_ENTRY_LEN, ROSTER_TOMBSTONE, ROSTER_TOMBSTONE_BYTES};
 /// Reads a roster file whole. A missing roster is empty; a trailing partial
 /// entry (a torn append) is ignored, as Salt ignores it.
 pub(crate) fn read(path: &Path) -> Result<Vec<u32>> {
+    let mut buf = Vec::new();
+    read_raw_into(path, &mut buf)?;
+    Ok(decode(&buf))
+}
+
+/// Reads a roster file whole into `buf` (its contents replaced, its memory
+/// reused), as stored: whole entries only, a trailing partial entry cut
+/// off. A missing roster leaves `buf` empty.
+pub(crate) fn read_raw_into(path: &Path, buf: &mut Vec<u8>) -> Result<()> {
+    buf.clear();
     let mut f = match crate::files::open_regular(path, false) {
         Ok(f) => f,
         Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
-            return Ok(Vec::new())
+            return Ok(())
         }
         Err(e) => return Err(e),
     };
-    let mut buf = Vec::new();
-    f.read_to_end(&mut buf)
-        .map_err(|e| Error::io(path, "read", e))?;
-    Ok(decode(&buf))
+    f.read_to_end(buf).map_err(|e| Error::io(path, "read", e))?;
+    buf.truncate(buf.len() - buf.len() % ROSTER_ENTRY_LEN);
+    Ok(())
+}
+
+/// Entry `i` of a roster read by [`read_raw_into`], if there is one.
+#[inline]
+pub(crate) fn raw_entry(raw: &[u8], i: usize) -> Option<u32> {
+    let at = i.checked_mul(ROSTER_ENTRY_LEN)?;
+    let b = raw.get(at..at.checked_add(ROSTER_ENTRY_LEN)?)?;
+    Some(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
 }
 
 pub(crate) use crate::format::{decode_roster as decode, encode_roster as encode};

@@ -2,7 +2,7 @@
 //! the values and errors of `salt/cache/mmap_key.py` (see [`crate::values`]).
 
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
 use keycache::format::MASTER_INDEX;
@@ -15,7 +15,7 @@ use keycache::snapshot::Bank as Replicated;
 use keycache_etcd::{Settings, Value};
 
 use crate::etcd::Op;
-use crate::listing::{Keep, Walk};
+use crate::listing::{Failed, Keep, Kept, Listing};
 use crate::open::Open;
 use crate::values::{self, Bank};
 use crate::{error, fork_generation, DriverKey};
@@ -32,6 +32,10 @@ pub struct Driver {
     /// etcd mode (`keycache_etcd`): the `keys` and `denied_keys` banks are
     /// written through etcd (see [`crate::etcd`]).
     pub(crate) etcd: Option<Settings>,
+    /// What the last listing kept for the next (see [`crate::listing`]):
+    /// taken by a listing, put back when it is done; a listing that finds
+    /// it taken (another thread is listing) starts from nothing.
+    pub(crate) kept: Mutex<Option<Kept>>,
 }
 
 impl Driver {
@@ -53,6 +57,31 @@ impl Driver {
         let open = self.current(writing);
         open.vet().map_err(|why| error(py, why))?;
         Ok(open)
+    }
+
+    /// Lists `bank` (see [`crate::listing`]), with what the last listing
+    /// kept; a listing that finds it taken (another thread is listing)
+    /// starts from nothing.
+    fn listing<'py>(
+        &self,
+        py: Python<'py>,
+        open: &Open,
+        bank: Bank,
+        keep: Keep,
+    ) -> PyResult<Listing<'py>> {
+        let taken = self.kept.try_lock().ok().and_then(|mut k| k.take());
+        let mut kept = taken.unwrap_or_default();
+        let out = py
+            .detach(|| open.table(bank))
+            .map_err(Failed::Walk)
+            .and_then(|t| kept.list(py, &t, bank, keep));
+        if let Ok(mut k) = self.kept.try_lock() {
+            *k = Some(kept);
+        }
+        out.map_err(|e| match e {
+            Failed::Walk(e) => fail(py, e),
+            Failed::Py(e) => e,
+        })
     }
 
     /// The bank named `bank`, or Salt's error for an unknown one.
@@ -396,10 +425,10 @@ impl Driver {
     fn list<'py>(&self, py: Python<'py>, bank: &str) -> PyResult<Bound<'py, PyList>> {
         let open = self.ready(py, false)?;
         let b = Self::bank(py, bank)?;
-        let walk = py
-            .detach(|| Walk::of(&*open.table(b)?, Keep::Ids))
-            .map_err(|e| fail(py, e))?;
-        walk.ids(py)
+        match self.listing(py, &open, b, Keep::Ids)? {
+            Listing::Ids(l) => Ok(l),
+            Listing::Dict(_) => Err(error(py, "keycache: list built a dict".to_string())),
+        }
     }
 
     /// Salt's `list_all(bank, include_data=False)`: `{id: value}` of the
@@ -425,10 +454,10 @@ impl Driver {
             bank: b,
             data: include_data,
         };
-        let walk = py
-            .detach(|| Walk::of(&*open.table(b)?, keep))
-            .map_err(|e| fail(py, e))?;
-        walk.dict(py, b, include_data)
+        match self.listing(py, &open, b, keep)? {
+            Listing::Dict(d) => Ok(d),
+            Listing::Ids(_) => Err(error(py, "keycache: list_all built a list".to_string())),
+        }
     }
 
     /// Salt's `contains(bank, key)`; with `key=None`, whether the bank's

@@ -42,6 +42,7 @@ mod listing;
 mod master_pub;
 mod open;
 mod replicate;
+mod strs;
 mod values;
 
 use std::collections::HashMap;
@@ -168,6 +169,7 @@ fn open_driver(
             key: key.clone(),
             open: ArcSwap::new(Arc::new(open::Open::new(&key))),
             etcd: settings,
+            kept: Mutex::new(None),
         },
     )?;
     map.insert(key, d.clone_ref(py));

@@ -1,13 +1,24 @@
-//! `list` and `list_all`: a bank walked once without the GIL into one
-//! buffer ([`Walk`]), then the Python objects built from it with the GIL.
-//! A walk allocates nothing per entry, so a bank of a million keys costs
-//! one pass over the files and one pass building the result.
+//! `list` and `list_all`: a bank walked without the GIL into a buffer
+//! ([`Walk`]), [`CHUNK`] entries at a time, the Python objects built from
+//! each chunk with the GIL.
+//!
+//! A driver keeps what a listing worked with ([`Kept`]) for its next one:
+//! the walk's buffers and the iterator's memory (so a listing allocates no
+//! fresh memory), and the `str`s it built ([`Strs`]), reused for the same
+//! bytes.
 
-use keycache::table::Table;
+use keycache::table::{Iter, IterScratch, Table};
+use keycache::KeyState;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList};
+use pyo3::types::{PyDict, PyList, PyString};
 
+use crate::strs::{Reuse, Strs};
 use crate::values::{self, Bank};
+
+/// Entries walked at a time: the walk's buffers stay small (in the CPU's
+/// cache while the result is built from them, and little memory kept),
+/// and the GIL is released and taken once per chunk.
+const CHUNK: usize = 1024;
 
 /// What a walk keeps of each entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -19,23 +30,187 @@ pub(crate) enum Keep {
     Values { bank: Bank, data: bool },
 }
 
-/// The entries of a bank, in roster order, packed into one buffer.
+/// A listing's result.
+pub(crate) enum Listing<'py> {
+    /// `list`'s.
+    Ids(Bound<'py, PyList>),
+    /// `list_all`'s.
+    Dict(Bound<'py, PyDict>),
+}
+
+/// Why a listing failed.
+pub(crate) enum Failed {
+    /// The bank could not be walked.
+    Walk(keycache::Error),
+    /// Building the result raised.
+    Py(PyErr),
+}
+
+/// What a driver keeps from one listing to the next (see the module's
+/// header): taken whole by a listing, given back when it is done.
+#[derive(Default)]
+pub(crate) struct Kept {
+    scratch: IterScratch,
+    /// The walk's buffers, emptied.
+    spare: Option<Walk>,
+    keys: Strs,
+    denied: Strs,
+}
+
+impl Kept {
+    /// Lists `table`, the bank `bank`, keeping `keep` of each entry.
+    pub(crate) fn list<'py>(
+        &mut self,
+        py: Python<'py>,
+        table: &Table,
+        bank: Bank,
+        keep: Keep,
+    ) -> Result<Listing<'py>, Failed> {
+        let scratch = std::mem::take(&mut self.scratch);
+        let it = py
+            .detach(|| table.iter_reusing(scratch))
+            .map_err(Failed::Walk)?;
+        let strs = match bank {
+            Bank::Denied => &mut self.denied,
+            _ => &mut self.keys,
+        };
+        let mut build = Build::new(py, keep, strs.reuse());
+        let mut w = self.spare.take().unwrap_or_default();
+        let mut it = it;
+        let built = loop {
+            w.clear();
+            let more = py.detach(|| w.fill(&mut it, keep, CHUNK));
+            if let Err(e) = build.feed(&w) {
+                break Err(e);
+            }
+            if !more {
+                break Ok(());
+            }
+        };
+        w.clear();
+        self.spare = Some(w);
+        self.scratch = it.into_scratch();
+        built.map_err(Failed::Py)?;
+        build.finish().map_err(Failed::Py)
+    }
+}
+
+/// A listing's result as it is built, chunk by chunk.
+struct Build<'a, 'py> {
+    py: Python<'py>,
+    keep: Keep,
+    strs: Reuse<'a>,
+    ids: Vec<Bound<'py, PyString>>,
+    dict: Bound<'py, PyDict>,
+    /// `{"state": ...}` per state, copied for each entry (a small dict's
+    /// copy is one allocation and a memcpy).
+    templates: [Option<Bound<'py, PyDict>>; 3],
+}
+
+impl<'a, 'py> Build<'a, 'py> {
+    fn new(py: Python<'py>, keep: Keep, strs: Reuse<'a>) -> Self {
+        Build {
+            py,
+            keep,
+            strs,
+            ids: Vec::new(),
+            dict: PyDict::new(py),
+            templates: [None, None, None],
+        }
+    }
+
+    /// Adds the entries of `w`.
+    fn feed(&mut self, w: &Walk) -> PyResult<()> {
+        let py = self.py;
+        let (bank, data) = match self.keep {
+            Keep::Ids => {
+                self.ids.reserve(w.entries.len());
+                for e in w.iter() {
+                    self.ids.push(self.strs.id(py, e.id));
+                }
+                return Ok(());
+            }
+            Keep::Values { bank, data } => (bank, data),
+        };
+        for e in w.iter() {
+            let id = self.strs.id(py, e.id);
+            let v = match (bank, KeyState::from_byte(e.state)) {
+                (Bank::Keys, Some(s)) => {
+                    let at = match s {
+                        KeyState::Accepted => 0,
+                        KeyState::Pending => 1,
+                        KeyState::Rejected => 2,
+                    };
+                    let t = match &mut self.templates[at] {
+                        Some(t) => t,
+                        t @ None => t.insert(values::key_dict(py, s, None)?),
+                    };
+                    let d = t.copy()?;
+                    if data {
+                        d.set_item(pyo3::intern!(py, "pub"), self.strs.value(py, e.value))?;
+                    }
+                    d.into_any()
+                }
+                (Bank::Keys, None) => continue,
+                _ => PyList::new(py, [self.strs.value(py, e.value)])?.into_any(),
+            };
+            self.dict.set_item(id, v)?;
+        }
+        Ok(())
+    }
+
+    /// The result.
+    fn finish(self) -> PyResult<Listing<'py>> {
+        Ok(match self.keep {
+            Keep::Ids => Listing::Ids(PyList::new(self.py, self.ids)?),
+            Keep::Values { .. } => Listing::Dict(self.dict),
+        })
+    }
+}
+
+/// Entries of a bank, in roster order, packed into one buffer.
 #[derive(Debug, Default)]
-pub(crate) struct Walk {
+struct Walk {
     bytes: Vec<u8>,
-    /// Per entry: where its id ends in `bytes`, where its value ends (the
-    /// value follows the id), and the `keys` state byte (0 elsewhere).
-    entries: Vec<(usize, usize, u8)>,
+    entries: Vec<Packed>,
+}
+
+/// One entry of a [`Walk`]: its id and value follow one another in the
+/// walk's bytes, the id first.
+#[derive(Debug, Clone, Copy)]
+struct Packed {
+    /// Where the id ends in the walk's bytes.
+    id_end: usize,
+    /// Where the value ends.
+    end: usize,
+    /// The `keys` state byte (0 elsewhere).
+    state: u8,
+}
+
+/// One entry of a [`Walk`], as [`Walk::iter`] gives it.
+struct Entry<'a> {
+    id: &'a [u8],
+    value: &'a [u8],
+    state: u8,
 }
 
 impl Walk {
-    /// Walks `table`. An entry that cannot be read back is left out, as
-    /// Salt leaves out what it cannot read.
-    pub(crate) fn of(table: &Table, keep: Keep) -> keycache::Result<Walk> {
-        let mut w = Walk::default();
+    /// Empties the buffers (their memory kept).
+    fn clear(&mut self) {
+        self.bytes.clear();
+        self.entries.clear();
+    }
+
+    /// Appends up to `max` entries of `it`; whether `it` may have more. An
+    /// entry that cannot be read back is left out, as Salt leaves out what
+    /// it cannot read.
+    fn fill(&mut self, it: &mut Iter<'_>, keep: Keep, max: usize) -> bool {
         let (mut id, mut value) = (Vec::new(), Vec::new());
-        let mut it = table.iter()?;
-        while let Some(r) = it.next_into(&mut id, &mut value) {
+        let mut n = 0;
+        while n < max {
+            let Some(r) = it.next_into(&mut id, &mut value) else {
+                return false;
+            };
             if r.is_err() {
                 continue;
             }
@@ -57,47 +232,29 @@ impl Walk {
                     }
                 }
             };
-            w.bytes.extend_from_slice(&id);
-            let id_end = w.bytes.len();
-            w.bytes.extend_from_slice(kept);
-            w.entries.push((id_end, w.bytes.len(), state));
+            self.bytes.extend_from_slice(&id);
+            let id_end = self.bytes.len();
+            self.bytes.extend_from_slice(kept);
+            self.entries.push(Packed {
+                id_end,
+                end: self.bytes.len(),
+                state,
+            });
+            n += 1;
         }
-        Ok(w)
+        true
     }
 
-    /// Entry `i`'s id, value and state byte.
-    fn entry(&self, i: usize) -> (&[u8], &[u8], u8) {
-        let start = if i == 0 { 0 } else { self.entries[i - 1].1 };
-        let (id_end, end, state) = self.entries[i];
-        (&self.bytes[start..id_end], &self.bytes[id_end..end], state)
-    }
-
-    /// Each entry's id, value and state byte.
-    fn iter(&self) -> impl ExactSizeIterator<Item = (&[u8], &[u8], u8)> + '_ {
-        (0..self.entries.len()).map(|i| self.entry(i))
-    }
-
-    /// `list`'s result.
-    pub(crate) fn ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        PyList::new(py, self.iter().map(|(id, _, _)| values::text(py, id)))
-    }
-
-    /// `list_all`'s result for `bank`.
-    pub(crate) fn dict<'py>(
-        &self,
-        py: Python<'py>,
-        bank: Bank,
-        data: bool,
-    ) -> PyResult<Bound<'py, PyDict>> {
-        let out = PyDict::new(py);
-        for (id, v, state) in self.iter() {
-            let v = match (bank, keycache::KeyState::from_byte(state)) {
-                (Bank::Keys, Some(s)) => values::key_dict(py, s, data.then_some(v))?.into_any(),
-                (Bank::Keys, None) => continue,
-                _ => PyList::new(py, [values::text(py, v)])?.into_any(),
-            };
-            out.set_item(values::text(py, id), v)?;
-        }
-        Ok(out)
+    /// Each entry, in roster order.
+    fn iter(&self) -> impl ExactSizeIterator<Item = Entry<'_>> + '_ {
+        (0..self.entries.len()).map(|i| {
+            let start = if i == 0 { 0 } else { self.entries[i - 1].end };
+            let p = self.entries[i];
+            Entry {
+                id: &self.bytes[start..p.id_end],
+                value: &self.bytes[p.id_end..p.end],
+                state: p.state,
+            }
+        })
     }
 }

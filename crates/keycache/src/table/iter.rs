@@ -85,10 +85,22 @@ impl Table {
     /// A missing index file whose roster still lists entries is an error:
     /// the bank is not empty, its ids are lost.
     pub fn iter(&self) -> Result<Iter<'_>> {
+        self.iter_reusing(IterScratch::default())
+    }
+
+    /// [`Table::iter`] working in `scratch`, the memory of an earlier walk
+    /// ([`Iter::into_scratch`]): a caller that walks a bank again and again
+    /// allocates nothing once its scratch has grown to the bank. The walk
+    /// yields what [`Table::iter`] yields, whatever `scratch` held before.
+    pub fn iter_reusing(&self, mut scratch: IterScratch) -> Result<Iter<'_>> {
         self.refresh(false)?;
-        let entries = roster::read(&format::roster_path(&self.path))?;
+        roster::read_raw_into(&format::roster_path(&self.path), &mut scratch.roster)?;
         if self.gen.load().index.is_none() {
-            let live = roster::live_count(&entries);
+            let live = (0..scratch.roster.len() / format::ROSTER_ENTRY_LEN)
+                .filter(|&i| {
+                    roster::raw_entry(&scratch.roster, i) != Some(format::ROSTER_TOMBSTONE)
+                })
+                .count();
             if live > 0 {
                 return Err(corrupt(
                     &self.path,
@@ -97,25 +109,42 @@ impl Table {
                 ));
             }
         }
+        // Every bit cleared: memory already touched by an earlier walk is
+        // rewritten, not allocated afresh.
+        scratch.seen.clear();
+        scratch
+            .seen
+            .resize((self.params.size as usize).div_ceil(64), 0);
         Ok(Iter {
             table: self,
-            entries,
+            scratch,
             pos: 0,
-            seen: vec![0u64; (self.params.size as usize).div_ceil(64)],
-            buf: Vec::new(),
             index: self.gen.load().index.clone(),
         })
     }
 }
 
+/// The memory a walk works in: its copy of the roster, the bitmap of the
+/// slots it has yielded and its copy of a slot. Taken by
+/// [`Table::iter_reusing`] and given back by [`Iter::into_scratch`]; what it
+/// holds between walks is overwritten when the next walk starts, so a
+/// scratch may go from one table to another.
+#[derive(Debug, Default)]
+pub struct IterScratch {
+    /// The roster file as read (whole entries).
+    roster: Vec<u8>,
+    /// One bit per slot: set once the slot was yielded.
+    seen: Vec<u64>,
+    /// The slot copy of [`Iter::next_into`].
+    buf: Vec<u8>,
+}
+
 /// Iterator over a table's live entries in roster order.
 pub struct Iter<'a> {
     table: &'a Table,
-    entries: Vec<u32>,
+    scratch: IterScratch,
+    /// The next roster entry to look at.
     pos: usize,
-    seen: Vec<u64>,
-    /// The slot copy of [`Iter::next_into`], reused.
-    buf: Vec<u8>,
     /// The index mapped when the walk began, for prefetching slots ahead
     /// (reads go through the table's current view).
     index: Option<Arc<Index>>,
@@ -126,28 +155,37 @@ pub struct Iter<'a> {
 const PREFETCH_AHEAD: usize = 12;
 
 impl Iter<'_> {
+    /// The walk's memory, for the next walk ([`Table::iter_reusing`]).
+    pub fn into_scratch(self) -> IterScratch {
+        self.scratch
+    }
+
     /// The next roster slot to read: tombstones, slot 0, slots past the
     /// table and slots already yielded are skipped.
     fn next_slot(&mut self) -> Option<u64> {
-        if let (Some(ix), Some(&ahead)) = (&self.index, self.entries.get(self.pos + PREFETCH_AHEAD))
-        {
+        let size = self.table.params.size;
+        let roster = &self.scratch.roster;
+        if let (Some(ix), Some(ahead)) = (
+            &self.index,
+            roster::raw_entry(roster, self.pos + PREFETCH_AHEAD),
+        ) {
             let slot = u64::from(ahead);
-            if slot != 0 && slot < self.table.params.size {
+            if slot != 0 && slot < size {
                 ix.map.prefetch(self.table.params.slot_offset(slot));
             }
         }
-        while self.pos < self.entries.len() {
-            let s = self.entries[self.pos];
+        while let Some(s) = roster::raw_entry(roster, self.pos) {
             self.pos += 1;
             let slot = u64::from(s);
-            if s == format::ROSTER_TOMBSTONE || slot == 0 || slot >= self.table.params.size {
+            if s == format::ROSTER_TOMBSTONE || slot == 0 || slot >= size {
                 continue;
             }
             let (w, b) = ((slot / 64) as usize, slot % 64);
-            if self.seen[w] & (1 << b) != 0 {
+            let seen = &mut self.scratch.seen[w];
+            if *seen & (1 << b) != 0 {
                 continue;
             }
-            self.seen[w] |= 1 << b;
+            *seen |= 1 << b;
             return Some(slot);
         }
         None
@@ -162,7 +200,10 @@ impl Iter<'_> {
         value: &mut Vec<u8>,
     ) -> Option<Result<(u64, u64)>> {
         while let Some(slot) = self.next_slot() {
-            match self.table.read_slot_into(slot, &mut self.buf, id, value) {
+            match self
+                .table
+                .read_slot_into(slot, &mut self.scratch.buf, id, value)
+            {
                 Ok(Some(found)) => return Some(Ok(found)),
                 Ok(None) => continue,
                 Err(e) => return Some(Err(e)),
@@ -213,4 +254,86 @@ pub struct ScannedSlot {
     pub id: Vec<u8>,
     /// Pointer fields.
     pub fields: SlotFields,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `(id, value)` of entries.
+    type Entries = Vec<(Vec<u8>, Vec<u8>)>;
+
+    /// Every entry a walk yields, and the walk's scratch.
+    fn walk(t: &Table, scratch: IterScratch) -> (Entries, IterScratch) {
+        let mut it = t.iter_reusing(scratch).unwrap();
+        let (mut id, mut value, mut out) = (Vec::new(), Vec::new(), Vec::new());
+        while let Some(r) = it.next_into(&mut id, &mut value) {
+            r.unwrap();
+            out.push((id.clone(), value.clone()));
+        }
+        (out, it.into_scratch())
+    }
+
+    fn table(dir: &Path, name: &str, size: u64) -> Table {
+        let opts = OpenOptions {
+            params: Params {
+                size,
+                ..Params::default()
+            },
+            ..OpenOptions::default()
+        };
+        Table::open(dir.join(name), &opts).unwrap()
+    }
+
+    fn fresh(t: &Table) -> Entries {
+        t.iter()
+            .unwrap()
+            .map(|r| r.map(|r| (r.id, r.value)).unwrap())
+            .collect()
+    }
+
+    /// A scratch reused after writes, after a walk left half done and on
+    /// another table of another size yields what a fresh walk yields.
+    #[test]
+    fn a_reused_scratch_walks_as_a_fresh_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = table(dir.path(), format::KEYS_INDEX, 101);
+        for id in ["a", "b", "c", "d"] {
+            t.put(id.as_bytes(), format!("v-{id}").as_bytes()).unwrap();
+        }
+        let (first, scratch) = walk(&t, IterScratch::default());
+        assert_eq!(first, fresh(&t));
+        assert_eq!(first.len(), 4);
+
+        // Writes between two walks: a removal, a new value, a new entry.
+        t.remove(b"b").unwrap();
+        t.put(b"c", b"v-c2 longer").unwrap();
+        t.put(b"e", b"v-e").unwrap();
+        let (second, scratch) = walk(&t, scratch);
+        assert_eq!(second, fresh(&t));
+        let ids: Vec<&[u8]> = second.iter().map(|(i, _)| i.as_slice()).collect();
+        assert_eq!(ids, [&b"a"[..], b"c", b"d", b"e"]);
+        assert!(second.contains(&(b"c".to_vec(), b"v-c2 longer".to_vec())));
+
+        // A walk stopped after two entries leaves bits set in its scratch:
+        // the next walk still yields every entry.
+        let mut it = t.iter_reusing(scratch).unwrap();
+        let (mut id, mut value) = (Vec::new(), Vec::new());
+        for _ in 0..2 {
+            it.next_into(&mut id, &mut value).unwrap().unwrap();
+        }
+        let (third, mut scratch) = walk(&t, it.into_scratch());
+        assert_eq!(third, second);
+
+        // Other tables, smaller and larger than the scratch's last one.
+        for (name, size) in [(format::DENIED_INDEX, 11), (".other.idx", 4099)] {
+            let other = table(dir.path(), name, size);
+            other.put(b"x", b"v-x").unwrap();
+            let got;
+            (got, scratch) = walk(&other, scratch);
+            assert_eq!(got, vec![(b"x".to_vec(), b"v-x".to_vec())]);
+        }
+        let (back, _) = walk(&t, scratch);
+        assert_eq!(back, second);
+    }
 }

@@ -61,7 +61,7 @@ use crate::heap::{self, RecordRead, Segment};
 use crate::map::{self, Mapping};
 use crate::roster;
 
-pub use iter::{Iter, Scan, ScannedSlot};
+pub use iter::{Iter, IterScratch, Scan, ScannedSlot};
 pub use read::DEFAULT_READ_RETRY;
 pub use write::Txn;
 
