@@ -14,12 +14,19 @@
 //! Entries removed from the middle of a bank shift the ones after them:
 //! the listing follows the shift (see [`Strs::id`]), so a removal does not
 //! cost the rest of the listing its `str`s. Memory: one `str` per entry of
-//! the last listing (per column), nothing more.
+//! the last listing for ids, and for values up to [`MAX_KEPT_VALUES`].
 
 use pyo3::prelude::*;
 use pyo3::types::PyString;
 
 use crate::values;
+
+/// How many value `str`s (public keys, about 450 bytes each) a bank keeps
+/// between listings: about 50 MB at most. Ids are always kept (tens of
+/// bytes each); keys beyond this are built afresh each listing, so that a
+/// master process that once listed a million keys with data (Salt's
+/// cluster join does) does not hold half a gigabyte for the rest of its life.
+pub(crate) const MAX_KEPT_VALUES: usize = 100_000;
 
 /// One column of `str`s (ids, or values), by position in the listing.
 #[derive(Default)]
@@ -123,6 +130,9 @@ impl Reuse<'_> {
     /// found as [`Reuse::id`] finds it.
     pub(crate) fn value<'py>(&mut self, py: Python<'py>, bytes: &[u8]) -> Bound<'py, PyString> {
         let at = self.done.saturating_sub(1);
+        if at >= MAX_KEPT_VALUES {
+            return values::text(py, bytes);
+        }
         let values = &mut self.strs.values;
         let found = values.find(py, at + self.shift, bytes);
         values.settle(py, at, found, bytes)
@@ -133,6 +143,6 @@ impl Drop for Reuse<'_> {
     /// Forgets what lies past this listing's entries.
     fn drop(&mut self) {
         self.strs.ids.0.truncate(self.done);
-        self.strs.values.0.truncate(self.done);
+        self.strs.values.0.truncate(self.done.min(MAX_KEPT_VALUES));
     }
 }
