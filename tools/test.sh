@@ -12,7 +12,9 @@
 #      that install, with the wheel's `keycache` binary;
 #   5. the Debian package of the CLI (tools/build-deb.sh, tools/check-deb.sh);
 #   6. cargo doc, warnings are errors;
-#   7. the benches and the comparison tool compile.
+#   7. the benches and the comparison tool compile;
+#   8. the from-source install (pip install ./crates/saltext-keycache) builds
+#      and its driver works through salt.cache.
 # Tests that cannot run here (not root, no strace) print a SKIP line and are
 # listed at the end; with KEYCACHE_NO_SKIPS=1 (as .ci/run sets) they fail.
 # Usage: tools/test.sh [extra cargo test args]
@@ -65,3 +67,30 @@ RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 
 echo "==> benches and the comparison tool compile" >&2
 cargo bench --locked --workspace --no-run
+
+# The from-source install the README gives for machines with cargo (maturin
+# as pip's PEP 517 backend), into a directory of its own; then the driver,
+# imported from there, through Salt's loader: a key stored, fetched, listed.
+echo "==> from source: pip install ./crates/saltext-keycache (maturin), then the driver from that install" >&2
+src_install=$(mktemp -d)
+trap 'rm -f "$skips"; rm -rf "$src_install"' EXIT
+PATH="$(dirname "$py"):$PATH" PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1 \
+    "$py" -m pip install -q --no-deps --no-build-isolation --target "$src_install/site" ./crates/saltext-keycache >&2
+PYTHONPATH="$src_install/site" "$py" - "$src_install" <<'EOF'
+import os, sys
+import salt.cache, salt.config
+import saltext.keycache._native as native
+root = sys.argv[1]
+assert os.path.realpath(native.__file__).startswith(os.path.realpath(root) + os.sep), native.__file__
+pki = os.path.join(root, "pki")
+os.makedirs(pki)
+opts = salt.config.master_config(None)
+opts.update({"pki_dir": pki, "cachedir": pki, "keys.cache_driver": "keycache", "cluster_id": None,
+             "mmap_key_size": 1009})
+c = salt.cache.Cache(opts, driver="keycache")
+pem = "-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----\n"
+c.store("keys", "web-01", {"state": "pending", "pub": pem})
+assert c.fetch("keys", "web-01") == {"state": "pending", "pub": pem}, c.fetch("keys", "web-01")
+assert c.list_all("keys") == {"web-01": {"state": "pending"}}, c.list_all("keys")
+print("from source: saltext.keycache built by pip, stores, fetches and lists through salt.cache", file=sys.stderr)
+EOF
