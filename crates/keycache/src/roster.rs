@@ -42,6 +42,14 @@ pub(crate) fn raw_entry(raw: &[u8], i: usize) -> Option<u32> {
     Some(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
 }
 
+/// How many entries of a roster read by [`read_raw_into`] are not
+/// tombstones ([`live_count`] of the raw bytes).
+pub(crate) fn raw_live_count(raw: &[u8]) -> usize {
+    (0..raw.len() / ROSTER_ENTRY_LEN)
+        .filter(|&i| raw_entry(raw, i) != Some(ROSTER_TOMBSTONE))
+        .count()
+}
+
 pub(crate) use crate::format::{decode_roster as decode, encode_roster as encode};
 
 /// Number of entries that are not tombstones (Salt's live count).

@@ -67,7 +67,7 @@ impl Kept {
         keep: Keep,
     ) -> Result<Listing<'py>, Failed> {
         let scratch = std::mem::take(&mut self.scratch);
-        let it = py
+        let mut it = py
             .detach(|| table.iter_reusing(scratch))
             .map_err(Failed::Walk)?;
         let strs = match bank {
@@ -76,7 +76,6 @@ impl Kept {
         };
         let mut build = Build::new(py, keep, strs.reuse());
         let mut w = self.spare.take().unwrap_or_default();
-        let mut it = it;
         let built = loop {
             w.clear();
             let more = py.detach(|| w.fill(&mut it, keep, CHUNK));

@@ -23,6 +23,17 @@ def keycache_bin():
 
 
 @pytest.fixture
+def etcd(tmp_path):
+    """One real etcd member on 127.0.0.1 (tests/etcd_support.py), stopped at the end."""
+    from etcd_support import Etcd  # pylint: disable=import-outside-toplevel
+
+    e = Etcd(tmp_path / "etcd")
+    e.start()
+    yield e
+    e.stop()
+
+
+@pytest.fixture
 def salt_opts(tmp_path):
     """Master opts for a fresh pki dir under ``tmp_path``, with a small table."""
     import salt.config

@@ -28,7 +28,7 @@ from salt.exceptions import SaltCacheError
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from etcd_support import Engine, Etcd, wait_until  # noqa: E402  pylint: disable=wrong-import-position
+from etcd_support import Engine, wait_until  # noqa: E402  pylint: disable=wrong-import-position
 
 PREFIX = "/kc-test/"
 WRITE_TIMEOUT = 3
@@ -59,14 +59,6 @@ def overrides(opts):
         }
     )
     return out
-
-
-@pytest.fixture
-def etcd(tmp_path):
-    e = Etcd(tmp_path / "etcd")
-    e.start()
-    yield e
-    e.stop()
 
 
 @pytest.fixture

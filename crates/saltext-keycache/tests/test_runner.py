@@ -348,16 +348,6 @@ def test_the_bin_directory_beside_the_package_comes_first(tmp_path, keycache_bin
     assert ret["keycache_bin"] == str(target / "bin" / "keycache"), ret
 
 
-@pytest.fixture
-def etcd(tmp_path):
-    from etcd_support import Etcd  # pylint: disable=import-outside-toplevel
-
-    e = Etcd(tmp_path / "etcd")
-    e.start()
-    yield e
-    e.stop()
-
-
 def test_etcd_status_and_diff(tmp_path, keycache_bin, etcd):
     """With keycache_etcd: status is `keycache etcd status` (stale without a
     replicator: a failure), diff is `keycache etcd diff`."""

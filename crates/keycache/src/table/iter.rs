@@ -96,11 +96,7 @@ impl Table {
         self.refresh(false)?;
         roster::read_raw_into(&format::roster_path(&self.path), &mut scratch.roster)?;
         if self.gen.load().index.is_none() {
-            let live = (0..scratch.roster.len() / format::ROSTER_ENTRY_LEN)
-                .filter(|&i| {
-                    roster::raw_entry(&scratch.roster, i) != Some(format::ROSTER_TOMBSTONE)
-                })
-                .count();
+            let live = roster::raw_live_count(&scratch.roster);
             if live > 0 {
                 return Err(corrupt(
                     &self.path,
