@@ -374,6 +374,40 @@ fn write_file(path: &Path, bytes: &[u8], own: &Ownership) -> Result<()> {
     files::sync_data(&f, path)
 }
 
+/// The journal's text: the banks' lock files, the renames in order, each
+/// bank's stale segments removed right before its index is renamed, `end`.
+fn journal_text(locks: &[PathBuf], renames: &[(PathBuf, PathBuf)], removals: &[PathBuf]) -> String {
+    let mut text = String::new();
+    let name = |p: &Path| file_name(p).unwrap_or_default();
+    for l in locks {
+        text.push_str(&format!("lock\t{}\n", name(l)));
+    }
+    // A bank's stale segments go before its index is renamed: a reader
+    // that maps the new index must never find an old segment under a
+    // number the new heap may reach later (it would keep that mapping, and
+    // read another id's record through it, once a writer rolls into a new
+    // file of that number). Readers that map the old index meanwhile map
+    // its segments already, or see its retired mark and wait.
+    let mut removed = vec![false; removals.len()];
+    for (a, b) in renames {
+        let heap = format!("{}{}", name(b), crate::format::HEAP_SUFFIX);
+        for (r, done) in removals.iter().zip(removed.iter_mut()) {
+            if !*done && name(r).starts_with(&heap) {
+                text.push_str(&format!("remove\t{}\n", name(r)));
+                *done = true;
+            }
+        }
+        text.push_str(&format!("rename\t{}\t{}\n", name(a), name(b)));
+    }
+    for (r, done) in removals.iter().zip(&removed) {
+        if !done {
+            text.push_str(&format!("remove\t{}\n", name(r)));
+        }
+    }
+    text.push_str("end\n");
+    text
+}
+
 /// Journals `renames` and `removals` of the banks whose lock files are
 /// `locks` (all in `dir`), performs them, and removes the journal. The
 /// caller holds every one of those locks.
@@ -396,18 +430,7 @@ pub(crate) fn commit(
     let held: Vec<String> = locks.iter().filter_map(|l| file_name(l)).collect();
     // A journal that a crash left for another bank of this directory.
     process_journal(dir, &held, settle)?;
-    let mut text = String::new();
-    let name = |p: &Path| file_name(p).unwrap_or_default();
-    for l in locks {
-        text.push_str(&format!("lock\t{}\n", name(l)));
-    }
-    for (a, b) in renames {
-        text.push_str(&format!("rename\t{}\t{}\n", name(a), name(b)));
-    }
-    for r in removals {
-        text.push_str(&format!("remove\t{}\n", name(r)));
-    }
-    text.push_str("end\n");
+    let text = journal_text(locks, renames, removals);
     let steps = parse_journal(&text).map_err(|why| Error::Corrupt {
         path: dir.join(JOURNAL),
         id: None,
@@ -422,4 +445,49 @@ pub(crate) fn commit(
     files::rename(&tmp, &journal)?;
     files::sync_dir(dir)?;
     finish(dir, &steps, settle)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A bank's stale segments are removed after its segments are renamed
+    /// and before its index is; removals of no renamed bank come last.
+    #[test]
+    fn stale_segments_go_before_their_index_is_renamed() {
+        let d = Path::new("/s");
+        let p = |n: &str| d.join(n);
+        let tmp = |n: &str| p(&format!("{TMP_PREFIX}{n}"));
+        let text = journal_text(
+            &[p(".mmap_keys.idx.lock")],
+            &[
+                (tmp("k.1"), p(".mmap_keys.idx.heap.1")),
+                (tmp("k.0"), p(".mmap_keys.idx.heap")),
+                (tmp("k"), p(".mmap_keys.idx")),
+                (tmp("k.r"), p(".mmap_keys.idx.roster")),
+            ],
+            &[
+                p(".mmap_keys.idx.heap.2"),
+                p(".mmap_keys.idx.heap.3"),
+                p("other"),
+            ],
+        );
+        let lines: Vec<&str> = text.lines().collect();
+        let k = ".keycache-tmp.k";
+        assert_eq!(
+            lines,
+            [
+                "lock\t.mmap_keys.idx.lock".to_owned(),
+                format!("rename\t{k}.1\t.mmap_keys.idx.heap.1"),
+                format!("rename\t{k}.0\t.mmap_keys.idx.heap"),
+                "remove\t.mmap_keys.idx.heap.2".to_owned(),
+                "remove\t.mmap_keys.idx.heap.3".to_owned(),
+                format!("rename\t{k}\t.mmap_keys.idx"),
+                format!("rename\t{k}.r\t.mmap_keys.idx.roster"),
+                "remove\tother".to_owned(),
+                "end".to_owned(),
+            ]
+        );
+        assert!(parse_journal(&text).is_ok());
+    }
 }

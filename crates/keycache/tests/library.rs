@@ -460,3 +460,56 @@ fn a_reader_answers_as_the_store_and_follows_it() {
     assert!(e.is_corrupt() && e.to_string().contains("m-07"), "{e}");
     assert!(r.get(&ids[7]).unwrap_err().is_corrupt());
 }
+
+/// A reader that loads its view while a rebuild renames new heap segments
+/// under the old index (the index is marked retired first) never answers
+/// from that mix: the old slot's offset and length can name another id's
+/// record in the new heap, whose checksum holds. It waits for the new
+/// index, or reports the unfinished rebuild; then it reads the new files.
+#[test]
+fn a_reader_never_pairs_an_old_index_with_a_new_heap() {
+    use keycache::table::{Table, RETIRED_MAGIC};
+    let (old, new) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let opts = OpenOptions {
+        read_retry: Duration::ZERO,
+        ..small(31, 1 << 20)
+    };
+    let open = |d: &Path| Table::open(d.join(KEYS_INDEX), &opts).unwrap();
+    // Same lengths, other order: x's record in the old heap sits where y's
+    // sits in the new one.
+    let a = open(old.path());
+    a.put(b"x", b"x-old").unwrap();
+    a.put(b"y", b"y-old").unwrap();
+    let b = open(new.path());
+    b.put(b"y", b"y-new").unwrap();
+    b.put(b"x", b"x-new").unwrap();
+    drop((a, b));
+    let seg = |d: &Path| format::segment_path(&d.join(KEYS_INDEX), 0);
+    // The journal's first steps: mark the old index, rename the segment.
+    let index = old.path().join(KEYS_INDEX);
+    let mut bytes = std::fs::read(&index).unwrap();
+    bytes[0] = RETIRED_MAGIC;
+    std::fs::write(&index, &bytes).unwrap();
+    // The test's premise: the old slot of x names y's record in the new heap.
+    let at = |d: &Path, v: &[u8]| {
+        let heap = std::fs::read(seg(d)).unwrap();
+        heap.windows(v.len()).position(|w| w == v).unwrap()
+    };
+    assert_eq!(at(old.path(), b"x-old"), at(new.path(), b"y-new"));
+    std::fs::rename(seg(new.path()), seg(old.path())).unwrap();
+
+    let reader = open(old.path());
+    for id in [&b"x"[..], b"y"] {
+        match reader.get(id) {
+            Err(Error::Corrupt { why, .. }) => {
+                assert!(why.contains("journal is unfinished"), "{why}")
+            }
+            other => panic!("{}: {other:?}", String::from_utf8_lossy(id)),
+        }
+    }
+    // The index renamed into place: the same handle reads the new files.
+    let new_index = new.path().join(KEYS_INDEX);
+    std::fs::rename(&new_index, &index).unwrap();
+    assert_eq!(reader.get(b"x").unwrap().unwrap().value, b"x-new");
+    assert_eq!(reader.get(b"y").unwrap().unwrap().value, b"y-new");
+}

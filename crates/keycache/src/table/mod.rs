@@ -172,6 +172,13 @@ pub(crate) struct Generation {
     pub(crate) index: Option<Arc<Index>>,
     /// By segment number; a segment whose file is missing is a hole.
     pub(crate) segments: heap::Segments,
+    /// The index was already marked retired when this view was loaded: a
+    /// rebuild's renames may have been under way, so the segments, opened
+    /// by path, may be the new image's under the old index, whose slots
+    /// would then point at other ids' records (a record's checksum cannot
+    /// tell: it covers the value, not the id). Nothing is read through such
+    /// a view; lookups load another until the new index is in place.
+    pub(crate) torn: bool,
 }
 
 impl Generation {
@@ -560,6 +567,7 @@ pub(crate) fn load_generation(
             return Ok(Generation {
                 index: None,
                 segments: heap::Segments::default(),
+                torn: false,
             })
         }
         Err(e) => return Err(e),
@@ -604,8 +612,13 @@ pub(crate) fn load_generation(
             Err(e) => return Err(e),
         }
     }
+    // Checked after the segments were opened: a journal marks the index
+    // before its first rename, so a segment renamed into place before it
+    // was opened here shows as the mark now.
+    let torn = index.map.load_u8(0) == Some(RETIRED_MAGIC);
     Ok(Generation {
         index: Some(index),
         segments,
+        torn,
     })
 }

@@ -408,6 +408,15 @@ impl Table {
         buf: &[u8],
         out: &mut Vec<u8>,
     ) -> Result<Attempt> {
+        if g.torn {
+            return Ok(Attempt::Retry {
+                refresh: true,
+                why: "a rebuild is replacing the bank's files (its index is marked retired and \
+                      its new heap segments may be in place): the rebuild's journal is \
+                      unfinished; any keycache write to the store finishes it"
+                    .into(),
+            });
+        }
         let p = &self.params;
         let (seg_no, off) = format::unpack_offset(f.offset);
         let start = out.len();
