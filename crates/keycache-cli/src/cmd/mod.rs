@@ -71,6 +71,12 @@ pub(crate) enum Command {
     /// Delete keys from both banks (`salt-key -d`, `-D` with --all, which
     /// asks for confirmation on the terminal unless -y).
     Delete(state::Args),
+    /// Deny pending keys (--include-all: any key): the id's key leaves the
+    /// keys bank for denied_keys, as Salt's Key.change_state(...,
+    /// "minions_denied") moves it (salt-key has no option for it). The
+    /// minion is refused; a later sign-in of it is pending again, as Salt
+    /// treats any id without a keys entry.
+    Deny(state::Args),
     /// Counts per state, header counters, load factor, probe lengths and heap usage.
     Stats(stats::Args),
     /// Check header counters, roster, probe chains, duplicates and every
@@ -129,6 +135,7 @@ pub(crate) fn run(cmd: Command) -> CmdResult {
         Command::Accept(a) => state::run(a, state::Action::Accept),
         Command::Reject(a) => state::run(a, state::Action::Reject),
         Command::Delete(a) => state::run(a, state::Action::Delete),
+        Command::Deny(a) => state::run(a, state::Action::Deny),
         Command::Stats(a) => stats::run(a),
         Command::Verify(a) => verify::run(a),
         Command::Compact(a) => compact::run(a),

@@ -1,5 +1,7 @@
-//! `keycache accept`, `reject` and `delete`: `salt-key -a/-r/-d` and their
-//! `--all` forms, keeping the `localfs_key` tree of the store's directory in
+//! `keycache accept`, `reject`, `delete` and `deny`: `salt-key -a/-r/-d` and
+//! their `--all` forms, and Salt's `Key.change_state` into `minions_denied`
+//! (which salt-key does not offer), keeping the `localfs_key` tree of the
+//! store's directory in
 //! step (`--tree`; see `keycache::tree`). When the master config has
 //! `keycache_etcd`, the change goes through etcd instead
 //! (`super::etcd::write`), decided the same way ([`decide`]).
@@ -18,15 +20,17 @@ use crate::output::{
     CmdResult,
 };
 
-/// The arguments of `keycache accept`, `reject` and `delete`.
+/// The arguments of `keycache accept`, `reject`, `delete` and `deny`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
     #[command(flatten)]
     target: StoreIds,
-    /// Every key the command applies to (pending ones for accept and reject).
+    /// Every key the command applies to (pending ones for accept, reject
+    /// and deny).
     #[arg(long, short = 'A')]
     all: bool,
-    /// Also act on rejected keys (accept) or accepted keys (reject).
+    /// Also act on rejected keys (accept), accepted keys (reject), or both
+    /// (deny).
     #[arg(long)]
     include_all: bool,
     /// Do not ask: `delete --all` asks for confirmation on the terminal, as
@@ -68,7 +72,7 @@ impl TreeMode {
     }
 }
 
-/// Which of the three commands.
+/// Which of the four commands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Action {
     /// `keycache accept`.
@@ -77,6 +81,8 @@ pub(crate) enum Action {
     Reject,
     /// `keycache delete`.
     Delete,
+    /// `keycache deny`.
+    Deny,
 }
 
 /// An id left alone, and why.
@@ -94,6 +100,9 @@ pub(super) enum Change {
     Remove { key: bool, denied: bool },
     /// Give its `keys` entry this state.
     SetState(KeyState),
+    /// Remove its `keys` entry and store that entry's public key as its
+    /// denied key (Salt's `Key.change_state(..., "minions_denied")`).
+    Deny,
 }
 
 /// The change `action` makes to an id whose `keys` entry has the state
@@ -116,6 +125,14 @@ pub(super) fn decide(
                 denied,
             });
         }
+        Action::Deny => {
+            return match cur {
+                None => Err("no such key".into()),
+                Some(KeyState::Pending) => Ok(Change::Deny),
+                Some(_) if include_all => Ok(Change::Deny),
+                Some(s) => Err(format!("is {s}; add --include-all to deny it")),
+            };
+        }
         Action::Accept => (KeyState::Accepted, KeyState::Rejected),
         Action::Reject => (KeyState::Rejected, KeyState::Accepted),
     };
@@ -126,6 +143,19 @@ pub(super) fn decide(
             Err(format!("is {s}; add --include-all to change it"))
         }
         Some(_) => Ok(Change::SetState(target)),
+    }
+}
+
+/// Why a `keys` entry's public key cannot become a denied key (the
+/// `denied_keys` bank takes no empty key and no private key material),
+/// or `None`.
+pub(super) fn undeniable(pem: &[u8]) -> Option<&'static str> {
+    if pem.is_empty() {
+        Some("its key is empty: nothing to deny")
+    } else if keycache::pem::holds_private_key(pem) {
+        Some("its key holds a private key block: never stored as a denied key")
+    } else {
+        None
     }
 }
 
@@ -164,6 +194,8 @@ pub(super) struct StateReport {
     rejected: Option<Vec<String>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     deleted: Option<Vec<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    denied: Option<Vec<String>>,
     skipped: Vec<Skipped>,
     #[serde(skip_serializing_if = "Option::is_none")]
     tree: Option<TreeReport>,
@@ -187,6 +219,7 @@ impl StateReport {
             Action::Accept => &mut r.accepted,
             Action::Reject => &mut r.rejected,
             Action::Delete => &mut r.deleted,
+            Action::Deny => &mut r.denied,
         } = Some(done);
         r
     }
@@ -216,7 +249,7 @@ fn confirm_delete_all(dir: &std::path::Path, n: usize) -> Result<(), CmdError> {
     }
 }
 
-/// Runs `keycache accept`, `reject` or `delete`.
+/// Runs `keycache accept`, `reject`, `delete` or `deny`.
 pub(crate) fn run(c: Args, action: Action) -> CmdResult {
     let (dir, given) = c.target.split(&c.layout)?;
     match (c.all, given.is_empty()) {
@@ -288,6 +321,19 @@ pub(crate) fn run(c: Args, action: Action) -> CmdResult {
                     b.set_state(id, target)?;
                     done.push(id.to_string());
                 }
+                Ok(Change::Deny) => {
+                    let Some((_, pem)) = b.get(id)? else {
+                        skip(&mut problems, id, "no such key".into());
+                        continue;
+                    };
+                    if let Some(why) = undeniable(&pem) {
+                        skip(&mut problems, id, why.into());
+                        continue;
+                    }
+                    b.remove(id)?;
+                    b.deny(id, &pem)?;
+                    done.push(id.to_string());
+                }
             }
         }
         Ok(())
@@ -303,11 +349,16 @@ pub(crate) fn run(c: Args, action: Action) -> CmdResult {
 /// Prints what a state change did (`json`: as one JSON document); exit
 /// code 1 when an id was left alone, unless `all` did something.
 pub(super) fn print(report: StateReport, all: bool, json: bool) -> std::process::ExitCode {
-    let done = [&report.accepted, &report.rejected, &report.deleted]
-        .into_iter()
-        .flatten()
-        .map(Vec::len)
-        .sum::<usize>();
+    let done = [
+        &report.accepted,
+        &report.rejected,
+        &report.deleted,
+        &report.denied,
+    ]
+    .into_iter()
+    .flatten()
+    .map(Vec::len)
+    .sum::<usize>();
     let ok = report.skipped.is_empty() || (all && done > 0);
     if json {
         print_json(&report);
@@ -317,6 +368,7 @@ pub(super) fn print(report: StateReport, all: bool, json: bool) -> std::process:
         ("accepted", &report.accepted),
         ("rejected", &report.rejected),
         ("deleted", &report.deleted),
+        ("denied", &report.denied),
     ] {
         for id in ids.iter().flatten() {
             outln!("Key for minion {} {verb}.", esc(id));

