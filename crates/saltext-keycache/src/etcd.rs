@@ -235,42 +235,67 @@ pub(crate) fn check_replica(settings: &Settings, dir: &Path) -> Result<(), Strin
     Ok(())
 }
 
+thread_local! {
+    /// The etcd revision of this thread's last write through etcd (see
+    /// [`last_etcd_revision`]).
+    static LAST_REVISION: std::cell::Cell<i64> = const { std::cell::Cell::new(0) };
+}
+
+/// The etcd revision at which the calling thread's last `store` or `flush`
+/// through etcd took effect: the revision it committed (or, when etcd
+/// already held that very value, the revision that wrote it); 0 when it
+/// committed nothing (the replica showed that value already) or failed.
+/// Another master can wait for its own replica to reach it (read-your-
+/// writes across masters); the etcd model test orders the driver's writes
+/// by it.
+#[pyfunction]
+pub(crate) fn last_etcd_revision() -> i64 {
+    LAST_REVISION.with(std::cell::Cell::get)
+}
+
 /// Runs `ops` through etcd for the store in `dir`, each committed only if
 /// etcd still holds what the replica showed, each waiting until the replica
 /// applied it. Every op is tried; the error names how many failed and the
 /// first failure. Call without the GIL.
 pub(crate) fn write(settings: &Settings, dir: &Path, ops: Vec<Op>) -> Result<(), String> {
+    LAST_REVISION.with(|r| r.set(0));
     check_replica(settings, dir)?;
     let total = ops.len();
     // A backstop: each request and the wait for the replica are bounded by
     // write_timeout already.
     let deadline = settings.write_timeout * 2 + Duration::from_secs(1);
-    let failures = keycache_etcd::block_on(async {
+    let (failures, last) = keycache_etcd::block_on(async {
         let fail = |e: keycache_etcd::Error| e.to_string();
         let mut w =
             match tokio::time::timeout(deadline, Writer::connect(settings.clone(), dir)).await {
                 Ok(Ok(w)) => w,
-                Ok(Err(e)) => return Ok(vec![(None, fail(e))]),
-                Err(_) => return Ok(vec![(None, timed_out(settings))]),
+                Ok(Err(e)) => return Ok((vec![(None, fail(e))], 0)),
+                Err(_) => return Ok((vec![(None, timed_out(settings))], 0)),
             };
         let mut failures = Vec::new();
+        let mut last = 0;
         for op in ops {
+            let sends = op.expected != op.value;
             let r = tokio::time::timeout(
                 deadline,
                 w.put_if(op.bank, &op.id, op.expected.as_ref(), op.value),
             )
             .await;
             match r {
+                Ok(Ok(revision)) if sends => last = last.max(revision),
                 Ok(Ok(_)) => {}
                 Ok(Err(e)) => failures.push((Some(op.id), fail(e))),
                 Err(_) => failures.push((Some(op.id), timed_out(settings))),
             }
         }
-        Ok(failures)
+        Ok((failures, last))
     })
     .map_err(|e| format!("keycache: {e}"))?;
     match failures.first() {
-        None => Ok(()),
+        None => {
+            LAST_REVISION.with(|r| r.set(last));
+            Ok(())
+        }
         Some((_, why)) if total <= 1 => Err(format!("keycache: {why}")),
         Some((id, why)) => Err(format!(
             "keycache: {} of {total} writes through etcd failed; the first{}: {why}",

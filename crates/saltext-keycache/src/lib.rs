@@ -184,6 +184,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(set_error_class, m)?)?;
     m.add_function(wrap_pyfunction!(after_fork_in_child, m)?)?;
     m.add_function(wrap_pyfunction!(replicate::replicate, m)?)?;
+    m.add_function(wrap_pyfunction!(etcd::last_etcd_revision, m)?)?;
     m.add("KeycacheError", m.py().get_type::<KeycacheError>())?;
     Ok(())
 }

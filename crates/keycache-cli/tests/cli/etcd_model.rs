@@ -13,9 +13,13 @@
 //! Seeded: the seed is printed, and in every failure;
 //! `KEYCACHE_MODEL_SEED=N` replays the operations it chose (the threads'
 //! interleaving is the machine's). An operation is a [`Kind`] run by
-//! [`execute`]: the CLI's accept/reject/delete, and sign-ins made as the
-//! Salt driver makes them in etcd mode (`Writer::put_if`, through
-//! keycache_etcd); the driver itself becomes one more arm there.
+//! [`execute`]: the CLI's accept/reject/delete, sign-ins and denied keys
+//! made as the Salt driver makes them in etcd mode (`Writer::put_if`,
+//! through keycache_etcd), and, on the same ids at the same time, Salt's
+//! own code paths through `salt.cache.Cache` with `keys.cache_driver:
+//! keycache` (a sign-in, a denied key, salt-key -a/-r, the two flushes of
+//! salt-key -d: `key_ops.py`, one process per master), each ordered by
+//! the etcd revision the driver reports it took effect at.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
@@ -86,6 +90,8 @@ fn elapsed() -> Duration {
 #[derive(Debug, Clone)]
 struct Op {
     kind: Kind,
+    /// Through the master's Salt driver (`key_ops.py`).
+    driver: bool,
     target: Target,
     include_all: bool,
     /// Which public key a sign-in or a denied key carries.
@@ -99,15 +105,25 @@ fn gen(rng: &mut Rng, universe: &[String]) -> Op {
         30..=35 => (Kind::Deny, false),
         36..=61 => (Kind::Accept, false),
         62..=75 => (Kind::Reject, false),
-        76..=93 => (Kind::Delete, false),
+        76..=87 => (Kind::Delete, false),
+        88..=91 => (Kind::FlushKeys, false),
+        92..=93 => (Kind::FlushDenied, false),
         94..=96 => (Kind::Accept, true),
         97..=98 => (Kind::Reject, true),
         _ => (Kind::Delete, true),
+    };
+    // Half of the single-id operations go through Salt's driver; the
+    // flushes only through it (salt-key -d's two halves).
+    let driver = match kind {
+        Kind::FlushKeys | Kind::FlushDenied => true,
+        Kind::Delete => false,
+        _ => !all && rng.one_in(2),
     };
     let target = if all {
         Target::All
     } else {
         let n = match kind {
+            _ if driver => 1,
             Kind::SignIn | Kind::Deny => 1,
             _ => 1 + rng.below(3),
         };
@@ -122,6 +138,7 @@ fn gen(rng: &mut Rng, universe: &[String]) -> Op {
     };
     Op {
         kind,
+        driver,
         include_all: matches!(kind, Kind::Accept | Kind::Reject) && rng.one_in(3),
         target,
         pem: rng.below(3) as usize,
@@ -130,12 +147,16 @@ fn gen(rng: &mut Rng, universe: &[String]) -> Op {
 
 /// Runs `op` on master `m`: what came of it, and the failure's text.
 fn execute(m: &Master, op: &Op, pems: &[Vec<u8>]) -> (Outcome, String) {
+    if op.driver {
+        return through_driver(m, op, pems);
+    }
     let (verb, done) = match op.kind {
         Kind::SignIn => return put_if(m, op, B::Keys, pems),
         Kind::Deny => return put_if(m, op, B::Denied, pems),
         Kind::Accept => ("accept", "accepted"),
         Kind::Reject => ("reject", "rejected"),
         Kind::Delete => ("delete", "deleted"),
+        Kind::FlushKeys | Kind::FlushDenied => panic!("{op:?}: only through the driver"),
     };
     let mut cmd = kc();
     cmd.args([verb, "-c", m.c(), "--json"]);
@@ -167,18 +188,67 @@ fn execute(m: &Master, op: &Op, pems: &[Vec<u8>]) -> (Outcome, String) {
             );
             (Outcome::Done { ids, revision }, String::new())
         }
-        Some(2) => {
-            let committed = err
-                .split_once("etcd committed the change (revision ")
-                .and_then(|(_, r)| r.split(')').next())
-                .and_then(|r| r.parse().ok());
-            match committed {
-                Some(revision) => (Outcome::Committed { revision }, err),
-                None => (unknown_or_not_written(&err), err),
-            }
-        }
+        Some(2) => match committed_revision(&err) {
+            Some(revision) => (Outcome::Committed { revision }, err),
+            None => (unknown_or_not_written(&err), err),
+        },
         _ => panic!("{}: {:?}\n{err}", cmd.line(), out.status),
     }
+}
+
+/// The revision of a commit whose replica did not apply it in time, from
+/// the failure's text.
+fn committed_revision(why: &str) -> Option<i64> {
+    why.split_once("etcd committed the change (revision ")
+        .and_then(|(_, r)| r.split(')').next())
+        .and_then(|r| r.parse().ok())
+}
+
+/// One of Salt's key operations through master `m`'s driver (see
+/// `key_ops.py`): done at the revision the driver reports, skipped (Salt's
+/// code decided on the replica that there was nothing to write), or failed
+/// with the driver's `SaltCacheError`.
+fn through_driver(m: &Master, op: &Op, pems: &[Vec<u8>]) -> (Outcome, String) {
+    let Target::Ids(ids) = &op.target else {
+        panic!("{op:?}: one id")
+    };
+    let name = match op.kind {
+        Kind::SignIn => "signin",
+        Kind::Deny => "deny",
+        Kind::Accept => "accept",
+        Kind::Reject => "reject",
+        Kind::FlushKeys => "flush_keys",
+        Kind::FlushDenied => "flush_denied",
+        Kind::Delete => panic!("{op:?}: salt-key -d through the driver is its two flushes"),
+    };
+    let pem = String::from_utf8(pems[op.pem].clone()).expect("a PEM");
+    let answer = m.key_op(&serde_json::json!({
+        "op": name,
+        "id": ids[0],
+        "pub": pem,
+        "include_all": op.include_all,
+    }));
+    if let Some(err) = answer["error"].as_str() {
+        let err = err.to_owned();
+        let outcome = if let Some(revision) = committed_revision(&err) {
+            Outcome::Committed { revision }
+        } else if err.contains("was changed elsewhere") {
+            Outcome::Refused
+        } else if err.contains("nothing was written") {
+            // Refused before etcd was asked (the replica stale or absent).
+            Outcome::NotWritten
+        } else {
+            unknown_or_not_written(&err)
+        };
+        return (outcome, err);
+    }
+    let revision = answer["revision"].as_i64().expect("revision");
+    let done = answer["done"].as_bool().expect("done") && revision > 0;
+    let outcome = Outcome::Done {
+        ids: if done { ids.clone() } else { Vec::new() },
+        revision: if done { revision } else { 0 },
+    };
+    (outcome, String::new())
 }
 
 /// A failed write: not written when no connection could be made (the
@@ -246,6 +316,7 @@ impl World {
             worker,
             master: m,
             kind: op.kind,
+            driver: op.driver,
             target: op.target.clone(),
             include_all: op.include_all,
             outcome: outcome.clone(),
@@ -298,6 +369,7 @@ impl World {
             let n = self.recs.lock().expect("lock").len();
             let op = Op {
                 kind: Kind::Deny,
+                driver: false,
                 target: Target::Ids(vec![format!("barrier-{n}")]),
                 include_all: false,
                 pem: 0,
@@ -368,6 +440,10 @@ fn replicas_follow_etcd_through_kills_member_losses_and_compaction() {
     }
     for m in &w.masters {
         m.wait_for(1);
+    }
+    // Salt's driver in each master's config, loaded before the clock runs.
+    for m in &w.masters {
+        m.key_op(&serde_json::json!({"op": "flush_denied", "id": "nobody"}));
     }
 
     // Everything up.
@@ -470,6 +546,7 @@ fn two_members_down(w: &World) {
                 for kind in [Kind::Accept, Kind::SignIn, Kind::Delete, Kind::Reject] {
                     let op = Op {
                         kind,
+                        driver: false,
                         target: Target::Ids(vec![rng.pick(&w.universe).clone()]),
                         include_all: true,
                         pem: 0,

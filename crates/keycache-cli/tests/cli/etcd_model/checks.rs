@@ -209,18 +209,28 @@ pub fn final_checks(w: &World, c: &Cluster) {
             logs.join("\n")
         );
     }
-    // The run did what it is for.
-    for kind in [
-        Kind::SignIn,
-        Kind::Deny,
-        Kind::Accept,
-        Kind::Reject,
-        Kind::Delete,
-    ] {
+    // The run did what it is for: every kind done, through the CLI (or
+    // the etcd writer) and through Salt's driver.
+    let kinds = [
+        (Kind::SignIn, false),
+        (Kind::Deny, false),
+        (Kind::Accept, false),
+        (Kind::Reject, false),
+        (Kind::Delete, false),
+        (Kind::SignIn, true),
+        (Kind::Deny, true),
+        (Kind::Accept, true),
+        (Kind::Reject, true),
+        (Kind::FlushKeys, true),
+        (Kind::FlushDenied, true),
+    ];
+    for (kind, driver) in kinds {
         ensure!(
             recs.iter().any(|r| r.kind == kind
+                && r.driver == driver
                 && matches!(&r.outcome, Outcome::Done { ids, .. } if !ids.is_empty())),
-            "no {kind:?} was done"
+            "no {kind:?} was done{}",
+            if driver { " through the driver" } else { "" }
         );
     }
     ensure!(

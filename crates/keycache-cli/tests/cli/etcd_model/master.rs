@@ -1,9 +1,11 @@
 //! A master of the model test: its store directory, its master config,
-//! and its `keycache replicate` child, killed and restarted at will.
+//! its `keycache replicate` child, killed and restarted at will, and its
+//! Salt driver (`key_ops.py`: `salt.cache.Cache` on the same config).
 
 use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
-use std::process::{Child, Stdio};
+use std::process::{Child, ChildStdin, ChildStdout, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -23,6 +25,29 @@ pub struct Master {
     pub conf: PathBuf,
     pub settings: Settings,
     pub repl: Mutex<Repl>,
+    /// Its `key_ops.py`, started on first use.
+    pub driver: Mutex<Option<KeyOps>>,
+}
+
+/// A `key_ops.py` process: one request line in, one answer line out.
+pub struct KeyOps {
+    child: Child,
+    input: ChildStdin,
+    output: BufReader<ChildStdout>,
+    log: PathBuf,
+}
+
+impl KeyOps {
+    /// Sends `req`; the answer, or `None` when the process is gone.
+    fn ask(&mut self, req: &Value) -> Option<Value> {
+        writeln!(self.input, "{req}").ok()?;
+        self.input.flush().ok()?;
+        let mut line = String::new();
+        match self.output.read_line(&mut line) {
+            Ok(n) if n > 0 => Some(serde_json::from_str(&line).expect("key_ops.py's answer")),
+            _ => None,
+        }
+    }
 }
 
 impl Drop for Master {
@@ -34,6 +59,10 @@ impl Drop for Master {
                 let _ = c.kill();
                 let _ = c.wait();
             }
+        }
+        if let Ok(Some(k)) = self.driver.get_mut() {
+            let _ = k.child.kill();
+            let _ = k.child.wait();
         }
     }
 }
@@ -70,7 +99,56 @@ impl Master {
             conf,
             settings,
             repl: Mutex::new(Repl::default()),
+            driver: Mutex::new(None),
         }
+    }
+
+    /// Runs one of Salt's key operations (a request of `key_ops.py`)
+    /// through this master's driver; its answer.
+    pub fn key_op(&self, req: &Value) -> Value {
+        let mut d = self.driver.lock().expect("lock");
+        let k = d.get_or_insert_with(|| self.start_key_ops());
+        match k.ask(req) {
+            Some(answer) => answer,
+            None => {
+                let log = std::fs::read_to_string(&k.log).unwrap_or_default();
+                ensure!(
+                    false,
+                    "master {}'s key_ops.py died on {req}:\n{log}",
+                    self.idx
+                );
+                unreachable!()
+            }
+        }
+    }
+
+    fn start_key_ops(&self) -> KeyOps {
+        let log = self.t.path().join("key_ops.log");
+        let mut child = std::process::Command::new(keycache_testkit::common::python())
+            .arg(keycache_testkit::common::py_dir().join("key_ops.py"))
+            .arg(self.conf.join("master"))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log).expect("log"))
+            .spawn()
+            .expect("start key_ops.py");
+        let input = child.stdin.take().expect("stdin");
+        let output = BufReader::new(child.stdout.take().expect("stdout"));
+        let mut k = KeyOps {
+            child,
+            input,
+            output,
+            log,
+        };
+        let mut line = String::new();
+        let ready = k.output.read_line(&mut line).is_ok_and(|n| n > 0);
+        ensure!(
+            ready && line.contains("ready"),
+            "master {}'s key_ops.py did not start: {line}\n{}",
+            self.idx,
+            std::fs::read_to_string(&k.log).unwrap_or_default()
+        );
+        k
     }
 
     pub fn c(&self) -> &str {

@@ -76,6 +76,10 @@ pub enum Kind {
     Reject,
     /// `keycache delete -c`.
     Delete,
+    /// The driver's `flush` of `keys` (the first half of salt-key -d).
+    FlushKeys,
+    /// The driver's `flush` of `denied_keys` (its second half).
+    FlushDenied,
 }
 
 impl Kind {
@@ -88,6 +92,8 @@ impl Kind {
             Kind::Accept => &[(B::Keys, Some(St::Accepted))],
             Kind::Reject => &[(B::Keys, Some(St::Rejected))],
             Kind::Delete => &[(B::Keys, None), (B::Denied, None)],
+            Kind::FlushKeys => &[(B::Keys, None)],
+            Kind::FlushDenied => &[(B::Denied, None)],
         }
     }
 }
@@ -126,6 +132,9 @@ pub struct Rec {
     pub worker: usize,
     pub master: usize,
     pub kind: Kind,
+    /// Made through `salt.cache.Cache` and the keycache driver (Salt's own
+    /// code paths, `key_ops.py`), not the CLI or the etcd writer.
+    pub driver: bool,
     pub target: Target,
     pub include_all: bool,
     pub outcome: Outcome,
@@ -140,13 +149,14 @@ impl std::fmt::Display for Rec {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "[{:.3}s +{}ms {} w{} m{}] {:?} {:?}{} -> {:?}",
+            "[{:.3}s +{}ms {} w{} m{}] {:?}{} {:?}{} -> {:?}",
             self.at.as_secs_f64(),
             self.took.as_millis(),
             self.phase,
             self.worker,
             self.master,
             self.kind,
+            if self.driver { " (driver)" } else { "" },
             self.target,
             if self.include_all {
                 " --include-all"

@@ -55,6 +55,9 @@ def replicate(
 ) -> None:
     """Runs the replicator of dir from etcd (the GIL released) until a signal handler raises."""
 
+def last_etcd_revision() -> int:
+    """The etcd revision at which this thread's last store or flush through etcd took effect (0: none)."""
+
 def set_error_class(cls: type) -> None:
     """Registers the exception class errors are raised as (Salt's SaltCacheError)."""
 
