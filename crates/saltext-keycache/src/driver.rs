@@ -15,7 +15,7 @@ use keycache::snapshot::Bank as Replicated;
 use keycache_etcd::{Settings, Value};
 
 use crate::etcd::Op;
-use crate::listing::{Failed, Keep, Kept, Listing};
+use crate::listing::{Failed, Keep, Kept};
 use crate::open::Open;
 use crate::values::{self, Bank};
 use crate::{error, fork_generation, DriverKey};
@@ -68,7 +68,7 @@ impl Driver {
         open: &Open,
         bank: Bank,
         keep: Keep,
-    ) -> PyResult<Listing<'py>> {
+    ) -> PyResult<Bound<'py, PyAny>> {
         let taken = self.kept.try_lock().ok().and_then(|mut k| k.take());
         let mut kept = taken.unwrap_or_default();
         let out = py
@@ -422,13 +422,10 @@ impl Driver {
     }
 
     /// Salt's `list(bank)`: the bank's ids, in roster order.
-    fn list<'py>(&self, py: Python<'py>, bank: &str) -> PyResult<Bound<'py, PyList>> {
+    fn list<'py>(&self, py: Python<'py>, bank: &str) -> PyResult<Bound<'py, PyAny>> {
         let open = self.ready(py, false)?;
         let b = Self::bank(py, bank)?;
-        match self.listing(py, &open, b, Keep::Ids)? {
-            Listing::Ids(l) => Ok(l),
-            Listing::Dict(_) => Err(error(py, "keycache: list built a dict".to_string())),
-        }
+        self.listing(py, &open, b, Keep::Ids)
     }
 
     /// Salt's `list_all(bank, include_data=False)`: `{id: value}` of the
@@ -439,7 +436,7 @@ impl Driver {
         py: Python<'py>,
         bank: &str,
         include_data: bool,
-    ) -> PyResult<Bound<'py, PyDict>> {
+    ) -> PyResult<Bound<'py, PyAny>> {
         let open = self.ready(py, false)?;
         let b = match Bank::parse(bank) {
             Some(b @ (Bank::Keys | Bank::Denied)) => b,
@@ -454,10 +451,7 @@ impl Driver {
             bank: b,
             data: include_data,
         };
-        match self.listing(py, &open, b, keep)? {
-            Listing::Dict(d) => Ok(d),
-            Listing::Ids(_) => Err(error(py, "keycache: list_all built a list".to_string())),
-        }
+        self.listing(py, &open, b, keep)
     }
 
     /// Salt's `contains(bank, key)`; with `key=None`, whether the bank's

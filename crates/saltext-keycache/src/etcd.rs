@@ -262,7 +262,11 @@ pub(crate) fn write(settings: &Settings, dir: &Path, ops: Vec<Op>) -> Result<(),
     check_replica(settings, dir)?;
     // Values the replica shows already (Salt's cluster masters store each
     // peer's key change again): nothing to send, no connection to make.
-    if ops.iter().all(|op| op.expected == op.value) {
+    let ops: Vec<Op> = ops
+        .into_iter()
+        .filter(|op| op.expected != op.value)
+        .collect();
+    if ops.is_empty() {
         return Ok(());
     }
     let total = ops.len();
@@ -280,15 +284,13 @@ pub(crate) fn write(settings: &Settings, dir: &Path, ops: Vec<Op>) -> Result<(),
         let mut failures = Vec::new();
         let mut last = 0;
         for op in ops {
-            let sends = op.expected != op.value;
             let r = tokio::time::timeout(
                 deadline,
                 w.put_if(op.bank, &op.id, op.expected.as_ref(), op.value),
             )
             .await;
             match r {
-                Ok(Ok(revision)) if sends => last = last.max(revision),
-                Ok(Ok(_)) => {}
+                Ok(Ok(revision)) => last = last.max(revision),
                 Ok(Err(e)) => failures.push((Some(op.id), fail(e))),
                 Err(_) => failures.push((Some(op.id), timed_out(settings))),
             }

@@ -30,14 +30,6 @@ pub(crate) enum Keep {
     Values { bank: Bank, data: bool },
 }
 
-/// A listing's result.
-pub(crate) enum Listing<'py> {
-    /// `list`'s.
-    Ids(Bound<'py, PyList>),
-    /// `list_all`'s.
-    Dict(Bound<'py, PyDict>),
-}
-
 /// Why a listing failed.
 pub(crate) enum Failed {
     /// The bank could not be walked.
@@ -58,14 +50,15 @@ pub(crate) struct Kept {
 }
 
 impl Kept {
-    /// Lists `table`, the bank `bank`, keeping `keep` of each entry.
+    /// Lists `table`, the bank `bank`, keeping `keep` of each entry: the
+    /// list of ids (`Keep::Ids`, `list`'s result) or the dict (`list_all`'s).
     pub(crate) fn list<'py>(
         &mut self,
         py: Python<'py>,
         table: &Table,
         bank: Bank,
         keep: Keep,
-    ) -> Result<Listing<'py>, Failed> {
+    ) -> Result<Bound<'py, PyAny>, Failed> {
         let scratch = std::mem::take(&mut self.scratch);
         let mut it = py
             .detach(|| table.iter_reusing(scratch))
@@ -158,11 +151,11 @@ impl<'a, 'py> Build<'a, 'py> {
         Ok(())
     }
 
-    /// The result.
-    fn finish(self) -> PyResult<Listing<'py>> {
+    /// The result: the list of ids, or the dict.
+    fn finish(self) -> PyResult<Bound<'py, PyAny>> {
         Ok(match self.keep {
-            Keep::Ids => Listing::Ids(PyList::new(self.py, self.ids)?),
-            Keep::Values { .. } => Listing::Dict(self.dict),
+            Keep::Ids => PyList::new(self.py, self.ids)?.into_any(),
+            Keep::Values { .. } => self.dict.into_any(),
         })
     }
 }

@@ -146,19 +146,6 @@ pub(super) fn decide(
     }
 }
 
-/// Why a `keys` entry's public key cannot become a denied key (the
-/// `denied_keys` bank takes no empty key and no private key material),
-/// or `None`.
-pub(super) fn undeniable(pem: &[u8]) -> Option<&'static str> {
-    if pem.is_empty() {
-        Some("its key is empty: nothing to deny")
-    } else if keycache::pem::holds_private_key(pem) {
-        Some("its key holds a private key block: never stored as a denied key")
-    } else {
-        None
-    }
-}
-
 /// What the command did to the key tree: paths relative to the store's
 /// directory.
 #[derive(Debug, Default, Serialize)]
@@ -304,7 +291,8 @@ pub(crate) fn run(c: Args, action: Action) -> CmdResult {
     };
     let (_, _, changes) = store.batch_with_tree(|b| {
         for id in &ids {
-            let cur = b.get(id)?.map(|(s, _)| s);
+            let entry = b.get(id)?;
+            let cur = entry.as_ref().map(|(s, _)| *s);
             let denied = action == Action::Delete && store.is_denied(id)?;
             match decide(action, cur, denied, c.include_all) {
                 Err(reason) => skip(&mut problems, id, reason),
@@ -322,17 +310,20 @@ pub(crate) fn run(c: Args, action: Action) -> CmdResult {
                     done.push(id.to_string());
                 }
                 Ok(Change::Deny) => {
-                    let Some((_, pem)) = b.get(id)? else {
-                        skip(&mut problems, id, "no such key".into());
-                        continue;
-                    };
-                    if let Some(why) = undeniable(&pem) {
-                        skip(&mut problems, id, why.into());
-                        continue;
+                    // `decide` denies only an id it found in `keys`. The
+                    // denied bank refuses an empty key or private key
+                    // material before staging anything: left alone.
+                    let pem = entry.map(|(_, p)| p).unwrap_or_default();
+                    match b.deny(id, &pem) {
+                        Err(keycache::Error::InvalidId { why, .. }) => {
+                            skip(&mut problems, id, why.into())
+                        }
+                        r => {
+                            r?;
+                            b.remove(id)?;
+                            done.push(id.to_string());
+                        }
                     }
-                    b.remove(id)?;
-                    b.deny(id, &pem)?;
-                    done.push(id.to_string());
                 }
             }
         }

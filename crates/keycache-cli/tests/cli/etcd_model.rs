@@ -122,10 +122,10 @@ fn gen(rng: &mut Rng, universe: &[String]) -> Op {
     let target = if all {
         Target::All
     } else {
-        let n = match kind {
-            _ if driver => 1,
-            Kind::SignIn | Kind::Deny => 1,
-            _ => 1 + rng.below(3),
+        let n = if driver || matches!(kind, Kind::SignIn | Kind::Deny) {
+            1
+        } else {
+            1 + rng.below(3)
         };
         let mut ids: Vec<String> = Vec::new();
         while ids.len() < n as usize {

@@ -12,7 +12,7 @@ use keycache::MinionId;
 use keycache_etcd::write::{Decision, Writer};
 use keycache_etcd::{ReplicaState, Settings, Value};
 
-use crate::cmd::state::{decide, undeniable, Action, Change, Skipped, StateReport};
+use crate::cmd::state::{decide, Action, Change, Skipped, StateReport};
 use crate::output::{esc, esc_path, CmdError};
 
 /// Writes `action` on `ids` through etcd for the replica `store`; what it
@@ -40,16 +40,19 @@ pub(crate) fn run(
                         .map(|(_, b)| (b, None))
                         .collect(),
                 ),
-                Ok(Change::Deny) => match &cur.key {
-                    None => Decision::Skip("no such key".into()),
-                    Some((_, pem)) => match undeniable(pem) {
-                        Some(why) => Decision::Skip(why.into()),
-                        None => Decision::Write(vec![
-                            (Bank::Keys, None),
-                            (Bank::Denied, Some(Value::Denied(pem.clone()))),
-                        ]),
-                    },
-                },
+                Ok(Change::Deny) => {
+                    // What etcd's denied bank may hold (no empty key, no
+                    // private key material), as the replicas decode it.
+                    let pem = cur
+                        .key
+                        .as_ref()
+                        .map(|(_, p)| p.as_slice())
+                        .unwrap_or_default();
+                    match Value::decode(Bank::Denied, pem) {
+                        Ok(v) => Decision::Write(vec![(Bank::Keys, None), (Bank::Denied, Some(v))]),
+                        Err(why) => Decision::Skip(why.into()),
+                    }
+                }
                 Ok(Change::SetState(target)) => {
                     let pem = cur.key.as_ref().map(|(_, p)| p.clone()).unwrap_or_default();
                     Decision::Write(vec![(Bank::Keys, Some(Value::Key(target, pem)))])
