@@ -329,6 +329,42 @@ def test_keycache_bin_option(tmp_path, keycache_bin):
     assert ret["keycache_bin"] == keycache_bin, ret
 
 
+def test_a_command_past_keycache_runner_timeout_is_killed(tmp_path, keycache_bin):
+    """A command that never finishes is killed after
+    ``keycache_runner_timeout`` seconds and the function fails saying so;
+    a timeout that is not a number of seconds is refused before anything
+    runs."""
+    stuck = tmp_path / "stuck-keycache"
+    started = tmp_path / "started"
+    stuck.write_text(f"#!/bin/sh\necho $$ > {started}\nexec sleep 600\n")
+    stuck.chmod(0o755)
+    conf = make_master(tmp_path / "m", extra={"keycache_bin": str(stuck), "keycache_runner_timeout": 2})
+
+    code, ret, proc = salt_run(conf, "keycache.status")
+
+    assert code == 1, proc.stdout + proc.stderr
+    assert ret["retcode"] == 1, ret
+    assert ret["error"] == (
+        f"keycache stats ({stuck}) did not finish within 2 s (keycache_runner_timeout) and was killed"
+    ), ret
+    pid = int(started.read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # killed and reaped, not left behind
+
+    started.unlink()
+    write_config(tmp_path / "m", {"keycache_bin": str(stuck), "keycache_runner_timeout": "soon"})
+    code, ret, proc = salt_run(conf, "keycache.status")
+    assert code == 1, proc.stdout + proc.stderr
+    assert ret["error"] == "keycache: keycache_runner_timeout is 'soon', not a number of seconds above 0", ret
+    assert not started.exists()
+
+    # Within its time the command runs as before.
+    write_config(tmp_path / "m", {"keycache_bin": keycache_bin, "keycache_runner_timeout": 60})
+    cli(keycache_bin, "migrate", "-c", str(conf))
+    code, ret, proc = salt_run(conf, "keycache.status")
+    assert code == 0, proc.stdout + proc.stderr
+
+
 def test_the_bin_directory_beside_the_package_comes_first(tmp_path, keycache_bin):
     """salt-pip's layout: ``pip install --target DIR`` puts the package in
     ``DIR/saltext`` and the wheel's scripts in ``DIR/bin``."""

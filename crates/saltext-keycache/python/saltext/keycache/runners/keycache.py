@@ -20,8 +20,12 @@ reports. The binary is, in order: the master option ``keycache_bin``; the
 ``pip install --target``, salt-pip's way, puts a wheel's scripts); the
 Python's scripts directory (a virtualenv's ``bin``); ``keycache`` on PATH.
 
-A failure (no binary, an error of the command, findings of ``verify``, a
-stale replica, stores that differ) sets ``retcode`` 1 in the returned dict
+The command gets ``keycache_runner_timeout`` seconds (master option, default
+900); past that it is killed and the function fails saying so, so that a
+command waiting on something that never answers does not hang ``salt-run``.
+
+A failure (no binary, an error of the command, a command past its time,
+findings of ``verify``, a stale replica, stores that differ) sets ``retcode`` 1 in the returned dict
 and in ``__context__``: ``salt-run`` exits 1, and ``success`` is false for
 the API and orchestration. Nothing here prints or returns a private key: the
 command never prints one.
@@ -42,6 +46,10 @@ log = logging.getLogger(__name__)
 
 # The directory holding the ``saltext`` package: <root>/saltext/keycache/runners/keycache.py.
 _INSTALL_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+
+# Seconds a command may run before it is killed (``keycache_runner_timeout``).
+DEFAULT_TIMEOUT = 900
 
 
 def __virtual__():
@@ -107,14 +115,32 @@ def _run(args, options=()):
         return None, None, binary, _error("keycache: the master opts have no conf_file", binary)
     argv = [binary, *args, "-c", os.path.dirname(conf_file), "--json", *options]
     what = "keycache " + " ".join(args)
-    log.debug("keycache runner: running %s", argv)
+    timeout = __opts__.get("keycache_runner_timeout", DEFAULT_TIMEOUT)
+    try:
+        timeout = float(timeout)
+    except (TypeError, ValueError):
+        timeout = -1.0
+    if not timeout > 0:
+        return None, None, binary, _error(
+            f"keycache: keycache_runner_timeout is {__opts__.get('keycache_runner_timeout')!r},"
+            " not a number of seconds above 0",
+            binary,
+        )
+    log.debug("keycache runner: running %s (timeout %s s)", argv, timeout)
     try:
         proc = subprocess.run(
             argv,
             stdin=subprocess.DEVNULL,
             capture_output=True,
             env=dict(os.environ, NO_COLOR="1"),
+            timeout=timeout,
             check=False,
+        )
+    except subprocess.TimeoutExpired:
+        # subprocess.run has killed and reaped the command.
+        return None, None, binary, _error(
+            f"{what} ({binary}) did not finish within {timeout:g} s (keycache_runner_timeout) and was killed",
+            binary,
         )
     except OSError as exc:
         return None, None, binary, _error(f"{what}: cannot run {binary}: {exc}", binary)
