@@ -8,7 +8,10 @@ middle, new entries), and hand out new dicts and lists each time.
 """
 
 import base64
+import os
+import pathlib
 import random
+import subprocess
 
 import salt.cache
 
@@ -106,3 +109,49 @@ def test_a_listing_is_new_objects_and_strs_are_reused(salt_opts):
         assert key is by_id[m]
         assert third[m]["pub"] is second[m]["pub"]
     assert third[ids[1]]["pub"] is second[ids[1]]["pub"]
+
+
+def test_value_strs_past_the_cap_are_built_afresh_each_listing(salt_opts, keycache_bin):
+    """A bank keeps the value ``str``s of its first ``MAX_KEPT_VALUES``
+    entries between listings, and no more (``src/strs.rs``: about 50 MB at
+    most, however large the bank): past the cap each listing builds new
+    ones, equal but not the same objects. Ids are kept whatever the size."""
+    from saltext.keycache import _native
+
+    cap = _native.MAX_KEPT_VALUES
+    assert cap == 100_000  # the figure src/strs.rs and the docs give
+    n = cap + 3
+    size = 3 * n
+    salt_opts.update({"mmap_key_size": size, "keycache_tree": False})
+    # The bank from a tree of hard links to two files of one key (a store of
+    # each id through the driver would take a minute of fsyncs).
+    value = {"state": "accepted", "pub": pem("one key for all")}
+    pki = pathlib.Path(salt_opts["pki_dir"])
+    sources = [pki / f"key{i}.pem" for i in range(2)]
+    for src in sources:
+        src.write_text(value["pub"])
+    for name in ("minions", "minions_pre", "minions_rejected", "minions_denied"):
+        (pki / name).mkdir()
+    for i in range(n):
+        os.link(sources[i % 2], pki / "minions" / f"m{i:06d}")
+    for src in sources:
+        src.unlink()
+    subprocess.run(
+        [keycache_bin, "migrate", str(pki), "--no-master-keys", "--size", str(size), "--slot-size", "96", "--id-size", "64"],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    cache = salt.cache.Cache(salt_opts, driver="keycache")
+    first = cache.list_all("keys", include_data=True)
+    second = cache.list_all("keys", include_data=True)
+    assert len(first) == len(second) == n
+    ids = list(second)
+    assert ids == list(first)
+    firsts = list(first)
+    kept = [second[m]["pub"] is first[m]["pub"] for m in ids]
+    assert all(kept[:cap]), f"value strs not kept below the cap: {kept[:cap].count(False)}"
+    assert not any(kept[cap:]), "value strs kept past the cap"
+    assert all(second[m]["pub"] == value["pub"] for m in ids[cap:])
+    # Ids are kept past the cap too.
+    assert all(a is b for a, b in zip(ids, firsts))

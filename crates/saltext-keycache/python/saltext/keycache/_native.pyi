@@ -2,6 +2,9 @@
 
 from typing import Any, Callable, Optional, Union
 
+MAX_KEPT_VALUES: int
+"""How many value strs (public keys) a bank keeps between listings (100,000)."""
+
 class KeycacheError(Exception):
     """Raised when no SaltCacheError class was registered."""
 
