@@ -18,15 +18,34 @@
 # (`saltext_keycache-<version>-cp310-abi3-manylinux2014_x86_64.manylinux_2_17_x86_64.whl`
 # on x86_64 Linux).
 #
+# Another platform: `tools/build-wheel.sh OUT_DIR TARGET`, TARGET a Rust
+# target triple (aarch64-unknown-linux-gnu: the wheel for ARM64 masters,
+# `..._manylinux_2_17_aarch64.whl`), cross-compiled by zig; rustup adds the
+# target's standard library when it lacks it. tools/test.sh builds the
+# aarch64 wheel, checks its tags and runs its CLI under qemu-aarch64.
+#
 # Environment: KEYCACHE_VENV as for tools/setup-venv.sh.
 set -euo pipefail
-[[ $# -eq 1 ]] || { echo "usage: tools/build-wheel.sh OUT_DIR" >&2; exit 2; }
+[[ $# -eq 1 || $# -eq 2 ]] || { echo "usage: tools/build-wheel.sh OUT_DIR [TARGET]" >&2; exit 2; }
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 mkdir -p "$1"
 out="$(cd "$1" && pwd)"
+target="${2:-}"
+target_args=()
+if [[ -n "$target" ]]; then
+    if ! rustc --print target-list | grep -qxF -- "$target"; then
+        echo "build-wheel: $target is not a Rust target triple (rustc --print target-list)" >&2
+        exit 2
+    fi
+    if ! rustup target list --installed | grep -qxF -- "$target"; then
+        echo "build-wheel: rustup target add $target" >&2
+        rustup target add "$target" >&2
+    fi
+    target_args=(--target "$target")
+fi
 py=$("$repo/tools/setup-venv.sh" | tail -n 1)
 venv="$(dirname "$(dirname "$py")")"
-work="$repo/target/wheel-build"
+work="$repo/target/wheel-build${target:+-$target}"
 rm -rf "$work"
 mkdir -p "$work/bin" "$work/ext"
 
@@ -35,7 +54,7 @@ mkdir -p "$work/bin" "$work/ext"
 # supports, which every Salt onedir host has.
 maturin_build() {
     PATH="$venv/bin:$PATH" "$venv/bin/maturin" build --release --locked --zig --strip \
-        --compatibility manylinux2014 --auditwheel check "$@" >&2
+        --compatibility manylinux2014 --auditwheel check "${target_args[@]}" "$@" >&2
 }
 
 echo "build-wheel: the keycache CLI (maturin -b bin, zig)" >&2

@@ -11,6 +11,8 @@
 #   4. pytest on the Salt driver (crates/saltext-keycache/tests) against
 #      that install, with the wheel's `keycache` binary;
 #   5. the Debian package of the CLI (tools/build-deb.sh, tools/check-deb.sh);
+#      the aarch64 wheel (tools/build-wheel.sh ... aarch64-unknown-linux-gnu,
+#      tools/check-wheel.py), its CLI run under qemu (tools/check-cross-cli.sh);
 #   6. cargo doc, warnings are errors;
 #   7. the benches and the comparison tool compile;
 #   8. the from-source install (pip install ./crates/saltext-keycache) builds
@@ -61,6 +63,33 @@ fi
 echo "==> the Debian package (cargo-deb) of the wheel's keycache: built, then its contents checked" >&2
 deb=$(tools/build-deb.sh target/deb "$wheel_bin" | tail -n 1)
 tools/check-deb.sh "$deb"
+
+# Salt's onedir packages exist for ARM64 too: the same wheel for aarch64,
+# cross-built by zig, its tags checked, its CLI run under qemu-aarch64 against
+# the native one's store.
+# The target's standard library comes from rustup's server (static.rust-lang.org),
+# which is not one of the package registries this project's machines are
+# promised: when it cannot be fetched the step is skipped and says so, even
+# with KEYCACHE_NO_SKIPS=1 (the one exception: a network the project does not
+# control must not fail the build of the platform it does).
+a64_target=aarch64-unknown-linux-gnu
+if rustup target list --installed | grep -qxF "$a64_target" \
+    || timeout 300 rustup target add "$a64_target" >&2; then
+    echo "==> the aarch64 wheel (zig cross-build): tags checked, its keycache run under qemu-aarch64" >&2
+    a64=$(tools/build-wheel.sh target/wheels-aarch64 "$a64_target" | tail -n 1)
+    "$py" tools/check-wheel.py "$a64"
+    cross=0
+    tools/check-cross-cli.sh "$a64" "$wheel_bin" || cross=$?
+    if [ "$cross" = 3 ]; then
+        echo "SKIP tools/check-cross-cli.sh: no qemu-aarch64 or arm64 glibc here (not root on Debian?)" >&2
+        echo "tools/check-cross-cli.sh: the aarch64 CLI under qemu (no qemu-aarch64)" >>"$skips"
+        [ "${KEYCACHE_NO_SKIPS:-}" != 1 ] || { echo "KEYCACHE_NO_SKIPS=1: a skip is a failure" >&2; exit 1; }
+    elif [ "$cross" != 0 ]; then
+        exit "$cross"
+    fi
+else
+    echo "SKIP the aarch64 wheel: rustup cannot fetch the $a64_target standard library here" >&2
+fi
 
 echo "==> cargo doc (warnings are errors)" >&2
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
