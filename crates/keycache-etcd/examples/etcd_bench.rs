@@ -88,9 +88,9 @@ fn wait_revision(dir: &Path, rev: i64, limit: Duration) -> Res<Duration> {
     Ok(start.elapsed())
 }
 
-fn pct(sorted: &[Duration], p: f64) -> Duration {
+fn pct<T: Copy + Default>(sorted: &[T], p: f64) -> T {
     if sorted.is_empty() {
-        return Duration::ZERO;
+        return T::default();
     }
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
@@ -175,15 +175,14 @@ fn lag(c: &Cluster, rate: u64, secs: u64, tree: TreeSync, sign_ins: bool, report
         ms(pct(&lags, 0.99)),
         ms(pct(&lags, 1.0))
     );
-    let at = |p: f64| batches[((batches.len() as f64 - 1.0) * p).round() as usize];
     if !batches.is_empty() {
         println!(
             "  {} batches of p50 {} / p99 {} / max {} events; the replica's write of a batch: \
              p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
             batches.len(),
-            at(0.5),
-            at(0.99),
-            at(1.0),
+            pct(&batches, 0.5),
+            pct(&batches, 0.99),
+            pct(&batches, 1.0),
             ms(pct(&writes, 0.5)),
             ms(pct(&writes, 0.99)),
             ms(pct(&writes, 1.0))
@@ -354,8 +353,9 @@ fn tree_floor(n: usize) -> Res<Duration> {
     std::fs::create_dir(&dir)?;
     let body = [b'k'; 450];
     let start = Instant::now();
-    for chunk in (0..n).collect::<Vec<_>>().chunks(4096) {
-        for i in chunk {
+    for first in (0..n).step_by(4096) {
+        let chunk = first..(first + 4096).min(n);
+        for i in chunk.clone() {
             let mut f = std::fs::File::create_new(dir.join(format!(".tmp.m{i:07}")))?;
             f.write_all(&body)?;
         }

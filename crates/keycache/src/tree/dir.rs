@@ -176,16 +176,13 @@ impl Dir {
         }
     }
 
-    /// Second half of a write: fsync, then the rename over the name
-    /// (refused if a non-regular entry was planted there meanwhile). The
-    /// directory is not fsynced (see [`Dir::sync`]).
-    fn commit(&self, st: Staged, synced: bool, op: &'static str) -> Result<()> {
+    /// Second half of a write: fsync (a staged file still open; a closed
+    /// one was made durable by its group's write-back), then the rename
+    /// over the name (refused if a non-regular entry was planted there
+    /// meanwhile). The directory is not fsynced (see [`Dir::sync`]).
+    fn commit(&self, st: Staged, op: &'static str) -> Result<()> {
         let shown = self.shown(&st.name);
-        let data = match (&st.file, synced) {
-            (Some(f), false) => f.sync_data(),
-            (None, false) => Err(std::io::Error::other("closed before its fdatasync")),
-            (_, true) => Ok(()),
-        };
+        let data = st.file.as_ref().map_or(Ok(()), File::sync_data);
         let done = data
             .map_err(|e| Error::io(self.shown(&st.tmp), op, e))
             .and_then(|()| match self.entry(&st.name)? {
@@ -247,8 +244,8 @@ impl Dir {
 
 /// A key file written under its temporary name ([`Dir::stage`]).
 pub(crate) struct Staged {
-    /// Open until its fdatasync; None once closed (a group made durable
-    /// by a write-back of the filesystem needs no descriptor).
+    /// Open until its fdatasync; None once closed: its group is made
+    /// durable by a write-back of the filesystem before any commit.
     file: Option<File>,
     tmp: String,
     name: String,
@@ -302,8 +299,7 @@ pub(crate) fn write_many(
                 }
             }
         }
-        let synced = failed.is_none() && whole;
-        if synced {
+        if failed.is_none() && whole {
             let mut done = [false; 4];
             for (d, _) in &staged {
                 if let (Some(dir), false) = (&dirs[*d], done[*d]) {
@@ -319,7 +315,7 @@ pub(crate) fn write_many(
         if failed.is_none() {
             for (d, st) in it.by_ref() {
                 if let Some(dir) = &dirs[d] {
-                    if let Err(e) = dir.commit(st, synced, op) {
+                    if let Err(e) = dir.commit(st, op) {
                         failed = Some(e);
                         break;
                     }
