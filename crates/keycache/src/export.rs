@@ -51,7 +51,7 @@ use std::os::unix::fs::DirBuilderExt;
 use std::path::Path;
 
 use crate::error::{Error, Result};
-use crate::files::{NotRegular, Ownership};
+use crate::files::Ownership;
 use crate::store::Store;
 use crate::tree::{write_many, Dir, Node, TreeDir, Writer};
 
@@ -222,7 +222,7 @@ pub fn export(store: &Store, pki_dir: &Path, opts: &ExportOptions) -> Result<Exp
             };
             match (node, dir) {
                 (Node::Other(m), _) => {
-                    return Err(Writer::Export.not_a_key_file(&path(id), NotRegular::of(&m)));
+                    return Err(Writer::Export.not_a_key_file(&path(id), m.not_regular()));
                 }
                 (Node::File(m), Some(dir)) => {
                     if m.len() == pem.len() as u64 && dir.content_is(id, pem)? {
@@ -248,7 +248,7 @@ pub fn export(store: &Store, pki_dir: &Path, opts: &ExportOptions) -> Result<Exp
             }
             if let Some(dir) = dir {
                 if let Node::Other(m) = dir.entry(&id)? {
-                    return Err(Writer::Export.not_a_key_file(&path(&id), NotRegular::of(&m)));
+                    return Err(Writer::Export.not_a_key_file(&path(&id), m.not_regular()));
                 }
             }
             removes.push((d, id));

@@ -80,13 +80,41 @@ pub fn open_no_follow(
         .write(write)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
         .open(path)
-        .map_err(|e| match e.raw_os_error() {
-            Some(libc::ELOOP) => Refused::NotRegular(NotRegular::Symlink),
-            Some(libc::EISDIR) => Refused::NotRegular(NotRegular::Directory),
-            // A socket, or a FIFO opened for writing without a reader.
-            Some(libc::ENXIO) => Refused::NotRegular(NotRegular::Other),
-            _ => Refused::Io("open", e),
-        })?;
+        .map_err(refused_open)?;
+    regular(f)
+}
+
+/// [`open_no_follow`] of the entry `name` of the open directory `dir`
+/// (`openat`: nothing but `dir` itself is resolved, so a directory reached
+/// without following links stays so, and no `/proc` path is walked).
+pub(crate) fn open_no_follow_at(
+    dir: &File,
+    name: &str,
+) -> std::result::Result<(File, std::fs::Metadata), Refused> {
+    use rustix::fs::{Mode, OFlags};
+    let fd = rustix::fs::openat(
+        dir,
+        name,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK,
+        Mode::empty(),
+    )
+    .map_err(|e| refused_open(e.into()))?;
+    regular(File::from(fd))
+}
+
+/// What a failed no-follow open refuses.
+fn refused_open(e: io::Error) -> Refused {
+    match e.raw_os_error() {
+        Some(libc::ELOOP) => Refused::NotRegular(NotRegular::Symlink),
+        Some(libc::EISDIR) => Refused::NotRegular(NotRegular::Directory),
+        // A socket, or a FIFO opened for writing without a reader.
+        Some(libc::ENXIO) => Refused::NotRegular(NotRegular::Other),
+        _ => Refused::Io("open", e),
+    }
+}
+
+/// `f` and its metadata, if it is a regular file (`fstat`).
+fn regular(f: File) -> std::result::Result<(File, std::fs::Metadata), Refused> {
     let meta = f.metadata().map_err(|e| Refused::Io("stat", e))?;
     if !meta.is_file() {
         return Err(Refused::NotRegular(NotRegular::of(&meta)));
@@ -117,7 +145,26 @@ pub fn read_small(
     max: u64,
     buf: &mut Vec<u8>,
 ) -> std::result::Result<(std::fs::Metadata, usize), Refused> {
-    let (mut f, meta) = open_no_follow(path, false)?;
+    read_opened(open_no_follow(path, false)?, max, buf)
+}
+
+/// [`read_small`] of the entry `name` of the open directory `dir`
+/// ([`open_no_follow_at`]).
+pub(crate) fn read_small_at(
+    dir: &File,
+    name: &str,
+    max: u64,
+    buf: &mut Vec<u8>,
+) -> std::result::Result<(std::fs::Metadata, usize), Refused> {
+    read_opened(open_no_follow_at(dir, name)?, max, buf)
+}
+
+/// The reading half of [`read_small`], on a file opened and checked.
+fn read_opened(
+    (mut f, meta): (File, std::fs::Metadata),
+    max: u64,
+    buf: &mut Vec<u8>,
+) -> std::result::Result<(std::fs::Metadata, usize), Refused> {
     let size = meta.len();
     if size > max {
         return Err(Refused::TooLarge(Some(size)));
@@ -192,16 +239,22 @@ impl Ownership {
     /// rebuild never widens permissions nor takes a file from its owner.
     pub(crate) fn replacing(&self, old: &Path) -> Ownership {
         match std::fs::symlink_metadata(old) {
-            Ok(m) if m.is_file() => Ownership {
-                owner: if self.explicit {
-                    self.owner
-                } else {
-                    Some((m.uid(), m.gid()))
-                },
-                mode: m.permissions().mode() & 0o777,
-                explicit: self.explicit,
-            },
+            Ok(m) if m.is_file() => self.replacing_file(m.uid(), m.gid(), m.mode()),
             _ => *self,
+        }
+    }
+
+    /// What a file replacing a regular file of owner `uid`, group `gid`
+    /// and mode `mode` gets (see [`Ownership::replacing`]).
+    pub(crate) fn replacing_file(&self, uid: u32, gid: u32, mode: u32) -> Ownership {
+        Ownership {
+            owner: if self.explicit {
+                self.owner
+            } else {
+                Some((uid, gid))
+            },
+            mode: mode & 0o777,
+            explicit: self.explicit,
         }
     }
 

@@ -101,7 +101,7 @@ impl TreeDir {
     }
 
     /// The position in [`TreeDir::ALL`] (for per-directory arrays).
-    pub fn index(self) -> usize {
+    pub const fn index(self) -> usize {
         self as usize
     }
 

@@ -248,43 +248,29 @@ fn strace() -> Option<PathBuf> {
 /// Paths a traced run touched: (syscall, path, flags text).
 fn traced_paths(log: &str) -> Vec<(String, String, String)> {
     let mut out = Vec::new();
-    // The directory each descriptor was last opened on: the key tree's
-    // writer reaches its files as `/proc/self/fd/N/NAME`, relative to the
-    // directory it opened, which is where the check must place them.
-    let mut fds: BTreeMap<String, String> = BTreeMap::new();
     for line in log.lines() {
         let line = line.split_once(' ').map(|x| x.1).unwrap_or(line).trim();
         let Some((call, rest)) = line.split_once('(') else {
             continue;
         };
-        let mut quoted = Vec::new();
+        // strace -y prints each descriptor argument with its path,
+        // `5</dir>`: a name given to an `*at` call right after one (the key
+        // tree's writer reaches its files relative to the directories it
+        // opened) is placed in that directory.
         let mut it = rest.split('"');
-        it.next();
+        let mut before = it.next().unwrap_or("");
         while let Some(q) = it.next() {
-            let q = match q.strip_prefix("/proc/self/fd/") {
-                Some(tail) => {
-                    let (fd, name) = tail.split_once('/').unwrap_or((tail, ""));
-                    match fds.get(fd) {
-                        Some(dir) if name.is_empty() => dir.clone(),
-                        Some(dir) => format!("{dir}/{name}"),
-                        None => q.to_owned(),
-                    }
-                }
-                None => q.to_owned(),
+            let dir = before
+                .trim_end()
+                .strip_suffix(">,")
+                .and_then(|b| b.rsplit_once('<'))
+                .map(|(_, d)| d);
+            let path = match dir {
+                Some(d) if !q.starts_with('/') => format!("{d}/{q}"),
+                _ => q.to_owned(),
             };
-            quoted.push(q);
-            it.next();
-        }
-        if call.starts_with("open") {
-            if let (Some(path), Some((_, ret))) = (quoted.last(), rest.rsplit_once("= ")) {
-                let fd = ret.split_whitespace().next().unwrap_or("");
-                if fd.bytes().all(|b| b.is_ascii_digit()) && !fd.is_empty() {
-                    fds.insert(fd.to_owned(), path.clone());
-                }
-            }
-        }
-        for q in quoted {
-            out.push((call.to_owned(), q, rest.to_owned()));
+            out.push((call.to_owned(), path, rest.to_owned()));
+            before = it.next().unwrap_or("");
         }
     }
     out
@@ -348,7 +334,7 @@ fn the_migrator_stays_inside_the_tree_and_the_target() {
     let log = root.join("strace.log");
     let o = match strace() {
         Some(st) => Command::new(st)
-            .args(["-f", "-qq", "-s", "4096", "-o"])
+            .args(["-f", "-qq", "-y", "-s", "4096", "-o"])
             .arg(&log)
             .args([
                 "-e",

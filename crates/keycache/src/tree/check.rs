@@ -278,7 +278,7 @@ pub fn mend(store: &dyn KeySource) -> Result<TreeRepair> {
             continue;
         };
         if dirs[d].is_none() {
-            if std::fs::symlink_metadata(root.at(x.dir.name())).is_ok() {
+            if !matches!(root.entry(x.dir.name())?, Node::Absent) {
                 // Not a directory: refused above (NotADirectory).
                 continue;
             }

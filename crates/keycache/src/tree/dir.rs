@@ -3,18 +3,19 @@
 
 use super::*;
 use crate::files::Refused;
+use std::os::unix::ffi::OsStringExt;
 
 /// A directory opened without following a symlink, and reached through
-/// its descriptor from then on.
+/// its descriptor from then on: every entry is looked at, opened, renamed
+/// and removed with the `*at` system calls relative to it, so no path is
+/// resolved again (a symlink planted in place of the directory afterwards
+/// is never followed) and no `/proc/self/fd` path is walked.
 #[derive(Debug)]
 pub(crate) struct Dir {
-    /// The open directory; `base` stays valid while it is open.
+    /// The open directory.
     fd: File,
     /// Whose refusals and file modes.
     by: Writer,
-    /// `/proc/self/fd/N` (its entries resolve in the opened directory), or
-    /// the path itself where `/proc` is not mounted.
-    base: PathBuf,
     /// The path, for messages.
     path: PathBuf,
 }
@@ -22,21 +23,65 @@ pub(crate) struct Dir {
 /// What is under a name in a directory (not followed).
 pub(crate) enum Node {
     Absent,
-    File(std::fs::Metadata),
-    Other(std::fs::Metadata),
+    File(Meta),
+    Other(Meta),
+}
+
+/// What `lstat` says of an entry: the fields the tree's writers look at.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Meta {
+    len: u64,
+    uid: u32,
+    gid: u32,
+    /// `st_mode`: file type and permission bits.
+    mode: u32,
+}
+
+impl Meta {
+    fn of(st: &rustix::fs::Stat) -> Meta {
+        Meta {
+            len: u64::try_from(st.st_size).unwrap_or(0),
+            uid: st.st_uid,
+            gid: st.st_gid,
+            mode: st.st_mode,
+        }
+    }
+
+    /// Length in bytes.
+    pub(crate) fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Owner.
+    pub(crate) fn uid(&self) -> u32 {
+        self.uid
+    }
+
+    /// Group.
+    pub(crate) fn gid(&self) -> u32 {
+        self.gid
+    }
+
+    /// `st_mode`, as [`std::os::unix::fs::MetadataExt::mode`] gives it.
+    pub(crate) fn mode(&self) -> u32 {
+        self.mode
+    }
+
+    fn kind(&self) -> rustix::fs::FileType {
+        rustix::fs::FileType::from_raw_mode(self.mode)
+    }
+
+    /// What the entry is, when it is not a regular file.
+    pub(crate) fn not_regular(&self) -> NotRegular {
+        match self.kind() {
+            rustix::fs::FileType::Symlink => NotRegular::Symlink,
+            rustix::fs::FileType::Directory => NotRegular::Directory,
+            _ => NotRegular::Other,
+        }
+    }
 }
 
 impl Dir {
-    fn from_file(fd: File, path: PathBuf, by: Writer) -> Result<Dir> {
-        let proc = PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
-        let me = fd.metadata().map_err(|e| Error::io(&path, "stat", e))?;
-        let base = match std::fs::metadata(&proc) {
-            Ok(m) if m.is_dir() && (m.dev(), m.ino()) == (me.dev(), me.ino()) => proc,
-            _ => path.clone(),
-        };
-        Ok(Dir { fd, by, base, path })
-    }
-
     /// The pki dir (the store's directory, or an export's, followed as
     /// given), its state directories written `by`.
     pub(crate) fn open_root(path: &Path, by: Writer) -> Result<Dir> {
@@ -45,11 +90,11 @@ impl Dir {
             .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
             .open(path)
             .map_err(|e| Error::io(path, "open directory", e))?;
-        Dir::from_file(fd, path.to_path_buf(), by)
-    }
-
-    pub(crate) fn at(&self, name: &str) -> PathBuf {
-        self.base.join(name)
+        Ok(Dir {
+            fd,
+            by,
+            path: path.to_path_buf(),
+        })
     }
 
     pub(crate) fn shown(&self, name: impl AsRef<Path>) -> PathBuf {
@@ -58,18 +103,24 @@ impl Dir {
 
     /// The state directory `name`, not followed; None when absent.
     pub(crate) fn sub(&self, name: &str) -> Result<Option<Dir>> {
+        use rustix::fs::{Mode, OFlags};
         let shown = self.shown(name);
-        match std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(self.at(name))
-        {
-            Ok(fd) => Dir::from_file(fd, shown, self.by).map(Some),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) if matches!(e.raw_os_error(), Some(libc::ELOOP) | Some(libc::ENOTDIR)) => {
+        match rustix::fs::openat(
+            &self.fd,
+            name,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        ) {
+            Ok(fd) => Ok(Some(Dir {
+                fd: File::from(fd),
+                by: self.by,
+                path: shown,
+            })),
+            Err(rustix::io::Errno::NOENT) => Ok(None),
+            Err(rustix::io::Errno::LOOP | rustix::io::Errno::NOTDIR) => {
                 Err(self.by.not_a_dir(&shown))
             }
-            Err(e) => Err(Error::io(&shown, "open directory", e)),
+            Err(e) => Err(Error::io(&shown, "open directory", e.into())),
         }
     }
 
@@ -80,7 +131,7 @@ impl Dir {
             return Ok(d);
         }
         let shown = self.shown(name);
-        match std::fs::DirBuilder::new().mode(0o755).create(self.at(name)) {
+        match rustix::fs::mkdirat(&self.fd, name, rustix::fs::Mode::from_raw_mode(0o755)) {
             Ok(()) => {
                 let d = self
                     .sub(name)?
@@ -98,29 +149,36 @@ impl Dir {
                 self.sync()?;
                 Ok(d)
             }
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => self
+            Err(rustix::io::Errno::EXIST) => self
                 .sub(name)?
                 .ok_or_else(|| Error::io(&shown, "open directory", not_found())),
-            Err(e) => Err(Error::io(&shown, "create directory", e)),
+            Err(e) => Err(Error::io(&shown, "create directory", e.into())),
         }
     }
 
+    /// What is under `name` (`lstat`, not followed).
     pub(crate) fn entry(&self, name: &str) -> Result<Node> {
-        match std::fs::symlink_metadata(self.at(name)) {
-            Ok(m) if m.is_file() => Ok(Node::File(m)),
-            Ok(m) => Ok(Node::Other(m)),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Node::Absent),
-            Err(e) => Err(Error::io(self.shown(name), "stat", e)),
+        match rustix::fs::statat(&self.fd, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) => {
+                let m = Meta::of(&st);
+                Ok(if m.kind() == rustix::fs::FileType::RegularFile {
+                    Node::File(m)
+                } else {
+                    Node::Other(m)
+                })
+            }
+            Err(rustix::io::Errno::NOENT) => Ok(Node::Absent),
+            Err(e) => Err(Error::io(self.shown(name), "stat", e.into())),
         }
     }
 
     /// Whether the regular file `name` holds exactly `pem`, read with
-    /// [`crate::files::read_small`] (at most `pem.len() + 1` bytes, no
+    /// [`crate::files::read_small_at`] (at most `pem.len() + 1` bytes, no
     /// symlink followed), without looking at the entry first: for callers
     /// that saw a regular file of `pem`'s length there.
     pub(crate) fn content_is(&self, name: &str, pem: &[u8]) -> Result<bool> {
         let mut got = Vec::with_capacity(pem.len());
-        match crate::files::read_small(&self.at(name), pem.len() as u64, &mut got) {
+        match crate::files::read_small_at(&self.fd, name, pem.len() as u64, &mut got) {
             Ok(_) => Ok(got == pem),
             Err(Refused::TooLarge(_)) => Ok(false),
             Err(Refused::NotRegular(kind)) => Err(self.by.not_a_key_file(&self.shown(name), kind)),
@@ -136,30 +194,44 @@ impl Dir {
         }
     }
 
+    /// Renames `name` of this directory to `to_name` of directory `to`
+    /// (`renameat`).
+    pub(crate) fn rename_to(&self, name: &str, to: &Dir, to_name: &str) -> std::io::Result<()> {
+        rustix::fs::renameat(&self.fd, name, &to.fd, to_name).map_err(Into::into)
+    }
+
+    /// Unlinks `name` (`unlinkat`), whatever it is but a directory.
+    fn unlink(&self, name: &str) -> std::io::Result<()> {
+        rustix::fs::unlinkat(&self.fd, name, rustix::fs::AtFlags::empty()).map_err(Into::into)
+    }
+
     /// Writes `pem` under `name`, first half: a temporary file (0600,
     /// `own`'s owner, or the replaced file's), written, not yet fsynced. Staging a group of files before committing any lets
     /// the first fsync carry the data of all of them (one journal commit
     /// instead of one per file on ext4 and XFS).
     fn stage(&self, name: &str, pem: &[u8], own: &Ownership, op: &'static str) -> Result<Staged> {
+        use rustix::fs::{Mode, OFlags};
         let shown = self.shown(name);
         let mut own = match self.entry(name)? {
-            Node::Other(m) => return Err(self.by.not_a_key_file(&shown, NotRegular::of(&m))),
-            Node::File(_) => own.replacing(&self.at(name)),
+            Node::Other(m) => return Err(self.by.not_a_key_file(&shown, m.not_regular())),
+            Node::File(m) => own.replacing_file(m.uid(), m.gid(), m.mode()),
             Node::Absent => *own,
         };
         own.mode = self.by.key_mode(own.mode);
         let tmp = format!("{TEMP_PREFIX}{}.{name}", std::process::id());
         let tmp_shown = self.shown(&tmp);
         if let Node::File(_) = self.entry(&tmp)? {
-            std::fs::remove_file(self.at(&tmp)).map_err(|e| Error::io(&tmp_shown, op, e))?;
+            self.unlink(&tmp)
+                .map_err(|e| Error::io(&tmp_shown, op, e))?;
         }
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(self.at(&tmp))
-            .map_err(|e| Error::io(&tmp_shown, op, e))?;
+        let mut f = rustix::fs::openat(
+            &self.fd,
+            tmp.as_str(),
+            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o600),
+        )
+        .map(File::from)
+        .map_err(|e| Error::io(&tmp_shown, op, e.into()))?;
         let done = own
             .apply(&f, &tmp_shown)
             .and_then(|()| f.write_all(pem).map_err(|e| Error::io(&tmp_shown, op, e)));
@@ -170,7 +242,7 @@ impl Dir {
                 name: name.to_owned(),
             }),
             Err(e) => {
-                let _ = std::fs::remove_file(self.at(&tmp));
+                let _ = self.unlink(&tmp);
                 Err(e)
             }
         }
@@ -186,19 +258,20 @@ impl Dir {
         let done = data
             .map_err(|e| Error::io(self.shown(&st.tmp), op, e))
             .and_then(|()| match self.entry(&st.name)? {
-                Node::Other(m) => Err(self.by.not_a_key_file(&shown, NotRegular::of(&m))),
-                _ => std::fs::rename(self.at(&st.tmp), self.at(&st.name))
+                Node::Other(m) => Err(self.by.not_a_key_file(&shown, m.not_regular())),
+                _ => self
+                    .rename_to(&st.tmp, self, &st.name)
                     .map_err(|e| Error::io(&shown, op, e)),
             });
         if done.is_err() {
-            let _ = std::fs::remove_file(self.at(&st.tmp));
+            let _ = self.unlink(&st.tmp);
         }
         done
     }
 
     /// Removes a staged temporary that will not be committed.
     fn discard(&self, st: Staged) {
-        let _ = std::fs::remove_file(self.at(&st.tmp));
+        let _ = self.unlink(&st.tmp);
     }
 
     /// Removes the regular file `name`; a non-regular entry is refused.
@@ -207,8 +280,8 @@ impl Dir {
         let shown = self.shown(name);
         match self.entry(name)? {
             Node::Absent => Ok(false),
-            Node::Other(m) => Err(self.by.not_a_key_file(&shown, NotRegular::of(&m))),
-            Node::File(_) => match std::fs::remove_file(self.at(name)) {
+            Node::Other(m) => Err(self.by.not_a_key_file(&shown, m.not_regular())),
+            Node::File(_) => match self.unlink(name) {
                 Ok(()) => Ok(true),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
                 Err(e) => Err(Error::io(&shown, op, e)),
@@ -229,14 +302,16 @@ impl Dir {
             .map_err(|e| Error::io(&self.path, "fsync", e))
     }
 
-    /// The names in the directory.
+    /// The names in the directory (`.` and `..` left out).
     pub(crate) fn names(&self) -> Result<Vec<std::ffi::OsString>> {
-        let rd = std::fs::read_dir(&self.base)
-            .map_err(|e| Error::io(&self.path, "read directory", e))?;
+        let err = |e: rustix::io::Errno| Error::io(&self.path, "read directory", e.into());
+        let mut rd = rustix::fs::Dir::read_from(&self.fd).map_err(err)?;
         let mut out = Vec::new();
-        for ent in rd {
-            let ent = ent.map_err(|e| Error::io(&self.path, "read directory", e))?;
-            out.push(ent.file_name());
+        while let Some(ent) = rd.read() {
+            let name = ent.map_err(err)?.file_name().to_bytes().to_vec();
+            if name != b"." && name != b".." {
+                out.push(std::ffi::OsString::from_vec(name));
+            }
         }
         Ok(out)
     }

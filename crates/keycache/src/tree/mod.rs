@@ -31,6 +31,11 @@
 //!    for a moment, and Salt's `localfs_key` precedence, rejected, then
 //!    pending, then accepted, then gives it the less trusted state).
 //!
+//! Each entry of the batch's ids is looked at once, in 1 (`Sync::plan`);
+//! in 3 only the entries found then are looked at again, and `minions/`
+//! always: keycache's writers hold the `keys` bank's lock from 1 to 3, and
+//! a file someone else plants in `minions/` meanwhile is still removed.
+//!
 //! A crash between 1 and 2 leaves a minion accepted in the banks without
 //! its file (it is refused until [`mend`]); a crash between 2 and 3 leaves
 //! the tree behind the store, never ahead of it. [`check`] reports what a
@@ -56,8 +61,8 @@
 //!
 //! The state directories are opened relative to the pki dir without
 //! following a symlink, and every file is reached relative to its opened
-//! directory (through `/proc/self/fd`), never by a path that could be
-//! re-resolved through a planted symlink; key files are opened with
+//! directory (the `*at` system calls on its descriptor), never by a path
+//! that could be re-resolved through a planted symlink; key files are opened with
 //! `O_NOFOLLOW`. A symlink, a directory or any other non-regular file under
 //! a key's name (or in place of a state directory) is neither followed,
 //! replaced nor removed: a write that would have to is refused with
@@ -88,7 +93,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsStr;
 use std::fs::File;
 use std::io::Write;
-use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};

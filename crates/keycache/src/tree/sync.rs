@@ -51,8 +51,18 @@ pub(crate) struct Sync {
     /// Owner and group of the `early` files: the files written in their
     /// place keep them, as a replaced file does.
     kept: std::collections::HashMap<String, (u32, u32)>,
+    /// Per id, the state directories (bit `TreeDir::index`) where the plan
+    /// found an entry. Where it found none, the id's entry is not looked at
+    /// again to be moved or removed (the tree is written under the `keys`
+    /// bank's lock, so no keycache writer ran in between), which spares
+    /// most of an accept's `lstat`s; except in `minions/`, where a file
+    /// that must not be there is always looked for.
+    found: std::collections::HashMap<String, u8>,
     changes: TreeChanges,
 }
+
+/// The bit of `minions/` in [`Sync`]'s `found` masks.
+const MINIONS_BIT: u8 = 1 << TreeDir::Minions.index();
 
 impl Sync {
     /// Looks at every entry the batch's ids have in the tree. An entry
@@ -66,16 +76,19 @@ impl Sync {
         }
         let mut early = Vec::new();
         let mut kept = std::collections::HashMap::new();
+        let mut found = std::collections::HashMap::with_capacity(wants.len());
         for (id, want) in wants {
             let id = id.as_str();
+            let mut mask = 0;
             for (d, dir) in dirs.iter().enumerate() {
                 let Some(dir) = dir else { continue };
                 match dir.entry(id)? {
                     Node::Absent => {}
                     Node::Other(m) => {
-                        return Err(Writer::Tree.not_a_key_file(&dir.shown(id), NotRegular::of(&m)))
+                        return Err(Writer::Tree.not_a_key_file(&dir.shown(id), m.not_regular()))
                     }
                     Node::File(m) => {
+                        mask |= 1 << d;
                         if d == TreeDir::Minions.index() {
                             let keep = match &want[d] {
                                 Some(pem) if m.len() == pem.len() as u64 => {
@@ -91,6 +104,7 @@ impl Sync {
                     }
                 }
             }
+            found.insert(id.to_owned(), mask);
         }
         Ok(Sync {
             root,
@@ -98,6 +112,7 @@ impl Sync {
             own: ownership(store),
             early,
             kept,
+            found,
             changes: TreeChanges::default(),
         })
     }
@@ -128,6 +143,7 @@ impl Sync {
     /// `minions/` only when no file of it was removed there before the
     /// banks were written (a re-keyed id keeps that file's owner).
     fn movable(&self, id: &str, to: usize, want: &Want, pem: &[u8]) -> Result<Option<usize>> {
+        let found = self.found_in(id);
         let Some(owner) = self.own.owner else {
             return Ok(None);
         };
@@ -136,7 +152,11 @@ impl Sync {
         }
         for (d, dir) in self.dirs.iter().enumerate() {
             let Some(dir) = dir else { continue };
-            if d == to || d == TreeDir::Minions.index() || want[d].is_some() {
+            if d == to
+                || d == TreeDir::Minions.index()
+                || want[d].is_some()
+                || found & (1 << d) == 0
+            {
                 continue;
             }
             if let Node::File(m) = dir.entry(id)? {
@@ -151,6 +171,12 @@ impl Sync {
             }
         }
         Ok(None)
+    }
+
+    /// The state directories where `id` may have an entry: those where
+    /// the plan found one; every one for an id the plan did not look at.
+    fn found_in(&self, id: &str) -> u8 {
+        self.found.get(id).copied().unwrap_or(u8::MAX)
     }
 
     /// Step 3, once the banks hold `wants`: writes the files that are
@@ -173,7 +199,7 @@ impl Sync {
                 let (Some(pem), Some(dir)) = (pem, &self.dirs[d]) else {
                     continue;
                 };
-                if dir.holds(id, pem)? {
+                if self.found_in(id) & (1 << d) != 0 && dir.holds(id, pem)? {
                     continue;
                 }
                 let from = self.movable(id, d, want, pem)?;
@@ -181,7 +207,7 @@ impl Sync {
                     // One rename instead of a new file: what Salt's own
                     // `localfs_key` accept does (pending to accepted), and
                     // the key is never in both directories.
-                    std::fs::rename(src.at(id), dir.at(id))
+                    src.rename_to(id, dir, id)
                         .map_err(|e| Error::io(dir.shown(id), W, e))?;
                     touched[from] = true;
                     if !dir.holds(id, pem)? {
@@ -218,9 +244,10 @@ impl Sync {
         let mut removed = [false; 4];
         for (id, want) in wants {
             let id = id.as_str();
+            let found = self.found_in(id) | MINIONS_BIT;
             for (d, dir) in self.dirs.iter().enumerate() {
                 let Some(dir) = dir else { continue };
-                if want[d].is_none() && dir.remove(id, R)? {
+                if want[d].is_none() && found & (1 << d) != 0 && dir.remove(id, R)? {
                     self.changes.removed.push(dir.shown(id));
                     removed[d] = true;
                 }

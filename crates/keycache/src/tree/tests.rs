@@ -268,3 +268,30 @@ fn an_accept_moves_the_pending_file_keycache_wrote_and_rewrites_one_it_did_not()
     assert_eq!(files(dir.path()), ["minions/a", "minions/b"]);
     Ok(())
 }
+
+/// The plan's look at the tree is reused after the banks are written,
+/// except in `minions/`: a file planted there between the plan and the
+/// write-back (by anyone but a keycache writer, which holds the `keys`
+/// lock) for an id that is not accepted is still removed.
+#[test]
+fn a_minions_file_planted_after_the_plan_is_still_removed() -> Result<()> {
+    let t = tempfile::tempdir().unwrap();
+    let st = store(t.path());
+    let a = MinionId::new("a")?;
+    st.put(&a, KeyState::Pending, &pem("a"))?;
+    assert_eq!(files(t.path()), ["minions_pre/a"]);
+    std::fs::create_dir(t.path().join("minions")).unwrap();
+    let wants = vec![(
+        a.clone(),
+        sync::want_of(Some((KeyState::Rejected, pem("a"))), None),
+    )];
+    let mut s = sync::Sync::plan(&st, &wants)?;
+    s.before()?;
+    std::fs::write(t.path().join("minions/a"), pem("a")).unwrap();
+    // The banks written as a batch writes them between the two halves.
+    small_store(t.path()).set_state(&a, KeyState::Rejected)?;
+    let ch = s.after(&wants)?;
+    assert!(ch.removed.contains(&t.path().join("minions/a")));
+    assert_eq!(files(t.path()), ["minions_rejected/a"]);
+    Ok(())
+}
