@@ -2,7 +2,7 @@
 # Runs the `keycache` CLI of a wheel built for another machine (aarch64) under
 # qemu user emulation, and checks that it makes the store the native CLI makes:
 #
-#   tools/check-cross-cli.sh WHEEL NATIVE_KEYCACHE
+#   tools/check-cross-cli.sh WHEEL NATIVE_KEYCACHE [NATIVE_PYTHON]
 #
 # 1. The wheel's script (saltext_keycache-*.data/scripts/keycache) is taken
 #    out; `qemu-<arch> -L /usr/<arch>-linux-gnu` runs it (Debian's qemu-user
@@ -13,16 +13,26 @@
 #    the native CLI migrates another copy; `keycache diff` (native) finds the
 #    two stores equal and `keycache verify` (native) finds the emulated one's
 #    clean; the emulated CLI lists both stores as the same JSON.
+# 4. With NATIVE_PYTHON (a Python with the native saltext.keycache installed):
+#    the wheel's extension is imported by Debian's own Python for the machine
+#    (python3.X-minimal, libpython3.X-minimal and -stdlib, zlib1g, libexpat1
+#    of the version apt knows, fetched from the Debian archive and unpacked
+#    beside the target's glibc, not installed) under qemu, and
+#    tools/cross_ext_calls.py (the driver's reads, and writes with the key
+#    tree in step) answers on one copy of the native store exactly as under
+#    NATIVE_PYTHON on another; `keycache diff` finds the two stores equal
+#    afterwards, `keycache verify` the emulated one's clean.
 # Exit 0: all held; 1: a check failed (said on stderr); 2: bad usage; 3: qemu
 # or the target's glibc is missing and cannot be installed (the caller
 # decides whether that is a skip).
 set -euo pipefail
-if [ $# -ne 2 ]; then
-    echo "usage: tools/check-cross-cli.sh WHEEL NATIVE_KEYCACHE" >&2
+if [ $# -ne 2 ] && [ $# -ne 3 ]; then
+    echo "usage: tools/check-cross-cli.sh WHEEL NATIVE_KEYCACHE [NATIVE_PYTHON]" >&2
     exit 2
 fi
 wheel="$1"
 native="$2"
+native_py="${3:-}"
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 name="$(basename "$wheel")"
 case "$name" in
@@ -82,8 +92,66 @@ b="$(emulated list "$work/native" --json)" || fail "keycache list of the native 
 [ -n "$a" ] && [ "$a" = "$b" ] || fail "the emulated CLI lists the two stores differently"
 grep -q '"minions"' <<<"$a" || fail "the listing has no minions group: $(head -c 300 <<<"$a")"
 
+ext=""
+if [ -n "$native_py" ]; then
+    # Debian's Python for the target machine, unpacked beside its glibc.
+    pyroot="$work/pyroot"
+    mkdir -p "$pyroot/lib"
+    cp -a "$sysroot/lib/." "$pyroot/lib/"
+    hostarch="$(dpkg --print-architecture)"
+    pyver_of() {
+        apt-cache show --no-all-versions python3-minimal 2>/dev/null \
+            | grep -oE 'python3\.[0-9]+-minimal' | head -n 1 | sed -E 's/^python(3\.[0-9]+)-minimal$/\1/'
+    }
+    pyver="$(pyver_of)" || true
+    if [ -z "$pyver" ] && [ "$(id -u)" = 0 ]; then
+        timeout 300 apt-get update -q >/dev/null 2>&1 || true
+        pyver="$(pyver_of)" || true
+    fi
+    if [ -z "$pyver" ]; then
+        fail "apt knows no python3-minimal: no Python for $debarch to fetch"
+    else
+        for pkg in "python$pyver-minimal" "libpython$pyver-minimal" "libpython$pyver-stdlib" zlib1g libexpat1; do
+            fn="$(apt-cache show --no-all-versions "$pkg" 2>/dev/null | awk '/^Filename:/ { print $2; exit }')"
+            case "$fn" in
+              pool/updates/*) base=http://deb.debian.org/debian-security ;;
+              pool/*) base=http://deb.debian.org/debian ;;
+              *) fail "apt knows no $pkg"; continue ;;
+            esac
+            url="$base/${fn%_"$hostarch".deb}_$debarch.deb"
+            python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(sys.argv[1], sys.argv[2])' \
+                "$url" "$work/$pkg.deb" 2>"$work/fetch.txt" \
+                || { fail "cannot fetch $url: $(tail -n 1 "$work/fetch.txt")"; continue; }
+            dpkg-deb -x "$work/$pkg.deb" "$pyroot"
+        done
+    fi
+    python3 -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' "$wheel" "$work/whl"
+    cp -r "$work/native" "$work/ext-native"
+    cp -r "$work/native" "$work/ext-cross"
+    calls="$repo/tools/cross_ext_calls.py"
+    "$native_py" "$calls" "$work/ext-native" >"$work/ext-native.json" 2>"$work/ext-native.err" \
+        || fail "$calls under $native_py fails: $(tail -n 3 "$work/ext-native.err")"
+    if [ -n "$pyver" ] && [ -x "$pyroot/usr/bin/python$pyver" ]; then
+        env -i PATH=/usr/bin:/bin "qemu-$arch" -L "$pyroot" \
+            -E "LD_LIBRARY_PATH=/lib:/lib/$arch-linux-gnu:/usr/lib/$arch-linux-gnu" \
+            -E "PYTHONPATH=$work/whl" "$pyroot/usr/bin/python$pyver" "$calls" "$work/ext-cross" \
+            >"$work/ext-cross.json" 2>"$work/ext-cross.err" \
+            || fail "$calls under qemu-$arch python$pyver fails: $(tail -n 3 "$work/ext-cross.err")"
+        if ! { [ -s "$work/ext-native.json" ] && cmp -s "$work/ext-native.json" "$work/ext-cross.json"; }; then
+            fail "the $arch extension answers the driver's calls otherwise than the native one ($(cmp "$work/ext-native.json" "$work/ext-cross.json" 2>&1 | head -n 1))"
+        fi
+        "$native" diff "$work/ext-cross" "$work/ext-native" >"$work/diff.txt" 2>&1 \
+            || fail "after the driver's writes the stores differ: $(head -c 600 "$work/diff.txt")"
+        "$native" verify "$work/ext-cross" >"$work/verify.txt" 2>&1 \
+            || fail "native keycache verify after the $arch extension's writes: $(head -c 600 "$work/verify.txt")"
+        ext=", and its extension, imported by Debian's python$pyver for $arch, answers the driver's calls as the native one does"
+    else
+        fail "no python for $debarch was unpacked"
+    fi
+fi
+
 if [ "$failures" -gt 0 ]; then
     echo "check-cross-cli: $name: $failures check(s) failed" >&2
     exit 1
 fi
-echo "check-cross-cli: $name: its keycache runs under qemu-$arch ($got) and makes the store the native one makes" >&2
+echo "check-cross-cli: $name: its keycache runs under qemu-$arch ($got) and makes the store the native one makes$ext" >&2

@@ -12,7 +12,8 @@
 #      that install, with the wheel's `keycache` binary;
 #   5. the Debian package of the CLI (tools/build-deb.sh, tools/check-deb.sh);
 #      the aarch64 wheel (tools/build-wheel.sh ... aarch64-unknown-linux-gnu,
-#      tools/check-wheel.py), its CLI run under qemu (tools/check-cross-cli.sh);
+#      tools/check-wheel.py), its CLI run under qemu and its extension
+#      imported there by Debian's Python for arm64 (tools/check-cross-cli.sh);
 #   6. cargo doc, warnings are errors;
 #   7. the benches and the comparison tool compile;
 #   8. the from-source install (pip install ./crates/saltext-keycache) builds
@@ -66,7 +67,8 @@ tools/check-deb.sh "$deb"
 
 # Salt's onedir packages exist for ARM64 too: the same wheel for aarch64,
 # cross-built by zig, its tags checked, its CLI run under qemu-aarch64 against
-# the native one's store.
+# the native one's store, its extension imported by an aarch64 Python there and
+# answering the driver's calls as the native extension does.
 # The target's standard library comes from rustup's server (static.rust-lang.org),
 # which is not one of the package registries this project's machines are
 # promised: when it cannot be fetched the step is skipped and says so, even
@@ -75,11 +77,11 @@ tools/check-deb.sh "$deb"
 a64_target=aarch64-unknown-linux-gnu
 if rustup target list --installed | grep -qxF "$a64_target" \
     || timeout 300 rustup target add "$a64_target" >&2; then
-    echo "==> the aarch64 wheel (zig cross-build): tags checked, its keycache run under qemu-aarch64" >&2
+    echo "==> the aarch64 wheel (zig cross-build): tags checked, its keycache and its extension run under qemu-aarch64" >&2
     a64=$(tools/build-wheel.sh target/wheels-aarch64 "$a64_target" | tail -n 1)
     "$py" tools/check-wheel.py "$a64"
     cross=0
-    tools/check-cross-cli.sh "$a64" "$wheel_bin" || cross=$?
+    tools/check-cross-cli.sh "$a64" "$wheel_bin" "$py" || cross=$?
     if [ "$cross" = 3 ]; then
         echo "SKIP tools/check-cross-cli.sh: no qemu-aarch64 or arm64 glibc here (not root on Debian?)" >&2
         echo "tools/check-cross-cli.sh: the aarch64 CLI under qemu (no qemu-aarch64)" >>"$skips"
