@@ -5,7 +5,9 @@
 //! 1. replication lag, from the return of a write's commit to the moment
 //!    another master's replica has applied it (its store written, its
 //!    revision recorded), at 100 and 1,000 writes a second: p50, p99, max;
-//!    the writes replace accepted keys, then sign new minions in;
+//!    the writes replace accepted keys (written, with their tree files,
+//!    before the clock starts), then sign new minions in (a new key file
+//!    each);
 //! 2. `salt-key -A` of 10,000 pending keys through one master: until it
 //!    returns (its own replica holds every change) and until a second
 //!    master's replica holds them;
@@ -109,6 +111,31 @@ fn lag(c: &Cluster, rate: u64, secs: u64, tree: TreeSync, sign_ins: bool, report
     wait_revision(b.path(), 1, Duration::from_secs(10))?;
     let n = rate * secs;
     let pem = pem("lag", 400);
+    let value = |state| Value::Key(state, pem.as_bytes().to_vec()).encode();
+    if !sign_ins {
+        // The 500 keys the replaces rewrite, there before the clock starts
+        // (their `minions/` files written by the replica): a replace then
+        // changes no tree file, and what a new file costs is the sign-ins'.
+        let seeded = block_on(async {
+            let mut cl = st.connect().await?;
+            let mut rev = 0;
+            for i in 0..500 {
+                let id = MinionId::new(format!("m{i}")).map_err(keycache_etcd::Error::from)?;
+                let r = cl
+                    .put(
+                        st.layout.key(Bank::Keys, &id),
+                        value(KeyState::Accepted),
+                        None,
+                    )
+                    .await
+                    .map_err(|e| keycache_etcd::Error::Config(e.to_string()))?;
+                rev = r.header().map_or(0, |h| h.revision());
+            }
+            Ok::<_, keycache_etcd::Error>(rev)
+        })?;
+        wait_revision(b.path(), seeded, Duration::from_secs(30))?;
+        while reports.try_recv().is_ok() {}
+    }
     let committed: Vec<(i64, Instant)> = block_on(async {
         let mut cl = st.connect().await?;
         let start = Instant::now();
@@ -116,8 +143,8 @@ fn lag(c: &Cluster, rate: u64, secs: u64, tree: TreeSync, sign_ins: bool, report
         for i in 0..n {
             let due = start + Duration::from_nanos(i * 1_000_000_000 / rate);
             tokio::time::sleep_until(due.into()).await;
-            // A replace rewrites one of 500 accepted keys with the value it
-            // has (after the first 500: no tree file changes); a sign-in is a
+            // A replace rewrites one of the 500 accepted keys seeded above
+            // with the value it has (no tree file changes); a sign-in is a
             // new id's pending key (a new `minions_pre/<id>` file each).
             let (id, state) = if sign_ins {
                 (format!("new{i}"), KeyState::Pending)
@@ -126,7 +153,7 @@ fn lag(c: &Cluster, rate: u64, secs: u64, tree: TreeSync, sign_ins: bool, report
             };
             let id = MinionId::new(id).map_err(keycache_etcd::Error::from)?;
             let key = st.layout.key(Bank::Keys, &id);
-            let v = Value::Key(state, pem.as_bytes().to_vec()).encode();
+            let v = value(state);
             let r = cl
                 .put(key, v, None)
                 .await
