@@ -27,12 +27,15 @@ pub enum NotRegular {
 impl NotRegular {
     /// What `m` (from `lstat` or `fstat`) is, when it is not a regular file.
     pub fn of(m: &std::fs::Metadata) -> NotRegular {
-        if m.file_type().is_symlink() {
-            NotRegular::Symlink
-        } else if m.is_dir() {
-            NotRegular::Directory
-        } else {
-            NotRegular::Other
+        NotRegular::of_mode(m.mode())
+    }
+
+    /// What an entry of `st_mode` `mode` is, when it is not a regular file.
+    pub(crate) fn of_mode(mode: u32) -> NotRegular {
+        match mode & libc::S_IFMT {
+            libc::S_IFLNK => NotRegular::Symlink,
+            libc::S_IFDIR => NotRegular::Directory,
+            _ => NotRegular::Other,
         }
     }
 }

@@ -67,17 +67,9 @@ impl Meta {
         self.mode
     }
 
-    fn kind(&self) -> rustix::fs::FileType {
-        rustix::fs::FileType::from_raw_mode(self.mode)
-    }
-
     /// What the entry is, when it is not a regular file.
     pub(crate) fn not_regular(&self) -> NotRegular {
-        match self.kind() {
-            rustix::fs::FileType::Symlink => NotRegular::Symlink,
-            rustix::fs::FileType::Directory => NotRegular::Directory,
-            _ => NotRegular::Other,
-        }
+        NotRegular::of_mode(self.mode)
     }
 }
 
@@ -161,7 +153,7 @@ impl Dir {
         match rustix::fs::statat(&self.fd, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW) {
             Ok(st) => {
                 let m = Meta::of(&st);
-                Ok(if m.kind() == rustix::fs::FileType::RegularFile {
+                Ok(if m.mode & libc::S_IFMT == libc::S_IFREG {
                     Node::File(m)
                 } else {
                     Node::Other(m)

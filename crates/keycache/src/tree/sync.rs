@@ -195,11 +195,12 @@ impl Sync {
         let mut items: Vec<(usize, &str, &[u8], Ownership)> = Vec::new();
         for (id, want) in wants {
             let id = id.as_str();
+            let found = self.found_in(id);
             for (d, pem) in want.iter().enumerate() {
                 let (Some(pem), Some(dir)) = (pem, &self.dirs[d]) else {
                     continue;
                 };
-                if self.found_in(id) & (1 << d) != 0 && dir.holds(id, pem)? {
+                if found & (1 << d) != 0 && dir.holds(id, pem)? {
                     continue;
                 }
                 let from = self.movable(id, d, want, pem)?;
