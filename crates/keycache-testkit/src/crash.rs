@@ -416,7 +416,8 @@ pub struct Tally {
     pub in_flight_applied: u64,
     /// With `verify` findings.
     pub with_findings: u64,
-    /// Repaired by `keycache verify --repair`.
+    /// Mended: by the next writer to open the banks after a kill, by
+    /// `keycache verify --repair` after a power loss.
     pub repaired: u64,
 }
 
@@ -471,16 +472,50 @@ fn one_of<V: PartialEq + std::fmt::Debug>(
     }
 }
 
+/// How the writer of a checked store stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Crash {
+    /// Killed (SIGKILL): every store it made to the mapping and every
+    /// write(2) it finished reached the files. The next writer to open a
+    /// bank mends what the kill left between the slots, the roster and the
+    /// header's counters, as Salt's writers do on open: no `verify
+    /// --repair` needed.
+    Killed,
+    /// Power lost: only what was synced is certain. `keycache verify
+    /// --repair` mends the roster and the counters.
+    PowerLoss,
+}
+
+/// Opens every bank of the store in `dir` that exists as the next writer
+/// would (an empty transaction), which mends the roster and the counters
+/// when they are out of step with the slots.
+fn open_writers(dir: &Path) -> Result<(), Problem> {
+    let store = Store::open_with(dir, &opts()).map_err(|e| (None, format!("reopen: {e}")))?;
+    for t in [store.keys_table(), store.denied_table()] {
+        if t.path().exists() {
+            t.transaction(|_| Ok(())).map_err(|e| {
+                (
+                    None,
+                    format!("open {} for writing: {e}", t.path().display()),
+                )
+            })?;
+        }
+    }
+    Ok(())
+}
+
 /// Checks a store after a crash: every id holds its value before or after
 /// the op in flight; findings are only what a crash between index and
-/// roster leaves, and `keycache verify --repair` mends them. Returns what
-/// the store holds.
+/// roster leaves, and the next writer ([`Crash::Killed`]) or `keycache
+/// verify --repair` ([`Crash::PowerLoss`]) mends them. Returns what the
+/// store holds.
 pub fn try_check_crashed(
     kc: &Cli,
     dir: &Path,
     before: &Model,
     after: &Model,
     tally: &mut Tally,
+    crash: Crash,
 ) -> Result<Model, Problem> {
     let store = Store::open_with(dir, &opts()).map_err(|e| (None, format!("reopen: {e}")))?;
     let got = read_model(&store)?;
@@ -533,6 +568,22 @@ pub fn try_check_crashed(
             }
         }
         drop(store);
+        if crash == Crash::Killed {
+            open_writers(dir)?;
+            let store = Store::open_with(dir, &opts()).unwrap();
+            let left = findings(&store);
+            if !left.is_empty() {
+                return Err((
+                    None,
+                    format!("the next writer to open the banks left findings: {left:?}"),
+                ));
+            }
+            if Model::read(&store) != got || listing(&store) != got {
+                return Err((None, "the next writer changed what the store holds".into()));
+            }
+            tally.repaired += 1;
+            return Ok(got);
+        }
         // The banks: a crashed store here has no key tree.
         let out = kc.run(dir, &["verify", "--repair", "--json", "--tree", "never"]);
         if out.status.code() != Some(0) {
@@ -554,7 +605,8 @@ pub fn try_check_crashed(
     Ok(got)
 }
 
-/// [`try_check_crashed`], panicking with `ctx` and the problem.
+/// [`try_check_crashed`] of a store whose writer was killed
+/// ([`Crash::Killed`]), panicking with `ctx` and the problem.
 pub fn check_crashed(
     kc: &Cli,
     dir: &Path,
@@ -563,7 +615,7 @@ pub fn check_crashed(
     ctx: &str,
     tally: &mut Tally,
 ) -> Model {
-    try_check_crashed(kc, dir, before, after, tally)
+    try_check_crashed(kc, dir, before, after, tally, Crash::Killed)
         .unwrap_or_else(|(_, msg)| panic!("{ctx}: {msg}"))
 }
 

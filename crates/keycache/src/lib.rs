@@ -53,6 +53,23 @@
 //! ```
 #![deny(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
+/// In test builds, a point where a writer can be stopped as if killed there
+/// (`test_util::stop_at`): returns an error naming `$path`. Nothing in other
+/// builds.
+macro_rules! stop_point {
+    ($path:expr) => {
+        #[cfg(test)]
+        if crate::test_util::stop_here() {
+            return Err(crate::error::Error::Corrupt {
+                path: $path.to_path_buf(),
+                id: None,
+                why: "stopped here by the test".into(),
+            });
+        }
+    };
+}
+
 pub mod bench;
 pub mod diff;
 pub mod error;

@@ -95,10 +95,12 @@ pub(crate) fn update(path: &Path, file: &File, remove: &[u32], append: &[u32]) -
         let mut buf = vec![0u8; len as usize];
         file.read_exact_at(&mut buf, 0)
             .map_err(|e| Error::io(path, "read", e))?;
+        let remove: std::collections::HashSet<u32> = remove.iter().copied().collect();
         for (i, s) in decode(&buf).into_iter().enumerate() {
             if s != ROSTER_TOMBSTONE && remove.contains(&s) {
                 file.write_all_at(&ROSTER_TOMBSTONE_BYTES, (i * ROSTER_ENTRY_LEN) as u64)
                     .map_err(|e| Error::io(path, "write", e))?;
+                stop_point!(path);
             }
         }
     }

@@ -17,6 +17,12 @@ impl Table {
             let r = self
                 .open_writer(&mut ws.index, &mut ws.seen, create)
                 .and_then(|()| f(ws.index.as_ref()));
+            if r.is_err() {
+                // A write that failed half-way (an I/O error after the
+                // header's in-flight count: `Table::apply`) is mended by the
+                // roster check of the next open: this handle opens afresh.
+                ws.index = None;
+            }
             if ws.index.is_some() {
                 ws.seen = index_stamp(&self.path);
             }
@@ -209,7 +215,9 @@ impl Table {
     }
 
     /// Salt's `_roster_recover`: when the roster's live count differs from
-    /// the header's occupied count, rebuild the roster from the slots.
+    /// the header's occupied count (a writer was killed mid-batch: see
+    /// `Table::apply`), bring the roster and both counters in step with the
+    /// slots.
     fn recover_roster(&self, ix: &Index) -> Result<()> {
         let p = &self.params;
         let rpath = format::roster_path(&self.path);
@@ -220,9 +228,12 @@ impl Table {
         }
         let end = header.high_water.saturating_add(2).min(p.size);
         let mut slots = Vec::new();
+        let mut deleted = 0u64;
         for s in 1..end {
-            if ix.map.load_u8(p.slot_offset(s)) == Some(OCCUPIED) {
-                slots.push(s as u32);
+            match ix.map.load_u8(p.slot_offset(s)) {
+                Some(OCCUPIED) => slots.push(s as u32),
+                Some(DELETED) => deleted += 1,
+                _ => {}
             }
         }
         // Patched in place, not rewritten: the entries it has right keep
@@ -254,6 +265,7 @@ impl Table {
         files::sync_data(&rf, &rpath)?;
         let header = Header {
             occupied: slots.len() as u64,
+            deleted,
             ..header
         };
         ix.map

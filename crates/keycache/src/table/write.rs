@@ -169,11 +169,25 @@ impl Table {
     }
 
     /// Performs a [`Plan`], durably: the heap records are appended and
-    /// fsynced; removals mark their slots DELETED; new entries get their
-    /// fields, then (after an msync of the two pages of each slot that spans
-    /// two, so that a power loss never keeps a status byte without the
-    /// fields it vouches for) their status; then the header, the roster
-    /// (fsynced) and the index (msync).
+    /// fsynced; the header takes the batch's final counters, but for an
+    /// occupied count raised while the batch is in flight (below); removals
+    /// mark their slots DELETED; new entries get their fields, then (after
+    /// an msync of the two pages of each slot that spans two, so that a
+    /// power loss never keeps a status byte without the fields it vouches
+    /// for) their status; then the roster (fsynced), the true occupied
+    /// count, and the index (msync).
+    ///
+    /// A writer killed between its first slot change and its last roster
+    /// write leaves the slots, the roster and the header counters out of
+    /// step (each entry old or new, but a new entry maybe not listed, the
+    /// counters off). Writers (Salt's and keycache's) repair exactly that
+    /// on open, from the slots, when the roster's live count differs from
+    /// the header's occupied count (`Table::recover_roster`). While the
+    /// batch is in flight that count reads `old + inserts + 1`, above every
+    /// live count the roster passes through (from `old`, down by the
+    /// tombstones, up by the appends): whatever the moment of a kill, the
+    /// two differ and the next writer repairs. (The roster agrees with the
+    /// header when the batch begins: the open-time check saw to it.)
     pub(crate) fn apply(&self, ix: &Index, plan: Plan) -> Result<Applied> {
         const PAGE: usize = 4096;
         let p = &self.params;
@@ -195,30 +209,59 @@ impl Table {
             }
             app.finish()?;
         }
+        // 2. The counters the batch leaves, worked out before any slot
+        // changes; the header takes them, with the in-flight occupied count.
+        let old = read_header(&ix.map);
+        let mut done = old;
+        let (mut inserts, mut removals) = (0u64, 0u64);
+        for w in &writes {
+            match &w.value {
+                None => {
+                    removals += 1;
+                    done.occupied = done.occupied.saturating_sub(1);
+                    done.deleted = done.deleted.saturating_add(1);
+                }
+                Some(_) => {
+                    done.high_water = done.high_water.max(w.slot);
+                    if w.insert {
+                        inserts += 1;
+                        done.occupied = done.occupied.saturating_add(1);
+                        if w.was_deleted {
+                            done.deleted = done.deleted.saturating_sub(1);
+                        }
+                    }
+                }
+            }
+        }
+        // Pure updates leave the slot statuses and the roster alone.
+        let counts_change = removals + inserts > 0 || done != old;
+        if counts_change {
+            let in_flight = Header {
+                occupied: old.occupied.saturating_add(inserts).saturating_add(1),
+                ..done
+            };
+            ix.map
+                .copy_in(format::HDR_OCCUPIED, &in_flight.encode_counters());
+            stop_point!(self.path);
+        }
         let mut applied = Applied::default();
-        let Header {
-            occupied: mut occ,
-            deleted: mut del,
-            high_water: mut hwm,
-        } = read_header(&ix.map);
         let mut removed_slots = Vec::new();
         let mut inserted_slots = Vec::new();
         let (mut lo, mut hi) = (usize::MAX, 0usize);
         // New entries whose slot spans two pages (about one in 43 with
         // 96-byte slots): their fields are made durable before their status.
         let mut spanning = Vec::new();
-        // 2. Removals (placed first by the plan): status DELETED.
+        // 3. Removals (placed first by the plan): status DELETED.
         for w in writes.iter().filter(|w| w.value.is_none()) {
             let off = p.slot_offset(w.slot);
             lo = lo.min(off);
             hi = hi.max(off + p.slot_size);
             ix.map.store_u8(off, DELETED);
-            occ = occ.saturating_sub(1);
-            del = del.saturating_add(1);
             removed_slots.push(w.slot as u32);
             applied.removed += 1;
+            stop_point!(self.path);
         }
-        // 3. Fields of every put; an existing entry's slot is repointed at
+        // 4. Fields of every put; an existing entry's slot is repointed at
         // once (its status stays OCCUPIED), a new entry's status waits.
         let mut new_slots = Vec::new();
         for (w, packed) in writes.iter().zip(&offsets) {
@@ -235,21 +278,17 @@ impl Table {
             };
             fields.encode_body(p, &w.id, &mut body);
             ix.map.copy_in(off + 1, &body);
-            hwm = hwm.max(w.slot);
             if w.insert {
                 if off / PAGE != (off + p.slot_size - 1) / PAGE {
                     spanning.push(off);
                 }
                 new_slots.push(off);
-                occ = occ.saturating_add(1);
-                if w.was_deleted {
-                    del = del.saturating_sub(1);
-                }
                 inserted_slots.push(w.slot as u32);
                 applied.inserted += 1;
             } else {
                 applied.updated += 1;
             }
+            stop_point!(self.path);
         }
         // Only those two pages each: the other dirty pages of the batch are
         // written once, by the msync at the end.
@@ -258,18 +297,12 @@ impl Table {
                 .flush_range(off, p.slot_size)
                 .map_err(|e| Error::io(&self.path, "msync", e))?;
         }
-        // 4. Status bytes of new entries, then the header.
+        // 5. Status bytes of new entries.
         for off in new_slots {
             ix.map.store_u8(off, OCCUPIED);
+            stop_point!(self.path);
         }
-        let header = Header {
-            occupied: occ,
-            deleted: del,
-            high_water: hwm,
-        };
-        ix.map
-            .copy_in(format::HDR_OCCUPIED, &header.encode_counters());
-        // 5. Roster, then the index.
+        // 6. Roster, then the true occupied count, then the index.
         if !removed_slots.is_empty() || !inserted_slots.is_empty() {
             let rpath = format::roster_path(&self.path);
             let rf = match files::open_regular(&rpath, true) {
@@ -281,6 +314,10 @@ impl Table {
             };
             roster::update(&rpath, &rf, &removed_slots, &inserted_slots)?;
             files::sync_data(&rf, &rpath)?;
+        }
+        if counts_change {
+            ix.map
+                .copy_in(format::HDR_OCCUPIED, &done.encode_counters());
         }
         ix.map
             .flush_range(0, p.slot_size)
@@ -478,6 +515,100 @@ impl<'a> Appender<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A writer stopped at each point of a batch (as a kill leaves it: the
+    /// writes before the point made, none after) that removes as many
+    /// entries as it inserts, so that the roster's live count ends where it
+    /// began: the next writer to open the bank (or the same handle's next
+    /// write, as after a write that failed half-way) repairs it, every entry is
+    /// then its old value or its new one, a listing shows exactly the
+    /// entries a lookup finds, and verify (under the lock) finds nothing.
+    #[test]
+    fn a_batch_stopped_anywhere_is_repaired_by_the_next_writer() {
+        let opts = OpenOptions {
+            params: Params {
+                size: 31,
+                ..Params::default()
+            },
+            ..OpenOptions::default()
+        };
+        let ids: Vec<Vec<u8>> = (0..12).map(|i| format!("id-{i:02}").into_bytes()).collect();
+        let fresh = |dir: &Path| {
+            let t = Table::open(dir.join(format::KEYS_INDEX), &opts).unwrap();
+            t.transaction(|tx| {
+                for id in &ids[..8] {
+                    tx.put(id, b"old")?;
+                }
+                Ok(())
+            })
+            .unwrap();
+            t
+        };
+        // Removes 0..3, inserts 8..11, updates 3.
+        let batch = |t: &Table| {
+            t.transaction(|tx| {
+                for id in &ids[..3] {
+                    tx.remove(id)?;
+                }
+                for id in ids[8..11].iter().chain(&ids[3..4]) {
+                    tx.put(id, b"new")?;
+                }
+                Ok(())
+            })
+        };
+        let whole = tempfile::tempdir().unwrap();
+        let t = fresh(whole.path());
+        crate::test_util::stop_at(None);
+        batch(&t).unwrap();
+        let points = crate::test_util::stop_points_passed();
+        // The in-flight header, 3 tombstones, 3 + 1 puts, 3 statuses.
+        assert_eq!(points, 14, "stop points in the batch");
+        let verify_clean = |t: &Table, ctx: &str| {
+            let found = crate::verify::verify_locked(t, None).unwrap();
+            assert!(found.is_empty(), "{ctx}: verify finds {found:#?}");
+        };
+        verify_clean(&t, "the batch run whole");
+
+        for at in 0..points {
+            let dir = tempfile::tempdir().unwrap();
+            let t = fresh(dir.path());
+            crate::test_util::stop_at(Some(at));
+            assert!(batch(&t).is_err(), "stopped at point {at}");
+            crate::test_util::stop_at(None);
+            // The next writer: another process (a new handle), or, as after
+            // a write that failed half-way, this handle's next write.
+            let t = if at % 2 == 0 {
+                drop(t);
+                Table::open(dir.path().join(format::KEYS_INDEX), &opts).unwrap()
+            } else {
+                t
+            };
+            t.with_writer(|_| Ok(())).unwrap();
+            let ctx = format!("stopped at point {at} of {points}");
+            verify_clean(&t, &ctx);
+            let mut found = std::collections::BTreeSet::new();
+            for (i, id) in ids.iter().enumerate() {
+                let got = t.get(id).unwrap().map(|r| r.value);
+                let old: Option<&[u8]> = (i < 8).then_some(b"old");
+                let new: Option<&[u8]> = match i {
+                    0..=2 | 11 => None,
+                    3 | 8..=10 => Some(b"new"),
+                    _ => Some(b"old"),
+                };
+                assert!(
+                    got.as_deref() == old || got.as_deref() == new,
+                    "{ctx}: {} reads {got:?}",
+                    String::from_utf8_lossy(id)
+                );
+                if got.is_some() {
+                    found.insert(id.clone());
+                }
+            }
+            let listed: std::collections::BTreeSet<Vec<u8>> =
+                t.iter().unwrap().map(|r| r.unwrap().id).collect();
+            assert_eq!(listed, found, "{ctx}: the listing and the lookups");
+        }
+    }
 
     /// A bank whose heap has segments 0 to 3, segment 1 lost: every file of
     /// the bank goes, the segments past the gap too; keycache's lost-entries

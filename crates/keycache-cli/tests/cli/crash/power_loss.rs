@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use keycache::Store;
 use keycache_testkit::crash::{
     apply, kills, layout, models, opts, parse_log, random_op, stdout_of, try_check_crashed,
-    writer_command, Model, SaltCheck, Tally,
+    writer_command, Crash, Model, SaltCheck, Tally,
 };
 use keycache_testkit::rng::Rng;
 use keycache_testkit::{disk, tracer};
@@ -110,7 +110,7 @@ fn power_loss_runs(runs: u64, seed: u64) -> u64 {
             let log = parse_log(&text, 0);
             assert!(log.error.is_none());
             let (before, after, _) = models(&seed_log, &log);
-            match try_check_crashed(&kc, &img, &before, &after, &mut tally) {
+            match try_check_crashed(&kc, &img, &before, &after, &mut tally, Crash::PowerLoss) {
                 Ok(_) => {
                     if images.is_multiple_of(8) {
                         salt.add(&img, img.with_extension("salt"));
