@@ -186,8 +186,9 @@ impl Table {
     /// batch is in flight that count reads `old + inserts + 1`, above every
     /// live count the roster passes through (from `old`, down by the
     /// tombstones, up by the appends): whatever the moment of a kill, the
-    /// two differ and the next writer repairs. (The roster agrees with the
-    /// header when the batch begins: the open-time check saw to it.)
+    /// two differ and the next writer repairs. (This takes the roster to
+    /// agree with the header when the batch begins, as the check run when
+    /// this handle opened the files, or saw them changed, left them.)
     pub(crate) fn apply(&self, ix: &Index, plan: Plan) -> Result<Applied> {
         const PAGE: usize = 4096;
         let p = &self.params;
