@@ -234,9 +234,11 @@ impl Table {
                 }
             }
         }
-        // Pure updates leave the slot statuses and the roster alone.
-        let counts_change = removals + inserts > 0 || done != old;
-        if counts_change {
+        // A batch that removes or inserts (or raises the high-water mark)
+        // marks the header in flight; pure updates leave the slot statuses,
+        // the roster and the counters alone.
+        let marks_header = removals + inserts > 0 || done != old;
+        if marks_header {
             let in_flight = Header {
                 occupied: old.occupied.saturating_add(inserts).saturating_add(1),
                 ..done
@@ -316,7 +318,7 @@ impl Table {
             roster::update(&rpath, &rf, &removed_slots, &inserted_slots)?;
             files::sync_data(&rf, &rpath)?;
         }
-        if counts_change {
+        if marks_header {
             ix.map
                 .copy_in(format::HDR_OCCUPIED, &done.encode_counters());
         }
