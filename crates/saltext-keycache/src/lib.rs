@@ -187,5 +187,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(etcd::last_etcd_revision, m)?)?;
     m.add("KeycacheError", m.py().get_type::<KeycacheError>())?;
     m.add("MAX_KEPT_VALUES", strs::MAX_KEPT_VALUES)?;
+    m.add("LIST_BESIDE_FROM", listing::BESIDE_FROM)?;
     Ok(())
 }

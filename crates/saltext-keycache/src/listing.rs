@@ -1,11 +1,21 @@
-//! `list` and `list_all`: a bank walked without the GIL into a buffer
+//! `list` and `list_all`: a bank walked without the GIL into buffers
 //! ([`Walk`]), [`CHUNK`] entries at a time, the Python objects built from
 //! each chunk with the GIL.
+//!
+//! A large bank is walked on a second thread beside the one that builds
+//! ([`walk_beside`]): the walk (a random slot of the index per entry, the
+//! record copied and its checksum checked) and the building (a `dict` per
+//! entry) take about as long as each other, so on a machine with a core to
+//! spare the listing takes about the longer of the two instead of their
+//! sum. The thread lives for the one call (nothing crosses a fork) and
+//! touches no Python object; the chunks come back in roster order.
 //!
 //! A driver keeps what a listing worked with ([`Kept`]) for its next one:
 //! the walk's buffers and the iterator's memory (so a listing allocates no
 //! fresh memory), and the `str`s it built ([`Strs`]), reused for the same
 //! bytes.
+
+use std::sync::mpsc;
 
 use keycache::table::{Iter, IterScratch, Table};
 use keycache::KeyState;
@@ -19,6 +29,23 @@ use crate::values::{self, Bank};
 /// cache while the result is built from them, and little memory kept),
 /// and the GIL is released and taken once per chunk.
 const CHUNK: usize = 1024;
+
+/// From how many roster entries a bank is walked on a second thread
+/// ([`walk_beside`]): below it, starting the thread (tens of microseconds)
+/// costs more than the overlap saves.
+pub(crate) const BESIDE_FROM: usize = 4 * CHUNK;
+
+/// Entries per chunk of a walk on a second thread: fewer than [`CHUNK`],
+/// so that the building starts soon after the walk and ends soon after it.
+const BESIDE_CHUNK: usize = 512;
+
+/// How many buffers a walk on a second thread fills ahead of the building:
+/// the walker stops when all are full.
+const BUFFERS: usize = 8;
+
+/// How long the building waits for the walker's next chunk before it lets
+/// the GIL go and sleeps.
+const SPIN: std::time::Duration = std::time::Duration::from_micros(100);
 
 /// What a walk keeps of each entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,7 +71,7 @@ pub(crate) enum Failed {
 pub(crate) struct Kept {
     scratch: IterScratch,
     /// The walk's buffers, emptied.
-    spare: Option<Walk>,
+    spare: Vec<Walk>,
     keys: Strs,
     denied: Strs,
 }
@@ -60,7 +87,7 @@ impl Kept {
         keep: Keep,
     ) -> Result<Bound<'py, PyAny>, Failed> {
         let scratch = std::mem::take(&mut self.scratch);
-        let mut it = py
+        let it = py
             .detach(|| table.iter_reusing(scratch))
             .map_err(Failed::Walk)?;
         let strs = match bank {
@@ -68,23 +95,150 @@ impl Kept {
             _ => &mut self.keys,
         };
         let mut build = Build::new(py, keep, strs.reuse());
-        let mut w = self.spare.take().unwrap_or_default();
-        let built = loop {
-            w.clear();
-            let more = py.detach(|| w.fill(&mut it, keep, CHUNK));
-            if let Err(e) = build.feed(&w) {
-                break Err(e);
-            }
-            if !more {
-                break Ok(());
-            }
+        let beside = it.size_hint().1.unwrap_or(0) >= BESIDE_FROM && two_cpus();
+        let (built, it) = if beside {
+            walk_beside(py, it, keep, &mut self.spare, &mut build)
+        } else {
+            walk_here(py, it, keep, &mut self.spare, &mut build)
         };
-        w.clear();
-        self.spare = Some(w);
         self.scratch = it.into_scratch();
         built.map_err(Failed::Py)?;
         build.finish().map_err(Failed::Py)
     }
+}
+
+/// Whether this process may run on two CPUs at once (its affinity and
+/// cgroup quota allow it), asked once: on one, a walker beside the
+/// building would only take turns with it, and the building's short wait
+/// for a chunk ([`SPIN`]) would keep the walker from running.
+fn two_cpus() -> bool {
+    static TWO: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *TWO.get_or_init(|| std::thread::available_parallelism().is_ok_and(|n| n.get() >= 2))
+}
+
+/// Walks `it` and builds from it in turn on this thread, a chunk at a time.
+fn walk_here<'t>(
+    py: Python<'_>,
+    mut it: Iter<'t>,
+    keep: Keep,
+    spare: &mut Vec<Walk>,
+    build: &mut Build<'_, '_>,
+) -> (PyResult<()>, Iter<'t>) {
+    let mut w = spare.pop().unwrap_or_default();
+    let built = loop {
+        w.clear();
+        let more = py.detach(|| w.fill(&mut it, keep, CHUNK));
+        if let Err(e) = build.feed(&w) {
+            break Err(e);
+        }
+        if !more {
+            break Ok(());
+        }
+    };
+    w.clear();
+    spare.push(w);
+    (built, it)
+}
+
+/// The next chunk from the walker if it comes within [`SPIN`]: the walk
+/// and the building go at about the same pace, so the wait is short, and
+/// a thread put to sleep takes longer than that to wake up.
+fn spin_recv<T>(rx: &mpsc::Receiver<T>) -> Option<T> {
+    let start = std::time::Instant::now();
+    loop {
+        for _ in 0..64 {
+            match rx.try_recv() {
+                Ok(got) => return Some(got),
+                Err(mpsc::TryRecvError::Disconnected) => return None,
+                Err(mpsc::TryRecvError::Empty) => std::hint::spin_loop(),
+            }
+        }
+        if start.elapsed() >= SPIN {
+            return None;
+        }
+    }
+}
+
+/// Walks `it` on a second thread while this one builds from the chunks it
+/// sends, in order (see the module's header). The walker takes empty
+/// buffers from one channel and sends them filled on another, so at most
+/// [`BUFFERS`] chunks are in memory; it stops at the end of the bank, or
+/// when the building stops (an error) and no empty buffer comes back.
+/// Where no thread can be started (a process limit), the walk happens on
+/// this thread ([`walk_here`]).
+fn walk_beside<'t>(
+    py: Python<'_>,
+    it: Iter<'t>,
+    keep: Keep,
+    spare: &mut Vec<Walk>,
+    build: &mut Build<'_, '_>,
+) -> (PyResult<()>, Iter<'t>) {
+    let (start_tx, start_rx) = mpsc::channel::<Iter<'t>>();
+    let (empty_tx, empty_rx) = mpsc::channel::<Walk>();
+    let (full_tx, mut full_rx) = mpsc::channel::<(Walk, bool)>();
+    std::thread::scope(|s| {
+        let walker = std::thread::Builder::new()
+            .name("keycache-list".into())
+            .spawn_scoped(s, move || {
+                // The walk comes once the thread runs (when it cannot be
+                // started, the caller still holds it).
+                let mut it = start_rx.recv().ok()?;
+                while let Ok(mut w) = empty_rx.recv() {
+                    w.clear();
+                    let more = w.fill(&mut it, keep, BESIDE_CHUNK);
+                    if full_tx.send((w, more)).is_err() || !more {
+                        break;
+                    }
+                }
+                Some((it, empty_rx))
+            });
+        let Ok(walker) = walker else {
+            return walk_here(py, it, keep, spare, build);
+        };
+        // Cannot fail: the walker holds the receivers until it ends, and it
+        // waits for the walk first.
+        let _ = start_tx.send(it);
+        for _ in 0..BUFFERS {
+            let _ = empty_tx.send(spare.pop().unwrap_or_default());
+        }
+        let mut built = Ok(());
+        loop {
+            // Waiting for the walker without the GIL (a `Receiver` is not
+            // `Sync`: it goes into the wait and comes back).
+            let (got, rx) = match spin_recv(&full_rx) {
+                Some(got) => (Ok(got), full_rx),
+                None => py.detach(move || (full_rx.recv(), full_rx)),
+            };
+            full_rx = rx;
+            let Ok((mut w, more)) = got else {
+                break; // the walker ended early: it panicked (joined below)
+            };
+            built = build.feed(&w);
+            if built.is_err() || !more {
+                w.clear();
+                spare.push(w);
+                break;
+            }
+            let _ = empty_tx.send(w);
+        }
+        // No more empty buffers: a walker still going stops at its next.
+        drop(empty_tx);
+        let (it, empty_rx) = match py.detach(|| walker.join()) {
+            Ok(Some(ended)) => ended,
+            // The walk was sent above, so `None` cannot come back.
+            Ok(None) => unreachable!("the walker was given the walk"),
+            Err(panic) => std::panic::resume_unwind(panic),
+        };
+        // Every buffer comes back for the next listing: the ones the
+        // walker did not take, and the ones it filled that were not built.
+        spare.extend(empty_rx.try_iter());
+        spare.extend(full_rx.try_iter().map(|(mut w, _)| {
+            w.clear();
+            w
+        }));
+        spare.truncate(BUFFERS);
+        (built, it)
+    })
 }
 
 /// A listing's result as it is built, chunk by chunk.

@@ -4,15 +4,25 @@ The driver keeps a listing's memory and the ``str`` objects it built for
 the next listing (``src/listing.rs``, ``src/strs.rs``): every listing must
 still answer what the bank holds at that moment, whatever changed between
 two listings (a new key for an id, a new state, an entry removed from the
-middle, new entries), and hand out new dicts and lists each time.
+middle, new entries), and hand out new dicts and lists each time. A bank
+of ``LIST_BESIDE_FROM`` roster entries or more is walked on a second thread
+while the first builds the result: those listings must answer as Salt's own
+``mmap_key`` does, in its order, and never a torn value while Salt writes.
 """
 
 import base64
+import multiprocessing
 import os
 import pathlib
 import random
+import shutil
+import struct
 import subprocess
+import sys
+import tempfile
+import time
 
+import pytest
 import salt.cache
 
 STATES = ("accepted", "pending", "rejected")
@@ -56,32 +66,40 @@ def test_each_listing_sees_every_change_since_the_last(salt_opts):
     # Rounds of random changes, each followed by every listing.
     gen = 0
     for _ in range(40):
-        for _ in range(rng.randrange(1, 6)):
-            op = rng.random()
-            if op < 0.3 and keys:
-                mid = rng.choice(sorted(keys))
-                cache.flush("keys", mid)
-                del keys[mid]
-            elif op < 0.5 and keys:
-                mid = rng.choice(sorted(keys))
-                keys[mid] = (rng.choice(STATES), keys[mid][1])
-                cache.store("keys", mid, {"state": keys[mid][0], "pub": keys[mid][1]})
-            elif op < 0.7 and keys:
-                mid = rng.choice(sorted(keys))
-                gen += 1
-                keys[mid] = (keys[mid][0], pem(f"{mid} {gen}"))
-                cache.store("keys", mid, {"state": keys[mid][0], "pub": keys[mid][1]})
-            elif op < 0.8:
-                gen += 1
-                mid = f"d{gen}.example.com"
-                denied[mid] = pem(f"denied {mid}")
-                cache.store("denied_keys", mid, [denied[mid]])
-            else:
-                gen += 1
-                mid = f"new{gen}.example.com"
-                keys[mid] = (rng.choice(STATES), pem(mid))
-                cache.store("keys", mid, {"state": keys[mid][0], "pub": keys[mid][1]})
+        gen = random_changes(cache, rng, keys, denied, rng.randrange(1, 6), gen)
         check(cache, keys, denied)
+
+
+def random_changes(cache, rng, keys, denied, count, gen):
+    """*count* random changes through *cache*, made in the model too:
+    removals, new states, new keys for ids, denied keys, new ids. Returns
+    the next *gen* (a counter that makes new keys and ids unique)."""
+    for _ in range(count):
+        op = rng.random()
+        if op < 0.3 and keys:
+            mid = rng.choice(sorted(keys))
+            cache.flush("keys", mid)
+            del keys[mid]
+        elif op < 0.5 and keys:
+            mid = rng.choice(sorted(keys))
+            keys[mid] = (rng.choice(STATES), keys[mid][1])
+            cache.store("keys", mid, {"state": keys[mid][0], "pub": keys[mid][1]})
+        elif op < 0.7 and keys:
+            mid = rng.choice(sorted(keys))
+            gen += 1
+            keys[mid] = (keys[mid][0], pem(f"{mid} {gen}"))
+            cache.store("keys", mid, {"state": keys[mid][0], "pub": keys[mid][1]})
+        elif op < 0.8:
+            gen += 1
+            mid = f"d{gen}.example.com"
+            denied[mid] = pem(f"denied {mid}")
+            cache.store("denied_keys", mid, [denied[mid]])
+        else:
+            gen += 1
+            mid = f"new{gen}.example.com"
+            keys[mid] = (rng.choice(STATES), pem(mid))
+            cache.store("keys", mid, {"state": keys[mid][0], "pub": keys[mid][1]})
+    return gen
 
 
 def test_a_listing_is_new_objects_and_strs_are_reused(salt_opts):
@@ -155,3 +173,244 @@ def test_value_strs_past_the_cap_are_built_afresh_each_listing(salt_opts, keycac
     assert all(second[m]["pub"] == value["pub"] for m in ids[cap:])
     # Ids are kept past the cap too.
     assert all(a is b for a, b in zip(ids, firsts))
+
+
+def large_bank(salt_opts, keycache_bin, n):
+    """A ``keys`` bank of *n* entries (each state, a key of its own each)
+    and a small ``denied_keys`` bank, migrated from a tree (a store of each
+    id through the driver would take a minute of fsyncs). Returns the model
+    ``{id: (state, pub)}`` and ``{id: pub}``."""
+    size = 3 * n
+    salt_opts.update({"mmap_key_size": size, "keycache_tree": False})
+    pki = pathlib.Path(salt_opts["pki_dir"])
+    dirs = {"accepted": "minions", "pending": "minions_pre", "rejected": "minions_rejected"}
+    for name in list(dirs.values()) + ["minions_denied"]:
+        (pki / name).mkdir()
+    keys, denied = {}, {}
+    for i in range(n):
+        mid = f"m{i:06d}.example.com"
+        keys[mid] = (STATES[i % 7 % 3], pem(mid))
+        (pki / dirs[keys[mid][0]] / mid).write_text(keys[mid][1])
+    for i in range(0, n, 500):
+        mid = f"m{i:06d}.example.com"
+        denied[mid] = pem(f"denied {mid}")
+        (pki / "minions_denied" / mid).write_text(denied[mid])
+    subprocess.run(
+        [keycache_bin, "migrate", str(pki), "--no-master-keys", "--size", str(size), "--slot-size", "96", "--id-size", "64"],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    return keys, denied
+
+
+def salt_reader(salt_opts):
+    """A Cache on Salt 3008.5's own ``mmap_key`` driver, with handles of its own."""
+    cache = salt.cache.Cache(salt_opts, driver="mmap_key")
+    glob = cache.modules["mmap_key.fetch"].func.__globals__
+    for handle in list(glob["_caches"].values()):
+        handle.close()
+    glob["_caches"].clear()
+    return cache
+
+
+def same_as_salt(cache, salt_cache):
+    """Every listing of both banks equals Salt's, entries in Salt's order."""
+    for bank, data in (("keys", False), ("keys", True), ("denied_keys", False)):
+        ours = cache.list_all(bank, include_data=data)
+        salts = salt_cache.list_all(bank, include_data=data)
+        assert list(ours.items()) == list(salts.items()), f"list_all({bank!r}, include_data={data}) differs from Salt's"
+        assert cache.list(bank) == salt_cache.list(bank), f"list({bank!r}) differs from Salt's"
+
+
+def test_a_large_bank_lists_as_salt_does_through_changes(salt_opts, keycache_bin):
+    """Listings of a bank walked on a second thread answer what Salt's
+    ``mmap_key`` answers of the same files, in the same order, after rounds
+    of changes through the driver (``random_changes``)."""
+    from saltext.keycache import _native
+
+    n = _native.LIST_BESIDE_FROM + 1500
+    keys, denied = large_bank(salt_opts, keycache_bin, n)
+    cache = salt.cache.Cache(salt_opts, driver="keycache")
+    check(cache, keys, denied)
+    same_as_salt(cache, salt_reader(salt_opts))
+    rng = random.Random(5)
+    gen = 0
+    for _ in range(4):
+        gen = random_changes(cache, rng, keys, denied, 12, gen)
+        check(cache, keys, denied)
+        same_as_salt(cache, salt_reader(salt_opts))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a child as another user")
+def test_a_large_bank_lists_where_no_thread_can_start(salt_opts, keycache_bin):
+    """Where the process may start no thread (its user is at its process
+    limit), a large bank is walked on the listing's own thread and the
+    listing answers the same."""
+    import pwd  # pylint: disable=import-outside-toplevel
+    import resource  # pylint: disable=import-outside-toplevel
+    import threading  # pylint: disable=import-outside-toplevel
+
+    from saltext.keycache import _native
+
+    keys, _ = large_bank(salt_opts, keycache_bin, _native.LIST_BESIDE_FROM + 100)
+    want = {m: {"state": s} for m, (s, _) in keys.items()}
+    nobody = pwd.getpwnam("nobody")
+    # A copy the other user can reach (pytest's directories are root's).
+    top = tempfile.mkdtemp()
+    try:
+        pki = os.path.join(top, "pki")
+        shutil.copytree(salt_opts["pki_dir"], pki, symlinks=True)
+        for d, _, files in os.walk(top):
+            for name in [d] + [os.path.join(d, f) for f in files]:
+                os.chown(name, nobody.pw_uid, nobody.pw_gid)
+        opts = dict(salt_opts, pki_dir=pki)
+        # Salt's loader reads the driver's module here: the other user may
+        # not reach the files it comes from.
+        cache = salt.cache.Cache(opts, driver="keycache")
+        assert callable(cache.modules["keycache.list_all"])
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                os.setgroups([])
+                os.setgid(nobody.pw_gid)
+                os.setuid(nobody.pw_uid)
+                resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))
+                try:
+                    threading.Thread(target=lambda: None).start()
+                    code = 3  # the limit did not stop a thread: the test proves nothing
+                except RuntimeError:
+                    got = cache.list_all("keys")
+                    code = 0 if got == want else 2
+                    if code:
+                        print(f"child: {len(got)} {len(want)} {list(got.items())[:2]}", file=sys.stderr, flush=True)
+            except BaseException as exc:  # pylint: disable=broad-except
+                print(f"child: {exc!r}", file=sys.stderr, flush=True)
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, f"child exit {os.waitstatus_to_exitcode(status)} (2: wrong listing, 3: threads still start)"
+    finally:
+        shutil.rmtree(top)
+
+
+# What the writer beside a listing may store for an id it moves.
+MOVES = 6
+
+
+def moved_value(mid, k):
+    return {"state": STATES[k % 3], "pub": pem(f"{mid} moved {k}")}
+
+
+def writer(salt_opts, moving, seconds, writes):
+    """In a forked child, for *seconds*: Salt's own ``mmap_key`` stores keys
+    of the same length into the ids in *moving* (Salt overwrites them in
+    the heap in place), and keycache's driver removes and stores them again
+    (roster tombstones and appends). Removals go through keycache because
+    Salt 3008.5's own removal from another process can tombstone the wrong
+    roster bytes (``test_salt_removal_from_another_process_...`` below)."""
+    try:
+        salt_cache = salt_reader(salt_opts)
+        cache = salt.cache.Cache(salt_opts, driver="keycache")
+        rng = random.Random(os.getpid())
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            mid = rng.choice(moving)
+            op = rng.random()
+            if op < 0.1:
+                cache.flush("keys", mid)
+            elif op < 0.2:
+                cache.store("keys", mid, moved_value(mid, rng.randrange(MOVES)))
+            else:
+                salt_cache.store("keys", mid, moved_value(mid, rng.randrange(MOVES)))
+            writes.value += 1
+    except BaseException:  # pylint: disable=broad-except
+        os._exit(1)
+    os._exit(0)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="a walk beside the building needs two CPUs")
+def test_a_large_bank_listed_while_salt_writes_is_never_torn(salt_opts, keycache_bin):
+    """While another process changes ids of a large bank (Salt's in-place
+    heap overwrites, removals, appends), every listing through the driver
+    holds each untouched id with its value, each moved id (when listed)
+    with a value that was stored for it, and nothing else; once the writer
+    stops, the listings equal Salt's."""
+    from saltext.keycache import _native
+
+    n = _native.LIST_BESIDE_FROM + 1500
+    keys, denied = large_bank(salt_opts, keycache_bin, n)
+    ids = sorted(keys)
+    moving = ids[::40]
+    allowed = {mid: [moved_value(mid, k) for k in range(MOVES)] + [{"state": keys[mid][0], "pub": keys[mid][1]}] for mid in moving}
+    still = {mid: v for mid, v in keys.items() if mid not in allowed}
+    cache = salt.cache.Cache(salt_opts, driver="keycache")
+    check(cache, keys, denied)
+
+    writes = multiprocessing.get_context("fork").Value("i", 0, lock=False)
+    child = multiprocessing.get_context("fork").Process(target=writer, args=(salt_opts, moving, 4.0, writes))
+    child.start()
+    listings = 0
+    try:
+        while child.is_alive():
+            data = listings % 2 == 1
+            got = cache.list_all("keys", include_data=data)
+            listings += 1
+            for mid, (state, pub) in still.items():
+                want = {"state": state, "pub": pub} if data else {"state": state}
+                assert got.get(mid) == want, f"listing {listings}: {mid} = {got.get(mid)!r}"
+            for mid, value in got.items():
+                if mid in still:
+                    continue
+                assert mid in allowed, f"listing {listings}: unknown id {mid!r}"
+                choices = allowed[mid] if data else [{"state": v["state"]} for v in allowed[mid]]
+                assert value in choices, f"listing {listings}: {mid} = {value!r}, never stored"
+    finally:
+        child.join(30)
+    assert child.exitcode == 0, f"the writer failed (exit {child.exitcode})"
+    assert writes.value > 50, f"the writer wrote only {writes.value} times"
+    assert listings >= 10, f"only {listings} listings while the writer wrote"
+    same_as_salt(cache, salt_reader(salt_opts))
+
+
+def test_salt_removal_from_another_process_can_tombstone_the_wrong_roster_bytes(salt_opts, keycache_bin):
+    """Salt 3008.5's ``_roster_remove``, in a process that did not append
+    the entry (its "slow path"), looks for the slot's four bytes anywhere in
+    the roster (``bytes.find``, not at entry boundaries). Where they first
+    appear across two entries, it overwrites bytes of those two entries with
+    the tombstone instead: an id that no one removed drops out of every
+    listing, Salt's and keycache's alike (both follow the roster), though it
+    stays in the index. The roster's live count then differs from the
+    header's, so keycache's next write rebuilds the roster from the slots,
+    and every listing is whole again."""
+    keys, _ = large_bank(salt_opts, keycache_bin, 3000)
+    cache = salt.cache.Cache(salt_opts, driver="keycache")
+    listed = list(cache.list_all("keys"))
+    roster_path = pathlib.Path(salt_opts["pki_dir"]) / ".mmap_keys.idx.roster"
+    raw = roster_path.read_bytes()
+    slots = struct.unpack(f"<{len(raw) // 4}I", raw)
+    assert len(slots) == len(listed) == len(keys)  # a fresh roster: no tombstones
+    # The first entry whose bytes Salt finds first across two entries.
+    at, hit = next((i, raw.find(struct.pack("<I", s))) for i, s in enumerate(slots) if raw.find(struct.pack("<I", s)) % 4)
+    victim = listed[at]
+    hurt = listed[hit // 4]
+    assert hurt != victim
+
+    salt_reader(salt_opts).flush("keys", victim)  # fresh handles: the slow path
+    after = cache.list_all("keys")
+    assert victim not in after
+    assert hurt not in after, "Salt's removal left the roster whole: the case this test is for did not happen"
+    assert cache.fetch("keys", hurt) == {"state": keys[hurt][0], "pub": keys[hurt][1]}
+    same_as_salt(cache, salt_reader(salt_opts))
+    found = subprocess.run([keycache_bin, "verify", salt_opts["pki_dir"], "--tree", "never"], capture_output=True, text=True, timeout=60)
+    assert found.returncode == 1, found.stdout + found.stderr
+    assert "roster" in found.stdout + found.stderr
+
+    cache.store("keys", "after.example.com", {"state": "pending", "pub": pem("after")})
+    del keys[victim]
+    keys["after.example.com"] = ("pending", pem("after"))
+    assert cache.list_all("keys") == {m: {"state": s} for m, (s, _) in keys.items()}
+    same_as_salt(cache, salt_reader(salt_opts))
+    clean = subprocess.run([keycache_bin, "verify", salt_opts["pki_dir"], "--tree", "never"], capture_output=True, text=True, timeout=60)
+    assert clean.returncode == 0, clean.stdout + clean.stderr

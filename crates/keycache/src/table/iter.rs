@@ -212,6 +212,13 @@ impl Iter<'_> {
 impl Iterator for Iter<'_> {
     type Item = Result<Record>;
 
+    /// At most the roster entries not yet looked at (tombstones and slots
+    /// listed twice are among them, and yield nothing).
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let entries = self.scratch.roster.len() / format::ROSTER_ENTRY_LEN;
+        (0, Some(entries.saturating_sub(self.pos)))
+    }
+
     fn next(&mut self) -> Option<Result<Record>> {
         while let Some(slot) = self.next_slot() {
             match self.table.read_slot(slot) {
@@ -286,6 +293,25 @@ mod tests {
             .unwrap()
             .map(|r| r.map(|r| (r.id, r.value)).unwrap())
             .collect()
+    }
+
+    /// The size hint bounds what the walk still yields: the roster entries
+    /// not yet looked at, a removed entry's tombstone among them.
+    #[test]
+    fn the_size_hint_counts_the_roster_entries_left() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = table(dir.path(), format::KEYS_INDEX, 101);
+        for id in ["a", "b", "c"] {
+            t.put(id.as_bytes(), b"v").unwrap();
+        }
+        t.remove(b"b").unwrap();
+        let mut it = t.iter().unwrap();
+        assert_eq!(it.size_hint(), (0, Some(3)));
+        assert_eq!(it.next().unwrap().unwrap().id, b"a");
+        assert_eq!(it.size_hint(), (0, Some(2)));
+        assert_eq!(it.next().unwrap().unwrap().id, b"c");
+        assert_eq!(it.size_hint(), (0, Some(0)));
+        assert!(it.next().is_none());
     }
 
     /// A scratch reused after writes, after a walk left half done and on

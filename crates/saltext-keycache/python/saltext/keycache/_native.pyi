@@ -4,6 +4,8 @@ from typing import Any, Callable, Optional, Union
 
 MAX_KEPT_VALUES: int
 """How many value strs (public keys) a bank keeps between listings (100,000)."""
+LIST_BESIDE_FROM: int
+"""From how many roster entries a listing walks the bank on a second thread (4,096)."""
 
 class KeycacheError(Exception):
     """Raised when no SaltCacheError class was registered."""
