@@ -16,6 +16,9 @@ ALL_DRIVERS = ("noop", "keycache", "mmap_key", "localfs_key", "keycache-etcd")
 TABLE_DRIVERS = ALL_DRIVERS[:4]
 # Not a driver: Python building list_all's dict from ready lists (see measure.py).
 FLOOR = "floor"
+# The same floor with data, but a key str of its own per entry (as a real listing has: the
+# bench's keys come from a pool of PEM_POOL, so FLOOR's entries share 256 str objects).
+FLOOR_OWN = "floor, a key str per entry"
 ALL_TESTS = ("pair", "direct", "list", "store")
 NOOP_MODULE = "noop_key"
 
