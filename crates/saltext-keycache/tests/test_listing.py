@@ -295,6 +295,84 @@ def test_a_large_bank_lists_where_no_thread_can_start(salt_opts, keycache_bin):
         shutil.rmtree(top)
 
 
+def test_children_forked_while_a_thread_lists_a_large_bank(salt_opts, keycache_bin):
+    """A parent thread lists a large bank again and again (each listing
+    with a walker thread of its own) while the main thread forks children
+    that list it too and write: no child hangs or fails, whatever the
+    parent's walker was doing when it forked, and the parent sees what the
+    children wrote."""
+    import threading  # pylint: disable=import-outside-toplevel
+
+    from saltext.keycache import _native
+
+    keys, _ = large_bank(salt_opts, keycache_bin, _native.LIST_BESIDE_FROM + 500)
+    cache = salt.cache.Cache(salt_opts, driver="keycache")
+    assert len(cache.list_all("keys")) == len(keys)
+    stop = threading.Event()
+    listed = [0]
+    failed = []
+
+    def lister():
+        try:
+            while not stop.is_set():
+                got = cache.list_all("keys", include_data=listed[0] % 2 == 1)
+                if not set(keys) <= set(got):
+                    failed.append(f"a parent listing misses {len(set(keys) - set(got))} ids")
+                listed[0] += 1
+        except Exception as exc:  # pylint: disable=broad-except
+            failed.append(repr(exc))
+
+    def child(n):
+        code = 1
+        try:
+            mid = f"child-{n}.example.com"
+            cache.store("keys", mid, {"state": "pending", "pub": pem(mid)})
+            got = cache.list_all("keys", include_data=True)
+            ok = set(keys) <= set(got) and got.get(mid) == {"state": "pending", "pub": pem(mid)}
+            code = 0 if ok else 2
+        finally:
+            os._exit(code)
+
+    thread = threading.Thread(target=lister, daemon=True)
+    thread.start()
+    pids = {}
+    try:
+        # Fork only once the thread is listing.
+        deadline = time.monotonic() + 30
+        while listed[0] < 1 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        for n in range(8):
+            time.sleep(random.Random(n).uniform(0.0, 0.02))
+            pid = os.fork()
+            if pid == 0:
+                child(n)
+            pids[pid] = n
+        deadline = time.monotonic() + 60
+        codes = {}
+        while pids.keys() - codes.keys() and time.monotonic() < deadline:
+            for pid in pids.keys() - codes.keys():
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    codes[pid] = os.waitstatus_to_exitcode(status)
+            time.sleep(0.05)
+        hung = [pids[p] for p in pids.keys() - codes.keys()]
+        assert not hung, f"children {hung} still running after 60 s (a lock held across the fork?)"
+        assert all(c == 0 for c in codes.values()), {pids[p]: c for p, c in codes.items()}
+    finally:
+        stop.set()
+        thread.join(30)
+        for pid in pids:
+            try:
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+    assert not failed, failed[:3]
+    assert listed[0] >= 2, f"the parent listed only {listed[0]} times"
+    got = cache.list_all("keys")
+    assert all(got.get(f"child-{n}.example.com") == {"state": "pending"} for n in range(8))
+
+
 # What the writer beside a listing may store for an id it moves.
 MOVES = 6
 
