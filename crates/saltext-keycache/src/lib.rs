@@ -176,6 +176,21 @@ fn open_driver(
     Ok(d)
 }
 
+/// How many listings of this process walked their bank on a second thread
+/// (`LIST_BESIDE_FROM` roster entries or more, two CPUs): tells that path
+/// from the one-thread walk.
+#[pyfunction]
+fn walks_beside() -> u64 {
+    listing::walks_beside()
+}
+
+/// Whether this process's listings of large banks walk on a second thread
+/// (it may run on two CPUs at once).
+#[pyfunction]
+fn can_walk_beside() -> bool {
+    listing::two_cpus()
+}
+
 /// The native module `saltext.keycache._native`.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -188,5 +203,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("KeycacheError", m.py().get_type::<KeycacheError>())?;
     m.add("MAX_KEPT_VALUES", strs::MAX_KEPT_VALUES)?;
     m.add("LIST_BESIDE_FROM", listing::BESIDE_FROM)?;
+    m.add_function(wrap_pyfunction!(walks_beside, m)?)?;
+    m.add_function(wrap_pyfunction!(can_walk_beside, m)?)?;
     Ok(())
 }

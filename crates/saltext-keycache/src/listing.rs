@@ -11,10 +11,12 @@
 //! touches no Python object; the chunks come back in roster order.
 //!
 //! A driver keeps what a listing worked with ([`Kept`]) for its next one:
-//! the walk's buffers and the iterator's memory (so a listing allocates no
-//! fresh memory), and the `str`s it built ([`Strs`]), reused for the same
+//! the walk's buffers and the iterator's memory (so a listing allocates
+//! no fresh memory for them; a walk beside allocates its thread and
+//! channels), and the `str`s it built ([`Strs`]), reused for the same
 //! bytes.
 
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 
 use keycache::table::{Iter, IterScratch, Table};
@@ -108,10 +110,11 @@ impl Kept {
 }
 
 /// Whether this process may run on two CPUs at once (its affinity and
-/// cgroup quota allow it), asked once: on one, a walker beside the
-/// building would only take turns with it, and the building's short wait
-/// for a chunk ([`SPIN`]) would keep the walker from running.
-fn two_cpus() -> bool {
+/// cgroup quota allow it), asked once for the life of the process (a
+/// forked child keeps the answer): on one, a walker beside the building
+/// would only take turns with it, and the building's short wait for a
+/// chunk ([`SPIN`]) would keep the walker from running.
+pub(crate) fn two_cpus() -> bool {
     static TWO: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *TWO.get_or_init(|| std::thread::available_parallelism().is_ok_and(|n| n.get() >= 2))
 }
@@ -159,6 +162,21 @@ fn spin_recv<T>(rx: &mpsc::Receiver<T>) -> Option<T> {
     }
 }
 
+/// The walker thread's stack: the walk needs little (a slot's copy, the
+/// read's retries), and a set size spares the thread's start a look at
+/// `RUST_MIN_STACK`.
+const WALKER_STACK: usize = 512 * 1024;
+
+/// How many listings of this process walked on a second thread (see
+/// [`walks_beside`]).
+static WALKS_BESIDE: AtomicU64 = AtomicU64::new(0);
+
+/// How many listings of this process walked their bank on a second thread:
+/// how tests (and anyone curious) tell that path from the one-thread walk.
+pub(crate) fn walks_beside() -> u64 {
+    WALKS_BESIDE.load(Ordering::Relaxed)
+}
+
 /// Walks `it` on a second thread while this one builds from the chunks it
 /// sends, in order (see the module's header). The walker takes empty
 /// buffers from one channel and sends them filled on another, so at most
@@ -176,14 +194,25 @@ fn walk_beside<'t>(
     let (start_tx, start_rx) = mpsc::channel::<Iter<'t>>();
     let (empty_tx, empty_rx) = mpsc::channel::<Walk>();
     let (full_tx, mut full_rx) = mpsc::channel::<(Walk, bool)>();
+    // Set when the building stops early (an error): the walker stops at
+    // its next chunk rather than filling the buffers still queued for it.
+    let stop = AtomicBool::new(false);
+    let stop = &stop;
     std::thread::scope(|s| {
         let walker = std::thread::Builder::new()
             .name("keycache-list".into())
+            .stack_size(WALKER_STACK)
             .spawn_scoped(s, move || {
                 // The walk comes once the thread runs (when it cannot be
                 // started, the caller still holds it).
                 let mut it = start_rx.recv().ok()?;
                 while let Ok(mut w) = empty_rx.recv() {
+                    if stop.load(Ordering::Relaxed) {
+                        // Back with the others, for the next listing (the
+                        // building drains this channel once it ends).
+                        let _ = full_tx.send((w, false));
+                        break;
+                    }
                     w.clear();
                     let more = w.fill(&mut it, keep, BESIDE_CHUNK);
                     if full_tx.send((w, more)).is_err() || !more {
@@ -195,6 +224,7 @@ fn walk_beside<'t>(
         let Ok(walker) = walker else {
             return walk_here(py, it, keep, spare, build);
         };
+        WALKS_BESIDE.fetch_add(1, Ordering::Relaxed);
         // Cannot fail: the walker holds the receivers until it ends, and it
         // waits for the walk first.
         let _ = start_tx.send(it);
@@ -221,7 +251,8 @@ fn walk_beside<'t>(
             }
             let _ = empty_tx.send(w);
         }
-        // No more empty buffers: a walker still going stops at its next.
+        // A walker still going stops at its next chunk.
+        stop.store(true, Ordering::Relaxed);
         drop(empty_tx);
         let (it, empty_rx) = match py.detach(|| walker.join()) {
             Ok(Some(ended)) => ended,

@@ -7,6 +7,12 @@ MAX_KEPT_VALUES: int
 LIST_BESIDE_FROM: int
 """From how many roster entries a listing walks the bank on a second thread (4,096)."""
 
+def walks_beside() -> int:
+    """How many listings of this process walked their bank on a second thread."""
+
+def can_walk_beside() -> bool:
+    """Whether this process's listings of large banks walk on a second thread (two CPUs)."""
+
 class KeycacheError(Exception):
     """Raised when no SaltCacheError class was registered."""
 
