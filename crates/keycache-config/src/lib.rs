@@ -87,6 +87,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use keycache::format::{self, Params};
+use keycache::tree::TreeSync;
 use serde::Serialize;
 
 pub use error::ConfigError;
@@ -276,6 +277,11 @@ pub struct MasterConfig {
     /// `keycache_etcd` (see [`etcd`]): the etcd cluster this master's
     /// store is a replica of; `None` when unset, null or empty.
     pub etcd: Option<Setting<etcd::EtcdSettings>>,
+    /// `keycache_tree`, as the Salt driver reads it: `true` (its default)
+    /// keeps the whole key tree in step ([`TreeSync::On`]), `false` none
+    /// of it ([`TreeSync::Off`]), `accepted` only `minions/`
+    /// ([`TreeSync::Accepted`]); `None` when unset.
+    pub keycache_tree: Option<Setting<TreeSync>>,
 }
 
 impl MasterConfig {
@@ -379,6 +385,11 @@ impl MasterConfig {
     /// Whether the master keeps its keys in mmap_key stores.
     pub fn uses_mmap_key(&self) -> bool {
         self.cache_driver() == Some("mmap_key")
+    }
+
+    /// `keycache_tree` when the config sets it.
+    pub fn tree(&self) -> Option<TreeSync> {
+        self.keycache_tree.as_ref().map(|s| s.value)
     }
 }
 

@@ -11,6 +11,7 @@ use super::{
     paths::{abspath, expanduser},
     ConfigError, MasterConfig, Origin, Setting, Source, DEFAULT_INCLUDE,
 };
+use keycache::tree::TreeSync;
 
 /// A top-level option as a file set it.
 #[derive(Debug, Clone)]
@@ -321,6 +322,10 @@ impl MasterConfig {
                 crate::etcd::parse(&e.file, &e.node)?.map(|v| setting(e, "keycache_etcd", v))
             }
         };
+        let keycache_tree = match o.get("keycache_tree") {
+            None => None,
+            Some(e) => Some(setting(e, "keycache_tree", tree_setting(e)?)),
+        };
         let cfg = MasterConfig {
             conf_file: source.file.clone(),
             how: source.how,
@@ -340,9 +345,25 @@ impl MasterConfig {
             id,
             cache_driver,
             etcd,
+            keycache_tree,
         };
         Ok(cfg)
     }
+}
+
+/// `keycache_tree` as the Salt driver takes it: `accepted`, or any other
+/// value but a string by Python's truth (`true`, `1`: the whole tree;
+/// `false`, `0`, null: none of it). Another string is refused, as the
+/// driver refuses it (Python would take `"false"` as true).
+fn tree_setting(e: &Entry) -> Result<TreeSync, ConfigError> {
+    Ok(match &e.node.kind {
+        Kind::Str(s) if s == "accepted" => TreeSync::Accepted,
+        Kind::Bool(true) => TreeSync::On,
+        Kind::Bool(false) | Kind::Null => TreeSync::Off,
+        Kind::Int(i) if *i != 0 => TreeSync::On,
+        Kind::Int(_) => TreeSync::Off,
+        _ => return Err(type_err(e, "keycache_tree", "true, false or accepted")),
+    })
 }
 
 fn setting<T>(e: &Entry, key: &str, value: T) -> Setting<T> {

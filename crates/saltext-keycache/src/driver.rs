@@ -517,7 +517,7 @@ fn index_name(b: Bank) -> &'static str {
 /// removed from the tree, through the bank, so the tree never vouches for a
 /// key the store no longer holds.
 fn wipe(open: &Open, b: Bank) -> keycache::Result<()> {
-    if open.tree && b != Bank::Master {
+    if open.tree.is_on() && b != Bank::Master {
         let store = open.store()?;
         let t = if b == Bank::Keys {
             store.keys_table()

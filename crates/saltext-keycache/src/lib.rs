@@ -50,6 +50,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
+use keycache::tree::TreeSync;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyType;
@@ -74,7 +75,7 @@ static FORK_GENERATION: AtomicU64 = AtomicU64::new(0);
 pub(crate) struct DriverKey {
     pub(crate) dir: String,
     pub(crate) params: (u64, usize, usize, u64),
-    pub(crate) tree: bool,
+    pub(crate) tree: TreeSync,
     pub(crate) pki_dir_is_abs: bool,
     /// The master's `pki_dir`, when `dir` is the master's own store
     /// directory: where `master.pub` is kept in step, and where the master's
@@ -121,6 +122,26 @@ fn after_fork_in_child() {
     *g = None;
 }
 
+/// `keycache_tree` as the native functions take it (see `_options.tree`):
+/// the string `"accepted"` keeps `minions/` alone in step
+/// ([`TreeSync::Accepted`]); any other value but a string counts by its
+/// truth, the whole tree or none of it; another string is a `ValueError`.
+pub(crate) fn tree_sync(v: &Bound<'_, PyAny>) -> PyResult<TreeSync> {
+    if let Ok(s) = v.cast::<pyo3::types::PyString>() {
+        return match s.to_str()? {
+            "accepted" => Ok(TreeSync::Accepted),
+            other => Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "keycache_tree must be true, false or accepted, not {other:?}"
+            ))),
+        };
+    }
+    Ok(if v.is_truthy()? {
+        TreeSync::On
+    } else {
+        TreeSync::Off
+    })
+}
+
 /// The driver for the store in `dir` with these settings, opened once per
 /// process and shared by every `Cache()` that asks for it. `master_pki_dir`
 /// is the master's `pki_dir` when `dir` is the master's own store directory
@@ -136,7 +157,7 @@ fn open_driver(
     slot_size: usize,
     id_size: usize,
     max_segment_bytes: u64,
-    tree: bool,
+    tree: Bound<'_, PyAny>,
     pki_dir_is_abs: bool,
     master_pki_dir: Option<String>,
     master_id: String,
@@ -152,7 +173,7 @@ fn open_driver(
     let key = DriverKey {
         dir,
         params: (size, slot_size, id_size, max_segment_bytes),
-        tree,
+        tree: tree_sync(&tree)?,
         pki_dir_is_abs,
         master_pki_dir,
         master_id,

@@ -23,7 +23,7 @@ pub(crate) struct Open {
     pub(crate) pid: u32,
     pub(crate) dir: PathBuf,
     opts: OpenOptions,
-    pub(crate) tree: bool,
+    pub(crate) tree: TreeSync,
     store: ArcSwapOption<Store>,
     master: ArcSwapOption<Table>,
     opening: Mutex<()>,
@@ -122,12 +122,7 @@ impl Open {
     /// The `keys` and `denied_keys` banks.
     pub(crate) fn store(&self) -> keycache::Result<Arc<Store>> {
         self.once(&self.store, || {
-            let sync = if self.tree {
-                TreeSync::On
-            } else {
-                TreeSync::Off
-            };
-            Ok(Store::open_with(&self.dir, &self.opts)?.with_tree(sync))
+            Ok(Store::open_with(&self.dir, &self.opts)?.with_tree(self.tree))
         })
     }
 

@@ -42,12 +42,13 @@ fn describe(r: &Report) -> Vec<(&'static str, String)> {
 }
 
 /// Runs the replicator of the store in `dir` (the mmap_key layout of the
-/// other arguments, the key tree always kept in step) from the etcd of
+/// other arguments, the key tree kept in step as `tree` says: see
+/// [`crate::tree_sync`]) from the etcd of
 /// `etcd` (`keycache_etcd`), until a signal handler raises (its exception
 /// is raised) or an error retrying cannot mend (raised as the registered
 /// error class). `report(level, message)` hears what it does.
 #[pyfunction]
-#[pyo3(signature = (dir, *, size, slot_size, id_size, max_segment_bytes, etcd, cluster_id=None, report=None, master_pki_dir=None, master_id=String::new()))]
+#[pyo3(signature = (dir, *, size, slot_size, id_size, max_segment_bytes, etcd, tree=None, cluster_id=None, report=None, master_pki_dir=None, master_id=String::new()))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn replicate(
     py: Python<'_>,
@@ -57,6 +58,7 @@ pub(crate) fn replicate(
     id_size: usize,
     max_segment_bytes: u64,
     etcd: Option<Bound<'_, PyAny>>,
+    tree: Option<Bound<'_, PyAny>>,
     cluster_id: Option<String>,
     report: Option<Py<PyAny>>,
     master_pki_dir: Option<String>,
@@ -73,6 +75,10 @@ pub(crate) fn replicate(
         ));
     };
     let settings = options.settings().map_err(|why| error(py, why))?;
+    let tree = match &tree {
+        Some(t) => crate::tree_sync(t)?,
+        None => TreeSync::On,
+    };
     let path = Path::new(&dir);
     if let Some(why) =
         crate::legacy::refusal(path, master_pki_dir.as_deref().map(Path::new), &master_id)
@@ -82,7 +88,7 @@ pub(crate) fn replicate(
     let opts = crate::open::options((size, slot_size, id_size, max_segment_bytes));
     let store = crate::open::make_dir(path)
         .and_then(|()| Store::open_with(path, &opts))
-        .map(|s| s.with_tree(TreeSync::On))
+        .map(|s| s.with_tree(tree))
         .map_err(|e| error(py, format!("keycache: {e}")))?;
     let replicator = Replicator::new(settings, store, move |r| {
         let Some(cb) = &report else { return };

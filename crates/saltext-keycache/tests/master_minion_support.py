@@ -417,7 +417,8 @@ def script_main(commands, argv):
 class SaltPair:
     """Configs, daemons and client commands of one master and one minion."""
 
-    def __init__(self, base, driver, keycache_bin):
+    def __init__(self, base, driver, keycache_bin, extra=None):
+        """``extra``: more master options (see ``write_master_config``)."""
         base = pathlib.Path(base)
         self._short = None
         # Unix socket paths are capped at 107 bytes; the longest is
@@ -443,7 +444,7 @@ class SaltPair:
         self.minion_log = self.minion_root / "minion.log"
         self.minion_out = self.minion_root / "minion.out"
         write_master_config(
-            self.master_root, MASTER_ID, "127.0.0.1", (self.pub_port, self.ret_port), driver
+            self.master_root, MASTER_ID, "127.0.0.1", (self.pub_port, self.ret_port), driver, extra
         )
         write_minion_config(self.minion_root, MINION_ID, "127.0.0.1", (self.pub_port, self.ret_port))
 

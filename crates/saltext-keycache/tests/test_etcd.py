@@ -382,3 +382,31 @@ def test_an_empty_key_is_refused_in_etcd_mode(opts, etcd):
         cache.store("denied_keys", "m1", [])
     assert etcd.get(f"{PREFIX}keys/m1") is None
     assert cache.fetch("keys", "m1") is None
+
+
+def test_with_keycache_tree_accepted_the_replica_keeps_minions_alone(opts, etcd, tmp_path):
+    """``keycache_tree: accepted`` in the config the engine and the driver
+    read: the replica writes ``minions/<id>`` for an accepted key and removes
+    it on a revocation, as with the whole tree, and writes no file in the
+    other state directories (a sign-in costs no file)."""
+    opts["keycache_tree"] = "accepted"
+    engine = Engine(dict(overrides(opts), keycache_tree="accepted"), tmp_path / "engine")
+    engine.start()
+    try:
+        cache = salt.cache.Cache(opts, driver="keycache")
+        pem = pub("t1")
+        cache.store("keys", "t1", {"state": "pending", "pub": pem})
+        assert cache.fetch("keys", "t1") == {"state": "pending", "pub": pem}
+        assert not os.path.exists(tree(opts, "minions_pre", "t1"))
+        cache.store("keys", "t1", {"state": "accepted", "pub": pem})
+        with open(tree(opts, "minions", "t1"), encoding="utf-8") as fh:
+            assert fh.read() == pem
+        cache.store("keys", "t1", {"state": "rejected", "pub": pem})
+        assert not os.path.exists(tree(opts, "minions", "t1"))
+        assert not os.path.exists(tree(opts, "minions_rejected", "t1"))
+        cache.store("denied_keys", "t1", [pub("t1-denied")])
+        assert not os.path.exists(tree(opts, "minions_denied", "t1"))
+        assert etcd.get(f"{PREFIX}keys/t1") == key_value("rejected", pem)
+        assert sorted(os.listdir(opts["pki_dir"] + "/minions")) == []
+    finally:
+        engine.stop()

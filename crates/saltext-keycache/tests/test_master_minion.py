@@ -10,6 +10,11 @@ per way of accepting the key:
 ``salt_key``
     ``salt-key -c <master confdir> -a <id> -y``: Salt's own Key class, through
     the ``keycache`` driver.
+``salt_key`` with ``keycache_tree: accepted``
+    the same, with ``minions/`` alone kept in step: the pending key gets no
+    ``minions_pre/`` file, and the steps below pass all the same (Salt reads
+    ``minions/`` alone); step 5's ``keycache delete`` takes the config's
+    setting (no ``--tree``).
 
 Each run checks, in order:
 
@@ -56,10 +61,13 @@ DRIVER_KEEPS_TREE = DRIVER != "mmap_key"
 
 
 @pytest.fixture
-def pair(tmp_path, keycache_bin):
+def pair(tmp_path, keycache_bin, tree):
     if DRIVER == "keycache":
         mm.require_keycache_driver()
-    with mm.stopped_after(mm.SaltPair(tmp_path, DRIVER, keycache_bin)) as salt_pair:
+    elif tree != "whole":
+        pytest.skip("keycache_tree is the keycache driver's")
+    extra = {"keycache_tree": "accepted"} if tree == "accepted" else None
+    with mm.stopped_after(mm.SaltPair(tmp_path, DRIVER, keycache_bin, extra)) as salt_pair:
         yield salt_pair
 
 
@@ -75,8 +83,11 @@ def _states(listing):
     return {state: sorted(ids) for state, ids in listing.items()}
 
 
-@pytest.mark.parametrize("accept_via", ["keycache_accept", "salt_key"])
-def test_master_minion(pair, accept_via):  # pylint: disable=redefined-outer-name
+@pytest.mark.parametrize(
+    "accept_via,tree",
+    [("keycache_accept", "whole"), ("salt_key", "whole"), ("salt_key", "accepted")],
+)
+def test_master_minion(pair, accept_via, tree):  # pylint: disable=redefined-outer-name
     started = time.monotonic()
     phases = []
 
@@ -121,7 +132,11 @@ def test_master_minion(pair, accept_via):  # pylint: disable=redefined-outer-nam
         }, listing
         assert _states(pair.salt_key_list()) == listing
         minion_pub = _read(pair.minion_pki / "minion.pub")
-        if DRIVER_KEEPS_TREE:
+        if DRIVER_KEEPS_TREE and tree == "accepted":
+            # minions/ alone is kept: a sign-in writes no file
+            assert not (pki / "minions_pre" / mid).exists()
+            assert not (pki / "minions" / mid).exists()
+        elif DRIVER_KEEPS_TREE:
             assert _key(_read(pki / "minions_pre" / mid)) == _key(minion_pub)
             assert not (pki / "minions" / mid).exists()
 
@@ -199,7 +214,9 @@ def test_master_minion(pair, accept_via):  # pylint: disable=redefined-outer-nam
 
         phase("restarted, ping True")
         # ---- 5. keycache delete: the minion's requests are refused
-        proc = pair.keycache("delete", "-y", "--tree", "always", "-c", pair.master_conf, pki, mid)
+        # with keycache_tree: accepted, the CLI takes the config's setting
+        tree_flag = [] if tree == "accepted" else ["--tree", "always"]
+        proc = pair.keycache("delete", "-y", *tree_flag, "-c", pair.master_conf, pki, mid)
         assert proc.returncode == 0, f"delete exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
         listing = _states(pair.keycache_list())
         assert mid not in listing["minions"], listing
@@ -231,10 +248,10 @@ def test_master_minion(pair, accept_via):  # pylint: disable=redefined-outer-nam
         assert answer is not True, f"test.ping answered after delete:\n{proc.stdout}\n{proc.stderr}"
     except BaseException:
         print(
-            f"driver={DRIVER} accept_via={accept_via} failed after "
+            f"driver={DRIVER} accept_via={accept_via} tree={tree} failed after "
             f"{time.monotonic() - started:.1f} s; phases: {phases}"
         )
         print(pair.diagnostics())
         raise
     phase("done")
-    print(f"driver={DRIVER} accept_via={accept_via}: {'; '.join(phases)}")
+    print(f"driver={DRIVER} accept_via={accept_via} tree={tree}: {'; '.join(phases)}")

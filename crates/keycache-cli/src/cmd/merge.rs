@@ -58,9 +58,11 @@ pub(crate) struct Args {
     #[arg(long, value_name = "SECONDS", default_value_t = 600)]
     max_clock_skew: u64,
     /// Keep the key tree of the store's directory (minions/, ...) in step,
-    /// as accept/reject/delete do: `auto` when it has a `minions` entry.
-    #[arg(long, value_enum, value_name = "WHEN", default_value_t = TreeMode::Auto)]
-    tree: TreeMode,
+    /// as accept/reject/delete do: `auto` when it has a `minions` entry,
+    /// `accepted` minions/ alone. Default: the master config's
+    /// keycache_tree when the config is read, else auto.
+    #[arg(long, value_enum, value_name = "WHEN")]
+    tree: Option<TreeMode>,
     /// How long to wait for each bank's lock, in seconds.
     #[arg(long, value_name = "SECONDS", default_value_t = 10.0)]
     lock_wait: f64,
@@ -244,8 +246,9 @@ pub(crate) fn run(a: Args) -> CmdResult {
             BaseFile::Base(b) => Some(b),
         },
     };
+    let mode = TreeMode::given_or_config(a.tree, &a.layout, &store_dir, TreeMode::Auto)?;
     let mut store = a.layout.open(&store_dir)?;
-    store.set_tree(a.tree.sync(store.dir()));
+    store.set_tree(mode.sync(store.dir()));
     let history = History::load(store.dir(), &opts.history)?;
     let theirs = read(&history, &theirs_path)?;
     if let Some(b) = &base {

@@ -9,6 +9,7 @@
 use std::path::Path;
 use std::process::ExitCode;
 
+use keycache::tree::TreeSync;
 use keycache_etcd::replica::Applied;
 use keycache_etcd::{Replicator, Report};
 use serde::Serialize;
@@ -24,9 +25,12 @@ pub(crate) struct Args {
     /// minions_rejected/, minions_denied/) in step with the replica: Salt
     /// 3008.5's validate_token reads minions/<id> on every request of a
     /// minion, and a new replica has no tree yet. `auto`: when the
-    /// directory holds a `minions` entry.
-    #[arg(long, value_enum, value_name = "WHEN", default_value_t = TreeMode::Always)]
-    tree: TreeMode,
+    /// directory holds a `minions` entry; `accepted`: minions/ alone (the
+    /// directory validate_token reads; a sign-in then writes no file).
+    /// Default: the master config's keycache_tree (false: never, accepted:
+    /// accepted), else always.
+    #[arg(long, value_enum, value_name = "WHEN")]
+    tree: Option<TreeMode>,
     #[command(flatten)]
     json: Json,
     #[command(flatten)]
@@ -148,17 +152,18 @@ fn print(r: &Report, json: bool) {
 /// retrying cannot mend.
 pub(crate) fn run(a: Args) -> CmdResult {
     let settings = super::etcd::required(&a.layout, "replicate")?;
+    let mode = TreeMode::given_or_config(a.tree, &a.layout, Path::new(""), TreeMode::Always)?;
     let mut store = a.layout.open(Path::new(""))?;
-    store.set_tree(a.tree.sync(store.dir()));
+    store.set_tree(mode.sync(store.dir()));
     errln!(
         "keycache: replicate: {} from etcd {} into {} (key tree {})",
         esc(settings.layout.prefix()),
         esc(&settings.endpoints.join(",")),
         esc_path(store.dir()),
-        if store.tree().is_on() {
-            "kept in step"
-        } else {
-            "left alone"
+        match store.tree() {
+            TreeSync::On => "kept in step",
+            TreeSync::Accepted => "minions/ kept in step",
+            TreeSync::Off => "left alone",
         }
     );
     let json = a.json.json;

@@ -42,9 +42,11 @@ pub(crate) struct Args {
     /// reads DIR/minions/<id> on every request of a minion, whatever the key
     /// cache driver, so an accepted key needs its file there and a deleted
     /// or rejected one must lose it. `auto`: when DIR/minions exists (a
-    /// migrated master).
-    #[arg(long, value_enum, value_name = "WHEN", default_value_t = TreeMode::Auto)]
-    tree: TreeMode,
+    /// migrated master). `accepted`: minions/ alone, always. Default: the
+    /// master config's keycache_tree when the config is read (false:
+    /// never, accepted: accepted), else auto.
+    #[arg(long, value_enum, value_name = "WHEN")]
+    tree: Option<TreeMode>,
     #[command(flatten)]
     json: Json,
     #[command(flatten)]
@@ -60,14 +62,40 @@ pub(crate) enum TreeMode {
     Never,
     /// When the store's directory holds a tree (a `minions` entry).
     Auto,
+    /// Only `minions/`, the directory Salt's validate_token reads, always
+    /// (the other three are neither written nor compared).
+    Accepted,
 }
 
 impl TreeMode {
+    /// `--tree` when given; else, when the command reads the master config
+    /// (see [`Layout::config`]) and it sets `keycache_tree`, that: `false`
+    /// never, `accepted` accepted, `true` the command's `default` (the
+    /// driver keeps the tree in step then, and so does the command); else
+    /// `default`.
+    pub(crate) fn given_or_config(
+        given: Option<TreeMode>,
+        layout: &Layout,
+        dir: &std::path::Path,
+        default: TreeMode,
+    ) -> Result<TreeMode, CmdError> {
+        if let Some(m) = given {
+            return Ok(m);
+        }
+        Ok(match layout.config(dir)?.and_then(|c| c.tree()) {
+            Some(TreeSync::Off) => TreeMode::Never,
+            Some(TreeSync::Accepted) => TreeMode::Accepted,
+            Some(TreeSync::On) | None => default,
+        })
+    }
+
+    /// The store's setting in `dir` for this mode.
     pub(crate) fn sync(self, dir: &std::path::Path) -> TreeSync {
         match self {
             TreeMode::Always => TreeSync::On,
             TreeMode::Never => TreeSync::Off,
             TreeMode::Auto => TreeSync::auto(dir),
+            TreeMode::Accepted => TreeSync::Accepted,
         }
     }
 }
@@ -244,8 +272,9 @@ pub(crate) fn run(c: Args, action: Action) -> CmdResult {
         (true, false) => return Err(CmdError::usage("give minion ids or --all, not both")),
         _ => {}
     }
+    let mode = TreeMode::given_or_config(c.tree, &c.layout, &dir, TreeMode::Auto)?;
     let mut store = c.layout.open(&dir)?;
-    store.set_tree(c.tree.sync(store.dir()));
+    store.set_tree(mode.sync(store.dir()));
     let mut ids: Vec<MinionId> = given
         .iter()
         .map(|s| minion_id(s))

@@ -23,9 +23,11 @@ pub(crate) struct Args {
     /// without a store: run `keycache migrate` first): always, never, or
     /// auto, when the store's directory holds a `minions` entry (auto
     /// reports a store with accepted keys and no `minions` as a finding,
-    /// which `--repair` mends by writing the tree).
-    #[arg(long, value_enum, value_name = "WHEN", default_value_t = TreeMode::Auto)]
-    tree: TreeMode,
+    /// which `--repair` mends by writing the tree); `accepted`: minions/
+    /// alone. Default: the master config's keycache_tree when the config
+    /// is read (false: never, accepted: accepted), else auto.
+    #[arg(long, value_enum, value_name = "WHEN")]
+    tree: Option<TreeMode>,
     #[command(flatten)]
     json: Json,
     #[command(flatten)]
@@ -55,8 +57,12 @@ struct TreeOut {
 /// when checked) is clean, or was repaired back to clean without losing an
 /// entry.
 pub(crate) fn run(a: Args) -> CmdResult {
-    let store = a.layout.open(&a.store.dir())?;
-    let tree_on = a.tree.sync(store.dir()).is_on();
+    let mode = TreeMode::given_or_config(a.tree, &a.layout, &a.store.dir(), TreeMode::Auto)?;
+    let mut store = a.layout.open(&a.store.dir())?;
+    // The mode decides which state directories are compared and mended.
+    let sync = mode.sync(store.dir());
+    store.set_tree(sync);
+    let tree_on = sync.is_on();
     if a.repair && tree_on {
         // Before anything is repaired: a tree mended toward no store loses
         // every key file.
@@ -65,7 +71,7 @@ pub(crate) fn run(a: Args) -> CmdResult {
     let mut report = check_store(&store, a.repair)?;
     // A store with accepted keys and no tree at all (auto finds none to
     // compare): Salt's validate_token refuses every accepted minion.
-    let no_tree = if a.tree == TreeMode::Auto && !tree_on {
+    let no_tree = if mode == TreeMode::Auto && !tree_on {
         missing_key_tree(&store)?
     } else {
         None

@@ -248,3 +248,36 @@ fn master_config_missing_files() {
         ConfigError::Io { .. }
     ));
 }
+
+/// `keycache_tree` as the driver reads it: YAML booleans (1.1's `yes`/`off`
+/// too) and integers by their truth, null as false, the string `accepted`;
+/// another string is refused naming the file, the line and the option.
+#[test]
+fn keycache_tree_takes_a_truth_or_accepted() {
+    use keycache::tree::TreeSync;
+    let (_t, c) = loaded(&[("master", "pki_dir: /p\n")]);
+    assert_eq!(c.tree(), None);
+    for (text, want) in [
+        ("true", TreeSync::On),
+        ("yes", TreeSync::On),
+        ("1", TreeSync::On),
+        ("false", TreeSync::Off),
+        ("off", TreeSync::Off),
+        ("0", TreeSync::Off),
+        ("null", TreeSync::Off),
+        ("accepted", TreeSync::Accepted),
+        ("'accepted'", TreeSync::Accepted),
+    ] {
+        let (_t, c) = loaded(&[("master", &format!("keycache_tree: {text}\n"))]);
+        assert_eq!(c.tree(), Some(want), "{text}");
+    }
+    for text in ["'false'", "Accepted", "minions", "[accepted]"] {
+        let t = scratch(&[("master", &format!("pki_dir: /p\nkeycache_tree: {text}\n"))]);
+        let e = load_dir(t.path()).unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.contains("keycache_tree") && msg.contains("master") && msg.contains(":2"),
+            "{text}: {msg}"
+        );
+    }
+}

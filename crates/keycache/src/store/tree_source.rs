@@ -35,4 +35,8 @@ impl crate::tree::KeySource for Store {
         }
         Ok(())
     }
+
+    fn tree_dirs(&self) -> &'static [crate::tree::TreeDir] {
+        self.tree().dirs()
+    }
 }

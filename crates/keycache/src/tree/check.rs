@@ -80,10 +80,11 @@ fn wanted(store: &dyn KeySource) -> Result<Wanted> {
     Ok(w)
 }
 
-/// The comparison behind [`check`] and [`mend`].
-fn compare(root: &Dir, w: &Wanted) -> Result<Vec<TreeDisagreement>> {
+/// The comparison behind [`check`] and [`mend`], of the state
+/// directories `dirs`.
+fn compare(root: &Dir, w: &Wanted, dirs: &[TreeDir]) -> Result<Vec<TreeDisagreement>> {
     let mut out = Vec::new();
-    for td in TreeDir::ALL {
+    for &td in dirs {
         let (d, name) = (td.index(), td.name());
         let dis = |problem, id: Option<&str>, path: PathBuf| TreeDisagreement {
             problem,
@@ -160,6 +161,10 @@ fn compare(root: &Dir, w: &Wanted) -> Result<Vec<TreeDisagreement>> {
 /// `minions_denied`), then by name; [`TreeDisagreement::grants_access`]
 /// tells those that let a minion pass Salt's `validate_token`.
 ///
+/// Only the state directories the store keeps in step are compared
+/// ([`KeySource::tree_dirs`]: `minions/` alone for
+/// [`TreeSync::Accepted`]).
+///
 /// Reads only. It holds a shared `flock` on the `keys` bank's lock file
 /// while it reads, so that a keycache writer's bank and tree writes are
 /// seen both or neither. Meant for a store that keeps a tree (see
@@ -168,7 +173,7 @@ pub fn check(store: &dyn KeySource) -> Result<Vec<TreeDisagreement>> {
     let _lock = bank_lock(store, false)?;
     let root = Dir::open_root(store.dir(), Writer::Tree)?;
     let w = wanted(store)?;
-    compare(&root, &w)
+    compare(&root, &w, store.tree_dirs())
 }
 
 /// How [`require_store`]'s refusal begins.
@@ -212,7 +217,8 @@ pub fn require_store(store: &dyn KeySource) -> Result<()> {
 /// directories are left alone and listed in [`TreeRepair::refused`].
 /// Holds the `keys` bank's lock (`flock`, exclusive) throughout, as
 /// writers do. A store that does not exist is refused before anything is
-/// written ([`require_store`]).
+/// written ([`require_store`]). Only the state directories the store keeps
+/// in step are looked at and changed ([`KeySource::tree_dirs`]).
 pub fn mend(store: &dyn KeySource) -> Result<TreeRepair> {
     const W: &str = "write (mending the key tree)";
     const R: &str = "remove (mending the key tree)";
@@ -220,11 +226,11 @@ pub fn mend(store: &dyn KeySource) -> Result<TreeRepair> {
     let _lock = bank_lock(store, true)?;
     let root = Dir::open_root(store.dir(), Writer::Tree)?;
     let w = wanted(store)?;
-    let found = compare(&root, &w)?;
+    let found = compare(&root, &w, store.tree_dirs())?;
     let own = ownership(store);
     let mut out = TreeRepair::default();
     let mut dirs: [Option<Dir>; 4] = Default::default();
-    for td in TreeDir::ALL {
+    for td in store.tree_dirs() {
         dirs[td.index()] = match root.sub(td.name()) {
             Ok(dir) => dir,
             Err(Error::NotARegularFile { .. }) => None,

@@ -141,12 +141,17 @@ pub trait KeySource {
     fn each_key(&self, f: &mut dyn FnMut(String, KeyState, Vec<u8>)) -> Result<()>;
     /// Calls `f` with every entry of the `denied_keys` bank: id, public key.
     fn each_denied(&self, f: &mut dyn FnMut(String, Vec<u8>)) -> Result<()>;
+    /// The state directories kept in step ([`TreeSync::dirs`]): all four
+    /// unless the source says otherwise.
+    fn tree_dirs(&self) -> &'static [TreeDir] {
+        &TreeDir::ALL
+    }
 }
 
 /// Whether a [`crate::Store`]'s writes keep the `localfs_key` tree of its
 /// directory in step ([`crate::Store::set_tree`]). The library's default is
 /// [`TreeSync::Off`]; [`TreeSync::auto`] is the CLI's default.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
 pub enum TreeSync {
@@ -157,6 +162,14 @@ pub enum TreeSync {
     /// directories created as needed), in the order described in the
     /// module's documentation.
     On,
+    /// Only `minions/`, the one directory Salt 3008.5 reads behind the key
+    /// cache driver (`validate_token`), is kept in step, in the same order
+    /// as [`TreeSync::On`]; `minions_pre/`, `minions_rejected/` and
+    /// `minions_denied/` are neither written nor removed from, nor
+    /// compared by [`check`] and [`mend`]. A sign-in (a new pending key)
+    /// then writes no file; going back to `localfs_key` needs the whole
+    /// tree first ([`crate::export`], or a repair with [`TreeSync::On`]).
+    Accepted,
 }
 
 impl TreeSync {
@@ -172,10 +185,26 @@ impl TreeSync {
         }
     }
 
-    /// Whether the tree is written.
+    /// Whether the tree (or its `minions/` alone) is written.
     pub fn is_on(self) -> bool {
-        self == TreeSync::On
+        self != TreeSync::Off
     }
+
+    /// The state directories kept in step, compared and mended: `minions/`
+    /// alone for [`TreeSync::Accepted`], else all four (for
+    /// [`TreeSync::Off`] too: what a [`check`] or [`mend`] of a store that
+    /// does not write its tree looks at).
+    pub fn dirs(self) -> &'static [TreeDir] {
+        match self {
+            TreeSync::Accepted => &TreeDir::ALL[..1],
+            TreeSync::On | TreeSync::Off => &TreeDir::ALL,
+        }
+    }
+}
+
+/// The bit mask (bit [`TreeDir::index`]) of `dirs`.
+pub(crate) fn dir_mask(dirs: &[TreeDir]) -> u8 {
+    dirs.iter().fold(0, |m, d| m | 1 << d.index())
 }
 
 /// What a batch did to the tree.

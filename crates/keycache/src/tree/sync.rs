@@ -45,6 +45,9 @@ pub(super) fn ownership(store: &dyn KeySource) -> Ownership {
 pub(crate) struct Sync {
     root: Dir,
     dirs: [Option<Dir>; 4],
+    /// The state directories kept in step ([`KeySource::tree_dirs`], bit
+    /// [`TreeDir::index`]): the others are never opened, so never written.
+    scope: u8,
     own: Ownership,
     /// `minions/<id>` files to remove before the banks are written.
     early: Vec<String>,
@@ -65,13 +68,14 @@ pub(crate) struct Sync {
 const MINIONS_BIT: u8 = 1 << TreeDir::Minions.index();
 
 impl Sync {
-    /// Looks at every entry the batch's ids have in the tree. An entry
-    /// under an id's name that is not a regular file, or a state directory
-    /// that is not one, fails here, before anything is written.
+    /// Looks at every entry the batch's ids have in the tree's state
+    /// directories that the store keeps in step. An entry under an id's
+    /// name that is not a regular file, or a state directory that is not
+    /// one, fails here, before anything is written.
     pub(crate) fn plan(store: &dyn KeySource, wants: &[(MinionId, Want)]) -> Result<Sync> {
         let root = Dir::open_root(store.dir(), Writer::Tree)?;
         let mut dirs: [Option<Dir>; 4] = Default::default();
-        for td in TreeDir::ALL {
+        for td in store.tree_dirs() {
             dirs[td.index()] = root.sub(td.name())?;
         }
         let mut early = Vec::new();
@@ -109,6 +113,7 @@ impl Sync {
         Ok(Sync {
             root,
             dirs,
+            scope: super::dir_mask(store.tree_dirs()),
             own: ownership(store),
             early,
             kept,
@@ -188,7 +193,10 @@ impl Sync {
         let mut touched = [false; 4];
         for td in TreeDir::ALL {
             let d = td.index();
-            if wants.iter().any(|(_, w)| w[d].is_some()) && self.dirs[d].is_none() {
+            if self.scope & (1 << d) != 0
+                && wants.iter().any(|(_, w)| w[d].is_some())
+                && self.dirs[d].is_none()
+            {
                 self.dirs[d] = Some(self.root.sub_or_create(td.name(), &self.own)?);
             }
         }

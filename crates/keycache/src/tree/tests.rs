@@ -295,3 +295,84 @@ fn a_minions_file_planted_after_the_plan_is_still_removed() -> Result<()> {
     assert_eq!(files(t.path()), ["minions_rejected/a"]);
     Ok(())
 }
+
+/// [`TreeSync::Accepted`]: `minions/` is kept in step exactly as with the
+/// whole tree (an accepted key gets its file, a rejected, re-keyed or
+/// deleted one loses it), while the other state directories are neither
+/// written nor removed from, nor compared or mended.
+#[test]
+fn the_accepted_tree_keeps_minions_alone_in_step() -> Result<()> {
+    let t = tempfile::tempdir().unwrap();
+    let st = small_store(t.path()).with_tree(TreeSync::Accepted);
+    assert!(st.tree().is_on());
+    assert_eq!(st.tree().dirs(), &[TreeDir::Minions]);
+    let (a, b, c) = (
+        MinionId::new("a")?,
+        MinionId::new("b")?,
+        MinionId::new("c")?,
+    );
+    // A file the whole tree would remove, left from before (a localfs_key
+    // tree migrated): never touched.
+    std::fs::create_dir(t.path().join("minions_pre")).unwrap();
+    std::fs::write(t.path().join("minions_pre/c"), pem("c-old")).unwrap();
+    // A sign-in writes no file.
+    st.put(&a, KeyState::Pending, &pem("a"))?;
+    st.put(&b, KeyState::Pending, &pem("b"))?;
+    st.put(&c, KeyState::Pending, &pem("c"))?;
+    assert_eq!(files(t.path()), ["minions_pre/c"]);
+    // An accept writes minions/<id> (the directory made as needed).
+    let (_, _, ch) = st.batch_with_tree(|x| {
+        x.set_state(&a, KeyState::Accepted)?;
+        x.set_state(&b, KeyState::Accepted)?;
+        x.set_state(&c, KeyState::Accepted)
+    })?;
+    assert_eq!(ch.removed, Vec::<PathBuf>::new());
+    assert_eq!(
+        files(t.path()),
+        ["minions/a", "minions/b", "minions/c", "minions_pre/c"]
+    );
+    assert_eq!(std::fs::read(t.path().join("minions/c")).unwrap(), pem("c"));
+    // Re-keyed, rejected, deleted, denied: each loses its minions/ file,
+    // and no other file is written.
+    st.put(&a, KeyState::Accepted, &pem("a2"))?;
+    assert_eq!(
+        std::fs::read(t.path().join("minions/a")).unwrap(),
+        pem("a2")
+    );
+    st.set_state(&a, KeyState::Rejected)?;
+    assert!(st.remove(&b)?);
+    st.deny(&c, &pem("c"))?;
+    st.remove(&c)?;
+    assert_eq!(files(t.path()), ["minions_pre/c"]);
+    assert_eq!(check(&st)?, vec![]);
+    // A stray and a missing file in minions/ are found and mended; the
+    // other directories are not looked at (the whole tree's check finds
+    // a's missing rejected file and c's stray pending one).
+    st.set_state(&a, KeyState::Accepted)?;
+    std::fs::remove_file(t.path().join("minions/a")).unwrap();
+    std::fs::write(t.path().join("minions/b"), pem("b")).unwrap();
+    let found = check(&st)?;
+    let probs: Vec<_> = found
+        .iter()
+        .map(|x| (x.dir, x.problem, x.id.clone()))
+        .collect();
+    assert_eq!(
+        probs,
+        [
+            (TreeDir::Minions, TreeProblem::Stray, Some("b".to_owned())),
+            (TreeDir::Minions, TreeProblem::Missing, Some("a".to_owned())),
+        ]
+    );
+    assert!(found[0].grants_access());
+    let whole = check(&small_store(t.path()).with_tree(TreeSync::On))?;
+    assert!(
+        whole.iter().any(|x| x.dir == TreeDir::MinionsPre),
+        "{whole:?}"
+    );
+    let r = mend(&st)?;
+    assert_eq!(r.removed, [t.path().join("minions/b")]);
+    assert_eq!(r.written, [t.path().join("minions/a")]);
+    assert_eq!(files(t.path()), ["minions/a", "minions_pre/c"]);
+    assert_eq!(check(&st)?, vec![]);
+    Ok(())
+}

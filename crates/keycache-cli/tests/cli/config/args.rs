@@ -290,3 +290,77 @@ fn migrate_with_a_cluster_config_reads_the_tree_salt_reads_named_or_not() {
         assert!(tree.join(".mmap_keys.idx").exists());
     }
 }
+
+/// The files of `pki`'s key tree, sorted.
+fn tree_files(pki: &Path) -> Vec<String> {
+    crate::common::tree_files(pki).into_iter().collect()
+}
+
+/// `keycache_tree` in the master config is what the commands keep in step
+/// when `--tree` is not given: `accepted`, `minions/` alone (a reject then
+/// writes no `minions_rejected/` file, and verify compares `minions/`
+/// alone), `false` nothing; `--tree` overrides it; a value that is not
+/// true, false or accepted is refused, naming the file and line, before
+/// anything is written.
+#[test]
+fn the_configs_keycache_tree_is_the_commands_default() {
+    let t = tempfile::tempdir().unwrap();
+    let (etc, pki, st) = configured(t.path(), &["a", "b", "c", "d"]);
+    let c = s(&etc);
+    let master = std::fs::read_to_string(etc.join("master")).unwrap();
+    let set = |tree: &str| {
+        std::fs::write(
+            etc.join("master"),
+            format!("{master}keycache_tree: {tree}\n"),
+        )
+        .unwrap()
+    };
+    set("accepted");
+    ok(&keycache(&["accept", "-c", c, "a", "b"]));
+    ok(&keycache(&["reject", "-c", c, "b", "c", "--include-all"]));
+    assert_eq!(tree_files(&pki), ["minions/a"]);
+    let out = ok(&keycache(&["verify", "-c", c]));
+    assert!(out.contains("clean"), "{out}");
+    // The whole tree, asked for: b and c have no rejected files, d no
+    // pending one.
+    let (_, v) = keycache_json(&["verify", "-c", c, "--tree", "always", "--json"]);
+    let found = v["tree"]["disagreements"]
+        .as_array()
+        .expect("tree checked")
+        .len();
+    assert_eq!(found, 3, "{v}");
+    // A stray minions/ file is still found, and mended.
+    std::fs::write(pki.join("minions/b"), pem("b", 100)).unwrap();
+    let (_, v) = keycache_json(&["verify", "-c", c, "--json"]);
+    assert_eq!(v["tree"]["disagreements"][0]["dir"], "minions", "{v}");
+    assert_eq!(v["tree"]["disagreements"][0]["problem"], "stray", "{v}");
+    ok(&keycache(&["verify", "-c", c, "--repair"]));
+    assert_eq!(tree_files(&pki), ["minions/a"]);
+    // false: nothing written.
+    set("false");
+    ok(&keycache(&["accept", "-c", c, "d"]));
+    assert_eq!(tree_files(&pki), ["minions/a"]);
+    // --tree overrides the config.
+    ok(&keycache(&["delete", "-c", c, "d", "--tree", "always"]));
+    ok(&keycache(&[
+        "accept",
+        "-c",
+        c,
+        "c",
+        "--include-all",
+        "--tree",
+        "always",
+    ]));
+    assert_eq!(tree_files(&pki), ["minions/a", "minions/c"]);
+    // Anything else is refused before a write.
+    set("accepted-only");
+    let o = keycache(&["delete", "-c", c, "a"]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = stderr(&o);
+    assert!(
+        err.contains("keycache_tree") && err.contains("master"),
+        "{err}"
+    );
+    assert_eq!(state(&st, "a"), Some(KeyState::Accepted));
+    assert_eq!(tree_files(&pki), ["minions/a", "minions/c"]);
+}

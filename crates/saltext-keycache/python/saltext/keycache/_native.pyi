@@ -1,6 +1,6 @@
 """Type stubs of saltext.keycache._native (the pyo3 core)."""
 
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Literal, Optional, Union
 
 MAX_KEPT_VALUES: int
 """How many value strs (public keys) a bank keeps between listings (100,000)."""
@@ -40,7 +40,7 @@ def driver(
     slot_size: int,
     id_size: int,
     max_segment_bytes: int,
-    tree: bool,
+    tree: Union[bool, Literal["accepted"]],
     pki_dir_is_abs: bool,
     master_pki_dir: Optional[str] = None,
     master_id: str = "",
@@ -48,6 +48,9 @@ def driver(
     cluster_id: Optional[str] = None,
 ) -> Driver:
     """The process-wide driver of dir with this layout (opened once, kept across loader reloads).
+
+    tree (keycache_tree): the whole key tree kept in step (True), none of it (False), or
+    minions/ alone ("accepted").
 
     With etcd (keycache_etcd), store and flush of keys and denied_keys go through etcd."""
 
@@ -59,12 +62,15 @@ def replicate(
     id_size: int,
     max_segment_bytes: int,
     etcd: Optional[dict[str, Any]],
+    tree: Union[bool, Literal["accepted"], None] = None,
     cluster_id: Optional[str] = None,
     report: Optional[Callable[[str, str], Any]] = None,
     master_pki_dir: Optional[str] = None,
     master_id: str = "",
 ) -> None:
-    """Runs the replicator of dir from etcd (the GIL released) until a signal handler raises."""
+    """Runs the replicator of dir from etcd (the GIL released) until a signal handler raises.
+
+    tree as for driver; None: the whole tree."""
 
 def last_etcd_revision() -> int:
     """The etcd revision at which this thread's last store or flush through etcd took effect (0: none)."""

@@ -1,6 +1,6 @@
 """The master options the driver (``cache/keycache.py``) and the engine
 (``engines/keycache.py``) read the same way: the store directory, the
-mmap_key layout, and ``keycache_etcd``."""
+mmap_key layout, ``keycache_tree`` and ``keycache_etcd``."""
 
 import os
 
@@ -35,6 +35,19 @@ def layout(opts):
         "id_size": int(opts.get("mmap_key_id_size", _DEFAULT_ID_SIZE)),
         "max_segment_bytes": int(max_segment_bytes),
     }
+
+
+def tree(opts):
+    """``keycache_tree`` as the native functions take it: ``"accepted"``
+    (``minions/`` alone kept in step), else ``True`` or ``False`` by Python's
+    truth (default ``True``: the whole tree); ``ValueError`` for any other
+    string (``"false"`` would otherwise count as true)."""
+    value = opts.get("keycache_tree", True)
+    if isinstance(value, str):
+        if value == "accepted":
+            return value
+        raise ValueError(f"keycache_tree must be true, false or accepted, not {value!r}")
+    return bool(value)
 
 
 def etcd(opts):

@@ -18,7 +18,9 @@ same options:
   (``minions/<id>``, ``minions_pre/``, ``minions_rejected/``,
   ``minions_denied/``) in step with the banks. Salt's ``validate_token``
   reads ``minions/<id>`` on every request, so without it a minion accepted
-  through the driver could not talk to the master.
+  through the driver could not talk to the master. ``accepted`` keeps
+  ``minions/`` alone in step, the one directory Salt reads (a sign-in then
+  writes no file; the other three are left as they are).
 
 Differences from ``mmap_key``, all on the safe side:
 
@@ -113,7 +115,7 @@ def _open(cachedir):
         d = _native.driver(
             cachedir,
             **layout,
-            tree=bool(opts.get("keycache_tree", True)),
+            tree=_options.tree(opts),
             pki_dir_is_abs=_options.pki_dir_is_abs(opts),
             **_options.master(opts, cachedir),
             **etcd,

@@ -10,8 +10,8 @@ keycache: the replicator of ``keycache_etcd`` as a Salt engine.
       - keycache: {}
 
 Keeps this master's key store (``cluster_pki_dir`` when ``cluster_id`` is
-set, else ``pki_dir``; the ``mmap_key_*`` layout; the key tree always in
-step) a live replica of the key state in etcd: it lists the prefix, then
+set, else ``pki_dir``; the ``mmap_key_*`` layout; the key tree in step as
+``keycache_tree`` says, the whole tree by default) a live replica of the key state in etcd: it lists the prefix, then
 applies etcd's watch, recording the revision the store holds in
 ``.keycache-etcd``. The ``keycache`` cache driver's writes wait for it. It
 takes no options of its own: they are ``keycache_etcd``'s.
@@ -65,12 +65,14 @@ def start(**kwargs):
         raise SaltCacheError("keycache engine: no pki_dir (or cluster_pki_dir) in the master config")
     try:
         layout = _options.layout(opts)
+        tree = _options.tree(opts)
     except (TypeError, ValueError, OverflowError) as exc:
-        raise SaltCacheError(f"keycache engine: bad mmap_key settings: {exc}")
+        raise SaltCacheError(f"keycache engine: bad mmap_key or keycache_tree settings: {exc}")
     log.info("keycache replicator: starting for %s", cachedir)
     _native.replicate(
         cachedir,
         **layout,
+        tree=tree,
         **_options.etcd(opts),
         **_options.master(opts, cachedir),
         report=_report,
