@@ -7,10 +7,11 @@
 //!    revision recorded), at 100 and 1,000 writes a second: p50, p99, max;
 //!    the writes replace accepted keys (written, with their tree files,
 //!    before the clock starts), then sign new minions in (a new key file
-//!    each);
+//!    each with the whole tree, none with `keycache_tree: accepted`);
+//!    with the whole tree, `minions/` alone, and none;
 //! 2. `salt-key -A` of 10,000 pending keys through one master: until it
 //!    returns (its own replica holds every change) and until a second
-//!    master's replica holds them;
+//!    master's replica holds them, with the whole tree and `minions/` alone;
 //! 3. a new replica from an empty store: 100,000 keys (and `--big N`),
 //!    with the key tree on, as a master runs it.
 //!
@@ -97,6 +98,15 @@ fn pct<T: Copy + Default>(sorted: &[T], p: f64) -> T {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
 
+/// How the key tree is kept, as the lines print it.
+fn label(tree: TreeSync) -> &'static str {
+    match tree {
+        TreeSync::On => "on",
+        TreeSync::Accepted => "accepted",
+        TreeSync::Off => "off",
+    }
+}
+
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
@@ -104,7 +114,7 @@ fn ms(d: Duration) -> f64 {
 /// Lag at `rate` writes a second for `secs` seconds, printed when
 /// `report`.
 fn lag(c: &Cluster, rate: u64, secs: u64, tree: TreeSync, sign_ins: bool, report: bool) -> Res<()> {
-    let prefix = format!("/keycache/lag{rate}{}{sign_ins}{report}/", tree.is_on());
+    let prefix = format!("/keycache/lag{rate}{}{sign_ins}{report}/", label(tree));
     let st = Settings::plain(c.endpoints(), &prefix)?;
     let b = tempfile::tempdir()?;
     let (reports, _stop) = replicate(&st, b.path(), 10_007, tree)?;
@@ -197,7 +207,7 @@ fn lag(c: &Cluster, rate: u64, secs: u64, tree: TreeSync, sign_ins: bool, report
     println!(
         "lag at {rate:>5} {} a second ({n}, key tree {}): p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
         if sign_ins { "sign-ins" } else { "replaces" },
-        if tree.is_on() { "on" } else { "off" },
+        label(tree),
         ms(pct(&lags, 0.5)),
         ms(pct(&lags, 0.99)),
         ms(pct(&lags, 1.0))
@@ -240,12 +250,15 @@ fn seed(st: &Settings, n: usize, state: KeyState) -> Res<i64> {
     Ok(done.revision)
 }
 
-fn accept_all(c: &Cluster, n: usize) -> Res<()> {
-    let st = Settings::plain(c.endpoints(), "/keycache/acceptall/")?;
+fn accept_all(c: &Cluster, n: usize, tree: TreeSync) -> Res<()> {
+    let st = Settings::plain(
+        c.endpoints(),
+        &format!("/keycache/acceptall-{}/", label(tree)),
+    )?;
     let seeded = seed(&st, n, KeyState::Pending)?;
     let (a, b) = (tempfile::tempdir()?, tempfile::tempdir()?);
-    let _ra = replicate(&st, a.path(), 100_003, TreeSync::On)?;
-    let _rb = replicate(&st, b.path(), 100_003, TreeSync::On)?;
+    let _ra = replicate(&st, a.path(), 100_003, tree)?;
+    let _rb = replicate(&st, b.path(), 100_003, tree)?;
     wait_revision(a.path(), seeded, Duration::from_secs(60))?;
     wait_revision(b.path(), seeded, Duration::from_secs(60))?;
     let ids: Vec<MinionId> = (0..n)
@@ -272,8 +285,9 @@ fn accept_all(c: &Cluster, n: usize) -> Res<()> {
     let accepted = bs.counts()?.accepted;
     assert_eq!(accepted as usize, n, "B holds every accept");
     println!(
-        "salt-key -A of {n} pending keys through A: returned (A's replica holds all) in {:.0} ms; \
-         every key accepted in B's replica after {:.0} ms",
+        "salt-key -A of {n} pending keys through A, key tree {}: returned (A's replica holds \
+         all) in {:.0} ms; every key accepted in B's replica after {:.0} ms",
+        label(tree),
         ms(on_a),
         ms(on_b)
     );
@@ -353,7 +367,7 @@ fn new_replica(c: &Cluster, n: usize, trees: &[TreeSync]) -> Res<()> {
         println!(
             "new replica of {n} keys from an empty store, key tree {}: {:.2} s \
              (etcd's pages {:.2} s, store and tree writes {:.2} s)",
-            if tree.is_on() { "on " } else { "off" },
+            label(tree),
             took.as_secs_f64(),
             listing.as_secs_f64(),
             writes.as_secs_f64()
@@ -414,7 +428,7 @@ fn apply_alone(n: usize) -> Res<()> {
     let ids: Vec<MinionId> = (0..n)
         .map(|i| MinionId::new(format!("minion-{i:07}")))
         .collect::<Result<_, _>>()?;
-    for tree in [TreeSync::On, TreeSync::Off] {
+    for tree in [TreeSync::On, TreeSync::Accepted, TreeSync::Off] {
         let d = tempfile::tempdir()?;
         let s = Store::open_with(d.path(), &opts(100_003))?.with_tree(tree);
         let change = |state| -> Vec<keycache_etcd::replica::Change> {
@@ -431,7 +445,7 @@ fn apply_alone(n: usize) -> Res<()> {
         keycache_etcd::replica::apply_changes(&s, &change(KeyState::Accepted))?;
         println!(
             "  {n} pending keys accepted in a replica's store in one batch, key tree {}: {:.0} ms",
-            if tree.is_on() { "on " } else { "off" },
+            label(tree),
             ms(t.elapsed())
         );
     }
@@ -442,7 +456,7 @@ fn apply_alone(n: usize) -> Res<()> {
 /// time of `replica::apply_changes`, with and without the key tree.
 fn single(n: usize) -> Res<()> {
     let pem = pem("single", 400);
-    for tree in [TreeSync::On, TreeSync::Off] {
+    for tree in [TreeSync::On, TreeSync::Accepted, TreeSync::Off] {
         let d = tempfile::tempdir()?;
         let s = Store::open_with(d.path(), &opts(10_007))?.with_tree(tree);
         let mut times = Vec::with_capacity(n);
@@ -459,7 +473,7 @@ fn single(n: usize) -> Res<()> {
         times.sort();
         println!(
             "  one change a batch ({n} batches), key tree {}: median {:.2} ms, p99 {:.2} ms",
-            if tree.is_on() { "on " } else { "off" },
+            label(tree),
             ms(pct(&times, 0.5)),
             ms(pct(&times, 0.99))
         );
@@ -493,7 +507,7 @@ fn main() -> Res<()> {
         // replicator of whichever measurement ran first, by tens of ms.
         lag(&c, 1_000, 3, TreeSync::Off, false, false)?;
         for sign_ins in [false, true] {
-            for tree in [TreeSync::On, TreeSync::Off] {
+            for tree in [TreeSync::On, TreeSync::Accepted, TreeSync::Off] {
                 lag(&c, 100, 5, tree, sign_ins, true)?;
                 lag(&c, 1_000, 5, tree, sign_ins, true)?;
             }
@@ -506,7 +520,11 @@ fn main() -> Res<()> {
         apply_alone(10_000)?;
     }
     if part("accept") {
-        accept_all(&c, 10_000)?;
+        // The accepted tree writes the same minions/ files, and removes no
+        // minions_pre/ file.
+        for tree in [TreeSync::On, TreeSync::Accepted] {
+            accept_all(&c, 10_000, tree)?;
+        }
     }
     if part("new") {
         new_replica(&c, 100_000, &[TreeSync::On, TreeSync::Off])?;
