@@ -227,6 +227,11 @@ impl Sync {
                         self.changes.written.push(dir.shown(id));
                         self.changes.removed.push(src.shown(id));
                         touched[d] = true;
+                        // Gone from `from`: the removals below need not
+                        // look there again.
+                        if let Some(mask) = self.found.get_mut(id) {
+                            *mask &= !(1 << from);
+                        }
                         continue;
                     }
                 }
