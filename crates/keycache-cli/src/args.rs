@@ -15,6 +15,7 @@ use keycache::format::{self, Params};
 use keycache::format::{DENIED_INDEX, KEYS_INDEX};
 use keycache::store::Store;
 use keycache::table::OpenOptions;
+use keycache::tree::TreeSync;
 use keycache::MinionId;
 
 use crate::master_config::{Explicit, MasterConfig, Source};
@@ -215,6 +216,9 @@ pub(crate) struct Resolved {
     pub(crate) dir: PathBuf,
     /// Its layout (the size read off the index files when nothing gave it).
     pub(crate) params: Params,
+    /// The master config's `keycache_tree`, when the config was read and
+    /// sets it.
+    pub(crate) tree: Option<TreeSync>,
 }
 
 impl Layout {
@@ -298,7 +302,8 @@ impl Layout {
             (true, true) => Params::detect(&dir, &base)?,
             (true, false) => Params::from_files(&dir, base.params),
         };
-        Ok(Resolved { dir, params })
+        let tree = config.as_ref().and_then(MasterConfig::tree);
+        Ok(Resolved { dir, params, tree })
     }
 
     /// Open options with `params` and the tunables of the environment

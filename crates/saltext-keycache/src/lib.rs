@@ -122,17 +122,19 @@ fn after_fork_in_child() {
     *g = None;
 }
 
-/// `keycache_tree` as the native functions take it (see `_options.tree`):
-/// the string `"accepted"` keeps `minions/` alone in step
+/// `keycache_tree` as the driver and the engine take it, checked here
+/// alone: the string `"accepted"` keeps `minions/` alone in step
 /// ([`TreeSync::Accepted`]); any other value but a string counts by its
-/// truth, the whole tree or none of it; another string is a `ValueError`.
-pub(crate) fn tree_sync(v: &Bound<'_, PyAny>) -> PyResult<TreeSync> {
+/// truth, the whole tree or none of it; another string is refused (raised
+/// as the registered error class: Python would take `"false"` as true).
+pub(crate) fn tree_sync(py: Python<'_>, v: &Bound<'_, PyAny>) -> PyResult<TreeSync> {
     if let Ok(s) = v.cast::<pyo3::types::PyString>() {
         return match s.to_str()? {
             "accepted" => Ok(TreeSync::Accepted),
-            other => Err(pyo3::exceptions::PyValueError::new_err(format!(
-                "keycache_tree must be true, false or accepted, not {other:?}"
-            ))),
+            other => Err(error(
+                py,
+                format!("keycache: keycache_tree must be true, false or accepted, not {other:?}"),
+            )),
         };
     }
     Ok(if v.is_truthy()? {
@@ -173,7 +175,7 @@ fn open_driver(
     let key = DriverKey {
         dir,
         params: (size, slot_size, id_size, max_segment_bytes),
-        tree: tree_sync(&tree)?,
+        tree: tree_sync(py, &tree)?,
         pki_dir_is_abs,
         master_pki_dir,
         master_id,

@@ -76,7 +76,7 @@ pub(crate) fn replicate(
     };
     let settings = options.settings().map_err(|why| error(py, why))?;
     let tree = match &tree {
-        Some(t) => crate::tree_sync(t)?,
+        Some(t) => crate::tree_sync(py, t)?,
         None => TreeSync::On,
     };
     let path = Path::new(&dir);

@@ -246,9 +246,7 @@ pub(crate) fn run(a: Args) -> CmdResult {
             BaseFile::Base(b) => Some(b),
         },
     };
-    let mode = TreeMode::given_or_config(a.tree, &a.layout, &store_dir, TreeMode::Auto)?;
-    let mut store = a.layout.open(&store_dir)?;
-    store.set_tree(mode.sync(store.dir()));
+    let (store, _) = TreeMode::open(a.tree, &a.layout, &store_dir, TreeMode::Auto)?;
     let history = History::load(store.dir(), &opts.history)?;
     let theirs = read(&history, &theirs_path)?;
     if let Some(b) = &base {

@@ -152,9 +152,7 @@ fn print(r: &Report, json: bool) {
 /// retrying cannot mend.
 pub(crate) fn run(a: Args) -> CmdResult {
     let settings = super::etcd::required(&a.layout, "replicate")?;
-    let mode = TreeMode::given_or_config(a.tree, &a.layout, Path::new(""), TreeMode::Always)?;
-    let mut store = a.layout.open(Path::new(""))?;
-    store.set_tree(mode.sync(store.dir()));
+    let (store, _) = TreeMode::open(a.tree, &a.layout, Path::new(""), TreeMode::Always)?;
     errln!(
         "keycache: replicate: {} from etcd {} into {} (key tree {})",
         esc(settings.layout.prefix()),

@@ -68,25 +68,27 @@ pub(crate) enum TreeMode {
 }
 
 impl TreeMode {
-    /// `--tree` when given; else, when the command reads the master config
+    /// Opens the store `dir` names ([`Layout::open`]) with the tree mode
+    /// `given` (`--tree`); else, when the command reads the master config
     /// (see [`Layout::config`]) and it sets `keycache_tree`, that: `false`
     /// never, `accepted` accepted, `true` the command's `default` (the
     /// driver keeps the tree in step then, and so does the command); else
-    /// `default`.
-    pub(crate) fn given_or_config(
+    /// `default`. The config is read once, for the store and the mode.
+    pub(crate) fn open(
         given: Option<TreeMode>,
         layout: &Layout,
         dir: &std::path::Path,
         default: TreeMode,
-    ) -> Result<TreeMode, CmdError> {
-        if let Some(m) = given {
-            return Ok(m);
-        }
-        Ok(match layout.config(dir)?.and_then(|c| c.tree()) {
+    ) -> Result<(keycache::Store, TreeMode), CmdError> {
+        let r = layout.resolve(dir, true)?;
+        let mode = given.unwrap_or(match r.tree {
             Some(TreeSync::Off) => TreeMode::Never,
             Some(TreeSync::Accepted) => TreeMode::Accepted,
             Some(TreeSync::On) | None => default,
-        })
+        });
+        let mut store = layout.open_with(&r.dir, layout.options(r.params))?;
+        store.set_tree(mode.sync(store.dir()));
+        Ok((store, mode))
     }
 
     /// The store's setting in `dir` for this mode.
@@ -272,9 +274,7 @@ pub(crate) fn run(c: Args, action: Action) -> CmdResult {
         (true, false) => return Err(CmdError::usage("give minion ids or --all, not both")),
         _ => {}
     }
-    let mode = TreeMode::given_or_config(c.tree, &c.layout, &dir, TreeMode::Auto)?;
-    let mut store = c.layout.open(&dir)?;
-    store.set_tree(mode.sync(store.dir()));
+    let (store, _) = TreeMode::open(c.tree, &c.layout, &dir, TreeMode::Auto)?;
     let mut ids: Vec<MinionId> = given
         .iter()
         .map(|s| minion_id(s))

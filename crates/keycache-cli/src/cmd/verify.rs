@@ -57,12 +57,9 @@ struct TreeOut {
 /// when checked) is clean, or was repaired back to clean without losing an
 /// entry.
 pub(crate) fn run(a: Args) -> CmdResult {
-    let mode = TreeMode::given_or_config(a.tree, &a.layout, &a.store.dir(), TreeMode::Auto)?;
-    let mut store = a.layout.open(&a.store.dir())?;
     // The mode decides which state directories are compared and mended.
-    let sync = mode.sync(store.dir());
-    store.set_tree(sync);
-    let tree_on = sync.is_on();
+    let (store, mode) = TreeMode::open(a.tree, &a.layout, &a.store.dir(), TreeMode::Auto)?;
+    let tree_on = store.tree().is_on();
     if a.repair && tree_on {
         // Before anything is repaired: a tree mended toward no store loses
         // every key file.

@@ -38,16 +38,9 @@ def layout(opts):
 
 
 def tree(opts):
-    """``keycache_tree`` as the native functions take it: ``"accepted"``
-    (``minions/`` alone kept in step), else ``True`` or ``False`` by Python's
-    truth (default ``True``: the whole tree); ``ValueError`` for any other
-    string (``"false"`` would otherwise count as true)."""
-    value = opts.get("keycache_tree", True)
-    if isinstance(value, str):
-        if value == "accepted":
-            return value
-        raise ValueError(f"keycache_tree must be true, false or accepted, not {value!r}")
-    return bool(value)
+    """``keycache_tree`` (default ``True``), which the native functions check
+    (``"accepted"``, else by Python's truth; another string is refused)."""
+    return opts.get("keycache_tree", True)
 
 
 def etcd(opts):

@@ -65,14 +65,13 @@ def start(**kwargs):
         raise SaltCacheError("keycache engine: no pki_dir (or cluster_pki_dir) in the master config")
     try:
         layout = _options.layout(opts)
-        tree = _options.tree(opts)
     except (TypeError, ValueError, OverflowError) as exc:
-        raise SaltCacheError(f"keycache engine: bad mmap_key or keycache_tree settings: {exc}")
+        raise SaltCacheError(f"keycache engine: bad mmap_key settings: {exc}")
     log.info("keycache replicator: starting for %s", cachedir)
     _native.replicate(
         cachedir,
         **layout,
-        tree=tree,
+        tree=_options.tree(opts),
         **_options.etcd(opts),
         **_options.master(opts, cachedir),
         report=_report,
