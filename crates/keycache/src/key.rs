@@ -50,6 +50,16 @@ impl KeyState {
         }
     }
 
+    /// The state named exactly as Salt's `mmap_key` stores it (`accepted`,
+    /// `pending`, `rejected`: [`KeyState::name`]). The driver takes a
+    /// stored state through this, not through [`str::parse`], whose
+    /// directory names and aliases (`minions`, `unaccepted`, ...) are the
+    /// CLI's: `mmap_key` refuses them, and `{"state": "minions"}` must not
+    /// become an accepted key.
+    pub fn from_name(name: &str) -> Option<KeyState> {
+        KeyState::ALL.into_iter().find(|s| s.name() == name)
+    }
+
     /// The localfs_key directory and `salt-key --out json` group name.
     pub fn dir_name(self) -> &'static str {
         TreeDir::of(self).name()
@@ -285,5 +295,25 @@ mod tests {
             assert_eq!(s.dir_name().parse::<KeyState>().ok(), Some(s));
         }
         assert_eq!(TreeDir::MinionsDenied.state(), None);
+    }
+
+    /// Salt's names, and only those: the directory names and aliases the
+    /// CLI parses are not states `mmap_key` stores.
+    #[test]
+    fn from_name_takes_salts_three_names_only() {
+        for s in KeyState::ALL {
+            assert_eq!(KeyState::from_name(s.name()), Some(s));
+        }
+        for alias in [
+            "minions",
+            "minions_pre",
+            "unaccepted",
+            "minions_rejected",
+            "Accepted",
+            "",
+        ] {
+            assert_eq!(KeyState::from_name(alias), None, "{alias}");
+        }
+        assert_eq!("minions".parse::<KeyState>().ok(), Some(KeyState::Accepted));
     }
 }

@@ -296,7 +296,7 @@ impl Driver {
                 };
                 let state = d.get_item("state")?.map(|s| s.extract::<String>());
                 let state = match state {
-                    Some(Ok(s)) => s.parse::<KeyState>().ok(),
+                    Some(Ok(s)) => KeyState::from_name(&s),
                     _ => None,
                 };
                 let Some(state) = state else {
