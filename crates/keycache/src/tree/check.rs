@@ -209,7 +209,8 @@ pub fn require_store(store: &dyn KeySource) -> Result<()> {
 }
 
 /// Makes the tree in the store's directory equal to the store: stray key
-/// files in `minions/` are removed first (and that removal made durable),
+/// files in `minions/`, and those holding another key than the store's,
+/// are removed first (and that removal made durable),
 /// then missing and different files are written (temporary file, fsync,
 /// rename, as a tree write does; missing state directories are created),
 /// then the other stray files and leftover temporaries are removed.
@@ -250,15 +251,19 @@ pub fn mend(store: &dyn KeySource) -> Result<TreeRepair> {
             .map(|b| String::from_utf8_lossy(b).into_owned())
             .unwrap_or_default()
     };
-    // 1. What lets a minion in that the store does not vouch for.
+    // 1. What lets a minion in that the store does not vouch for: strays,
+    // and a file holding another key than the store's (a re-key the tree
+    // missed), which step 2 writes again. Gone first, so a mend that fails
+    // further on leaves no old key that still validates.
     if let Some(dir) = &dirs[TreeDir::Minions.index()] {
         let mut any = false;
-        for x in found
-            .iter()
-            .filter(|x| x.dir == TreeDir::Minions && removal(x))
-        {
+        for x in found.iter().filter(|x| {
+            x.dir == TreeDir::Minions && (removal(x) || x.problem == TreeProblem::KeyDiffers)
+        }) {
             if dir.remove(&name_of(x), R)? {
-                out.removed.push(x.path.clone());
+                if removal(x) {
+                    out.removed.push(x.path.clone());
+                }
                 any = true;
             }
         }

@@ -130,6 +130,44 @@ fn dot_ids_are_keys_but_salts_cache_and_keycaches_files_are_not() {
     }
 }
 
+/// A `minions/` file holding an old key goes before anything is written:
+/// a mend that fails on the way (here a directory where the pending file's
+/// temporary goes) leaves no file through which the old key validates.
+#[test]
+fn mend_removes_an_old_accepted_key_before_it_writes() -> Result<()> {
+    let t = tempfile::tempdir().unwrap();
+    let st = store(t.path());
+    let (web, new) = (MinionId::new("web")?, MinionId::new("new")?);
+    st.put(&web, KeyState::Accepted, &pem("k2"))?;
+    st.put(&new, KeyState::Pending, &pem("p"))?;
+    // Behind the tree's back: the old key in minions/, the pending file gone.
+    std::fs::write(t.path().join("minions/web"), pem("k1")).unwrap();
+    std::fs::remove_file(t.path().join("minions_pre/new")).unwrap();
+    let blocker = t
+        .path()
+        .join("minions_pre")
+        .join(format!("{TEMP_PREFIX}{}.new", std::process::id()));
+    std::fs::create_dir(&blocker).unwrap();
+    assert!(mend(&st).is_err(), "the pending file's write fails");
+    assert!(
+        !t.path().join("minions/web").exists(),
+        "the old key is gone even though the mend failed"
+    );
+    std::fs::remove_dir(&blocker).unwrap();
+    let r = mend(&st)?;
+    assert!(r.removed.is_empty(), "{r:?}");
+    assert_eq!(
+        std::fs::read(t.path().join("minions/web")).unwrap(),
+        pem("k2")
+    );
+    assert_eq!(
+        std::fs::read(t.path().join("minions_pre/new")).unwrap(),
+        pem("p")
+    );
+    assert_eq!(check(&st)?, vec![]);
+    Ok(())
+}
+
 #[test]
 fn check_and_mend_treat_a_dot_id_as_an_id() -> Result<()> {
     let t = tempfile::tempdir().unwrap();
