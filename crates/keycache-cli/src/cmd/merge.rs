@@ -247,6 +247,9 @@ pub(crate) fn run(a: Args) -> CmdResult {
         },
     };
     let (store, _) = TreeMode::open(a.tree, &a.layout, &store_dir, TreeMode::Auto)?;
+    if !a.dry_run {
+        super::etcd::refuse_local_write(store.dir(), "merge")?;
+    }
     let history = History::load(store.dir(), &opts.history)?;
     let theirs = read(&history, &theirs_path)?;
     if let Some(b) = &base {

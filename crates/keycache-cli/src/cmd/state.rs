@@ -115,6 +115,18 @@ pub(crate) enum Action {
     Deny,
 }
 
+impl Action {
+    /// The command's name: `accept`, `reject`, `delete`, `deny`.
+    pub(crate) fn command(self) -> &'static str {
+        match self {
+            Action::Accept => "accept",
+            Action::Reject => "reject",
+            Action::Delete => "delete",
+            Action::Deny => "deny",
+        }
+    }
+}
+
 /// An id left alone, and why.
 #[derive(Debug, Serialize)]
 pub(super) struct Skipped {
@@ -300,12 +312,17 @@ pub(crate) fn run(c: Args, action: Action) -> CmdResult {
             }
         }
     }
+    // With keycache_etcd, etcd decides and holds the change; the
+    // replicator brings it into this store (and its key tree). Without
+    // it, a replica of etcd is not changed here alone.
+    let etcd = super::etcd::configured(&c.layout, &dir)?;
+    if etcd.is_none() {
+        super::etcd::refuse_local_write(store.dir(), action.command())?;
+    }
     if action == Action::Delete && c.all && !c.yes && !ids.is_empty() {
         confirm_delete_all(store.dir(), ids.len())?;
     }
-    // With keycache_etcd, etcd decides and holds the change; the
-    // replicator brings it into this store (and its key tree).
-    if let Some(settings) = super::etcd::configured(&c.layout, &dir)? {
+    if let Some(settings) = etcd {
         let report = super::etcd::write::run(settings, &store, action, &ids, c.include_all)?;
         return Ok(print(report, c.all, c.json.json));
     }

@@ -461,6 +461,38 @@ fn accept_fails_cleanly_when_etcd_is_down_and_the_store_is_unchanged() {
     assert_eq!(m.list(), before);
     assert_eq!(tree_files(&m.pki), tree);
     assert!(m.pki.join("minions_pre").join(&id).is_file());
+
+    // Nor around etcd: the store directory given without the config is a
+    // replica, and a change written to it alone (which its replicator
+    // would never undo) is refused before anything is written.
+    let state_file = m.pki.join(".keycache-etcd");
+    let acc = first(&before, "minions");
+    let (peer, snap) = (m.t.path().join("peer"), m.t.path().join("peer.snap"));
+    sample_store(&peer);
+    kc().args(["snapshot", s(&peer), "--size", "1009", "-o", s(&snap)])
+        .ok();
+    for args in [
+        vec!["accept", s(&m.pki), &id, "--size", "1009"],
+        vec!["accept", s(&m.pki), "--all", "--size", "1009"],
+        vec!["reject", s(&m.pki), &id, "--size", "1009"],
+        vec!["delete", s(&m.pki), &acc, "--size", "1009"],
+        vec!["deny", s(&m.pki), &acc, "--size", "1009"],
+        vec!["merge", s(&m.pki), s(&snap), "--size", "1009"],
+    ] {
+        let err = kc().args(&args).fails(2);
+        assert!(
+            err.contains("is a replica of etcd")
+                && err.contains(&state_file.display().to_string())
+                && err.contains("-c DIR")
+                && err.contains("Nothing was written"),
+            "{args:?}: {err}"
+        );
+        assert_eq!(m.list(), before, "{args:?}");
+        assert_eq!(tree_files(&m.pki), tree, "{args:?}");
+    }
+    // A dry run writes nothing, and is not refused.
+    kc().args(["merge", s(&m.pki), s(&snap), "--size", "1009", "--dry-run"])
+        .ok();
 }
 
 #[test]
