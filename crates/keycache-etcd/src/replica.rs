@@ -14,7 +14,7 @@ use keycache::snapshot::Bank;
 use keycache::store::{Batch, Store};
 use keycache::MinionId;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::layout::{Layout, Value};
 
 /// One change of the key state: the new value of (bank, id), or its
@@ -104,7 +104,90 @@ fn fits(store: &Store, c: &Change, applied: &mut Applied) -> bool {
 
 /// Applies `changes` (in order, the later change of an id winning) in one
 /// batch.
+///
+/// When the banks have no room for every id new to them
+/// ([`keycache::Error::TableFull`]: etcd holds more minions than
+/// `mmap_key_size` slots), the changes and removals of entries the store
+/// holds are applied first, in a batch of their own, and the new ids after
+/// them while they fit; those that do not are refused (reported, and held
+/// nowhere here, so they grant nothing). A revocation is never held up by
+/// a flood of new sign-ins filling the table.
 pub fn apply_changes(store: &Store, changes: &[Change]) -> Result<Applied> {
+    match apply_batch(store, changes) {
+        Err(Error::Store(keycache::Error::TableFull { .. })) => apply_split(store, changes),
+        r => r,
+    }
+}
+
+/// Whether the store holds an entry for `c`'s id in `c`'s bank.
+fn holds(store: &Store, c: &Change) -> keycache::Result<bool> {
+    match c.bank {
+        Bank::Keys => Ok(store.get(&c.id)?.is_some()),
+        Bank::Denied => store.is_denied(&c.id),
+    }
+}
+
+/// [`apply_changes`] on banks too full for the whole batch: what the
+/// store holds first, then each bank's new ids in chunks that halve on
+/// [`keycache::Error::TableFull`] down to one id, after which the bank's
+/// remaining new ids are refused.
+fn apply_split(store: &Store, changes: &[Change]) -> Result<Applied> {
+    let (mut held, mut new) = (Vec::new(), [Vec::new(), Vec::new()]);
+    // An id's changes stay together and in order; ids keep their order.
+    let mut groups: std::collections::HashMap<(Bank, &MinionId), usize> = Default::default();
+    for c in changes {
+        if holds(store, c)? {
+            held.push(c.clone());
+            continue;
+        }
+        let b = usize::from(c.bank == Bank::Denied);
+        let i = *groups.entry((c.bank, &c.id)).or_insert_with(|| {
+            new[b].push(Vec::new());
+            new[b].len() - 1
+        });
+        new[b][i].push(c.clone());
+    }
+    let mut applied = apply_batch(store, &held)?;
+    for ids in &new {
+        let mut at = 0;
+        let mut chunk = ids.len();
+        while at < ids.len() {
+            let end = (at + chunk).min(ids.len());
+            let part: Vec<Change> = ids[at..end].iter().flatten().cloned().collect();
+            match apply_batch(store, &part) {
+                Ok(a) => {
+                    applied.written += a.written;
+                    applied.removed += a.removed;
+                    applied.refused.extend(a.refused);
+                    at = end;
+                }
+                Err(Error::Store(keycache::Error::TableFull { path, capacity })) if chunk == 1 => {
+                    for group in &ids[at..] {
+                        applied
+                            .refused
+                            .push((group[0].id.to_string(), full(&path, capacity)));
+                    }
+                    break;
+                }
+                Err(Error::Store(keycache::Error::TableFull { .. })) => chunk = chunk.div_ceil(2),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    Ok(applied)
+}
+
+/// Why an entry a full bank has no slot for is refused.
+fn full(index: &std::path::Path, capacity: u64) -> String {
+    format!(
+        "{}: the table is full ({capacity} data slots): not held by this master, so it \
+         grants nothing here; raise mmap_key_size and compact (keycache compact --to-size N)",
+        index.display()
+    )
+}
+
+/// Applies `changes` in one batch (see [`apply_changes`]).
+fn apply_batch(store: &Store, changes: &[Change]) -> Result<Applied> {
     let mut applied = Applied::default();
     store.batch(|b| {
         for c in changes {
@@ -175,7 +258,70 @@ pub const REBUILD_FROM: usize = 1_000;
 /// new one); a few are one batch under both banks' locks, in which entries
 /// that differ are written, entries etcd lacks removed, equal ones left
 /// alone. The key tree is kept in step either way.
+///
+/// When a bank cannot hold every entry listed for it (more than its
+/// `mmap_key_size - 1` data slots), the entries it holds already are kept
+/// first and the others while they fit; the rest are refused (reported,
+/// held nowhere here). Removals always go in.
 pub fn apply_list(store: &Store, listed: &BTreeMap<(Bank, MinionId), Value>) -> Result<Applied> {
+    match apply_list_once(store, listed) {
+        Err(Error::Store(keycache::Error::TableFull { .. })) => {
+            let (fitting, refused) = fit(store, listed)?;
+            let mut applied = apply_list_once(store, &fitting)?;
+            applied.refused.extend(refused);
+            Ok(applied)
+        }
+        r => r,
+    }
+}
+
+/// The entries of `listed` that each bank has data slots for: those the
+/// store holds first, then the others in order; and the refused rest,
+/// with why.
+#[allow(clippy::type_complexity)]
+fn fit(
+    store: &Store,
+    listed: &BTreeMap<(Bank, MinionId), Value>,
+) -> Result<(BTreeMap<(Bank, MinionId), Value>, Vec<(String, String)>)> {
+    let mut fitting = BTreeMap::new();
+    let mut refused = Vec::new();
+    for bank in [Bank::Keys, Bank::Denied] {
+        let table = match bank {
+            Bank::Keys => store.keys_table(),
+            Bank::Denied => store.denied_table(),
+        };
+        let capacity = table.params().size.saturating_sub(1);
+        let mut room = capacity;
+        let entries: Vec<(&(Bank, MinionId), &Value)> =
+            listed.iter().filter(|((b, _), _)| *b == bank).collect();
+        let mut held = Vec::with_capacity(entries.len());
+        for (k, _) in &entries {
+            let c = Change {
+                bank,
+                id: k.1.clone(),
+                value: None,
+            };
+            held.push(holds(store, &c)?);
+        }
+        for first in [true, false] {
+            for ((k, v), h) in entries.iter().zip(&held) {
+                if *h != first {
+                    continue;
+                }
+                if room > 0 {
+                    room -= 1;
+                    fitting.insert((*k).clone(), (*v).clone());
+                } else {
+                    refused.push((k.1.to_string(), full(table.path(), capacity)));
+                }
+            }
+        }
+    }
+    Ok((fitting, refused))
+}
+
+/// [`apply_list`] on the banks as they are.
+fn apply_list_once(store: &Store, listed: &BTreeMap<(Bank, MinionId), Value>) -> Result<Applied> {
     let local = local_entries(store)?;
     let differ = local
         .iter()
@@ -226,4 +372,138 @@ pub fn apply_list(store: &Store, listed: &BTreeMap<(Bank, MinionId), Value>) -> 
         || Ok(()),
     )?;
     Ok(applied)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use keycache::tree::TreeSync;
+    use keycache::{KeyState, OpenOptions, Params};
+
+    /// A store of 10 data slots a bank, with the whole key tree.
+    fn small(dir: &std::path::Path) -> Store {
+        let opts = OpenOptions {
+            params: Params {
+                size: 11,
+                ..Params::default()
+            },
+            ..OpenOptions::default()
+        };
+        Store::open_with(dir, &opts)
+            .expect("store")
+            .with_tree(TreeSync::On)
+    }
+
+    fn id(s: &str) -> MinionId {
+        MinionId::new(s).expect("id")
+    }
+
+    fn pem(s: &str) -> Vec<u8> {
+        format!("-----BEGIN PUBLIC KEY-----\n{s}\n-----END PUBLIC KEY-----\n").into_bytes()
+    }
+
+    /// Every slot of `keys` taken: nine pending keys and `victim` accepted.
+    fn full_store(dir: &std::path::Path) -> Store {
+        let store = small(dir);
+        let mut changes: Vec<Change> = (0..9)
+            .map(|i| Change {
+                bank: Bank::Keys,
+                id: id(&format!("old-{i}")),
+                value: Some(Value::Key(KeyState::Pending, pem("old"))),
+            })
+            .collect();
+        changes.push(Change {
+            bank: Bank::Keys,
+            id: id("victim"),
+            value: Some(Value::Key(KeyState::Accepted, pem("victim"))),
+        });
+        apply_changes(&store, &changes).expect("fill");
+        assert!(dir.join("minions/victim").is_file());
+        store
+    }
+
+    fn new_pending(n: usize) -> impl Iterator<Item = Change> {
+        (0..n).map(|i| Change {
+            bank: Bank::Keys,
+            id: id(&format!("new-{i}")),
+            value: Some(Value::Key(KeyState::Pending, pem("new"))),
+        })
+    }
+
+    fn held(store: &Store) -> Vec<String> {
+        let mut ids: Vec<String> = local_entries(store)
+            .expect("entries")
+            .into_iter()
+            .map(|(_, id, _)| id)
+            .collect();
+        ids.sort();
+        ids
+    }
+
+    /// A watch batch that brings more new ids than the full bank has slots
+    /// for, and a revocation among them: the revocation is applied (its
+    /// tree file first), the new ids that fit after it go in, the others
+    /// are refused and reported; the batch does not fail whole (which
+    /// would stop every later change from reaching this master).
+    #[test]
+    fn a_full_bank_never_holds_up_a_revocation_in_a_watch_batch() {
+        let t = tempfile::tempdir().expect("dir");
+        let store = full_store(t.path());
+        let mut changes: Vec<Change> = new_pending(3).collect();
+        changes.insert(
+            1,
+            Change {
+                bank: Bank::Keys,
+                id: id("victim"),
+                value: None,
+            },
+        );
+        let a = apply_changes(&store, &changes).expect("applied despite the full bank");
+        assert!(!t.path().join("minions/victim").exists());
+        assert_eq!(store.get(&id("victim")).expect("get"), None);
+        assert_eq!((a.written, a.removed), (1, 1), "{a:?}");
+        let refused: Vec<&str> = a.refused.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(refused, ["new-1", "new-2"], "{a:?}");
+        assert!(
+            a.refused[0].1.contains("the table is full (10 data slots)"),
+            "{a:?}"
+        );
+        let mut want: Vec<String> = (0..9).map(|i| format!("old-{i}")).collect();
+        want.push("new-0".into());
+        want.sort();
+        assert_eq!(held(&store), want);
+        assert!(t.path().join("minions_pre/new-0").is_file());
+        assert!(!t.path().join("minions_pre/new-1").exists());
+    }
+
+    /// A list with more entries than the full bank has slots for: what etcd
+    /// lacks is removed, what the store holds is kept, new entries go in
+    /// while they fit, the rest are refused; both the batch and the rebuild
+    /// of [`apply_list`] take that path.
+    #[test]
+    fn a_list_larger_than_the_bank_keeps_what_is_held_and_removes_what_etcd_lacks() {
+        for new in [3, 1_500] {
+            let t = tempfile::tempdir().expect("dir");
+            let store = full_store(t.path());
+            let mut listed = BTreeMap::new();
+            for i in 0..9 {
+                listed.insert(
+                    (Bank::Keys, id(&format!("old-{i}"))),
+                    Value::Key(KeyState::Pending, pem("old")),
+                );
+            }
+            for c in new_pending(new) {
+                listed.insert((c.bank, c.id), c.value.expect("value"));
+            }
+            let a = apply_list(&store, &listed).expect("applied despite the full bank");
+            assert!(!t.path().join("minions/victim").exists(), "{new}");
+            assert_eq!(store.get(&id("victim")).expect("get"), None);
+            assert_eq!(a.refused.len(), new - 1, "{new}: {:?}", &a.refused[..1]);
+            let held = held(&store);
+            assert_eq!(held.len(), 10, "{new}: {held:?}");
+            for i in 0..9 {
+                assert!(held.contains(&format!("old-{i}")), "{new}: {held:?}");
+            }
+        }
+    }
 }
