@@ -29,6 +29,10 @@ pub struct Settings {
     pub write_timeout: Duration,
     /// How long without etcd before a replica counts as stale.
     pub stale_after: Duration,
+    /// The largest response taken from etcd ([`crate::list::MAX_RESPONSE`]
+    /// unless a test lowers it): a list asks for smaller pages past it, a
+    /// watch lists again.
+    pub max_response: usize,
 }
 
 impl std::fmt::Debug for Settings {
@@ -87,6 +91,7 @@ impl Settings {
             user: e.user.clone().zip(e.password.clone()),
             write_timeout: Duration::from_secs(e.write_timeout),
             stale_after: Duration::from_secs(e.stale_after),
+            max_response: crate::list::MAX_RESPONSE,
         })
     }
 
@@ -101,6 +106,7 @@ impl Settings {
             user: None,
             write_timeout: Duration::from_secs(keycache_config::etcd::DEFAULT_WRITE_TIMEOUT),
             stale_after: Duration::from_secs(keycache_config::etcd::DEFAULT_STALE_AFTER),
+            max_response: crate::list::MAX_RESPONSE,
         })
     }
 

@@ -47,7 +47,9 @@ pub async fn list(client: &mut Client, settings: &Settings) -> Result<Listing> {
     let mut from = layout.prefix().as_bytes().to_vec();
     let mut out = Listing::default();
     let mut applied = Applied::default();
-    let mut kv = client.kv_client().max_decoding_message_size(MAX_RESPONSE);
+    let mut kv = client
+        .kv_client()
+        .max_decoding_message_size(settings.max_response);
     let mut page = PAGE;
     loop {
         let mut o = GetOptions::new().with_range(end.clone()).with_limit(page);

@@ -71,6 +71,14 @@ pub enum Report {
         /// etcd's compaction revision.
         compact_revision: i64,
     },
+    /// A watch response was larger than the replicator takes
+    /// ([`Settings::max_response`]: a catch-up over many revisions of
+    /// large values): resuming the watch would meet it again, so the
+    /// replicator lists again (in pages).
+    TooLarge {
+        /// The transport's words.
+        why: String,
+    },
     /// The connection was lost or refused; retrying after `retry_in`.
     Lost {
         /// Why.
@@ -135,6 +143,11 @@ impl Report {
                     "etcd compacted its history past this replica's revision (to \
                      {compact_revision}): listing again"
                 ),
+                None,
+            ),
+            Report::TooLarge { why } => (
+                Level::Warning,
+                format!("a watch response was too large ({why}): listing again"),
                 None,
             ),
             Report::Lost { why, retry_in } => (
@@ -326,6 +339,13 @@ impl Replicator {
         }
     }
 
+    /// Reports a watch response too large to take ([`too_large`]) and
+    /// answers that the replicator lists again.
+    fn list_again(&mut self, e: etcd_client::Error) -> Next {
+        (self.report)(Report::TooLarge { why: e.to_string() });
+        Next::List
+    }
+
     /// Watches from the recorded revision until the watch must list again
     /// (`Ok`) or fails (`Err`).
     async fn watch(&mut self, client: &mut Client) -> Result<Next> {
@@ -336,7 +356,7 @@ impl Replicator {
             .with_progress_notify();
         let stream = client
             .watch_client()
-            .max_decoding_message_size(crate::list::MAX_RESPONSE)
+            .max_decoding_message_size(self.settings.max_response)
             .watch(layout.prefix(), Some(opts))
             .await
             .map_err(|e| self.settings.err("watch", e))?;
@@ -372,7 +392,10 @@ impl Replicator {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let first = tokio::select! {
-                m = responses.message() => m.map_err(|e| self.settings.err("watch", e))?,
+                m = responses.message() => match m {
+                    Err(e) if too_large(&e) => return Ok(self.list_again(e)),
+                    m => m.map_err(|e| self.settings.err("watch", e))?,
+                },
                 _ = tick.tick() => {
                     requests.request_progress().await.map_err(|e| self.settings.err("watch progress", e))?;
                     continue;
@@ -390,6 +413,7 @@ impl Replicator {
                         events += m.events().len();
                         batch.push(m);
                     }
+                    Ok(Err(e)) if too_large(&e) => return Ok(self.list_again(e)),
                     Ok(Err(e)) => return Err(self.settings.err("watch", e)),
                     Ok(Ok(None)) | Err(_) => break,
                 }
@@ -458,4 +482,13 @@ impl Replicator {
             }
         }
     }
+}
+
+/// Whether a watch stream failed on a response over
+/// [`Settings::max_response`] (tonic's `OUT_OF_RANGE`; etcd puts up to
+/// 1,000 revisions in one catch-up response, fragmenting none unless asked):
+/// resuming from the same revision would fail the same way, forever, and
+/// hold back every later change, revocations included; a list is paged.
+fn too_large(e: &etcd_client::Error) -> bool {
+    matches!(e, etcd_client::Error::GRpcStatus(s) if s.code() as i32 == crate::list::GRPC_OUT_OF_RANGE)
 }

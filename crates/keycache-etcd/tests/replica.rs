@@ -420,3 +420,57 @@ fn a_write_of_what_the_replica_already_shows_sends_nothing() {
     assert_eq!(got, rev);
     assert_eq!(c.revision(), rev, "no new revision");
 }
+
+/// A catch-up larger than the replicator takes in one watch response
+/// (etcd sends up to 1,000 revisions at once, whatever their size): the
+/// replicator lists again (in pages) instead of resuming the watch from
+/// the same revision forever, and the revocation made meanwhile arrives.
+#[test]
+fn a_catch_up_larger_than_a_response_lists_again_and_the_revocation_arrives() {
+    let c = Cluster::start(1);
+    let mut st = settings(&c, "/keycache/t9/");
+    st.max_response = 256 << 10;
+    let dir = tempfile::tempdir().expect("dir");
+    let value = |k: &str, state: u8, len: usize| {
+        let mut v = vec![state];
+        v.extend_from_slice(pem(k, len).as_bytes());
+        v
+    };
+    let puts = |from: usize, n: usize| {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async {
+            let mut cl = etcd_client::Client::connect(c.endpoints(), None).await?;
+            for i in from..from + n {
+                let k = format!("big-{i}");
+                cl.put(format!("/keycache/t9/keys/{k}"), value(&k, 2, 2_000), None)
+                    .await?;
+            }
+            cl.put("/keycache/t9/keys/victim", value("victim", 1, 100), None)
+                .await?;
+            Ok::<_, etcd_client::Error>(())
+        })
+        .expect("puts")
+    };
+    puts(0, 1);
+    {
+        let _r = Running::start(&st, dir.path());
+        wait_for(dir.path(), c.revision());
+        assert!(dir.path().join("minions/victim").is_file());
+    }
+    // While the replicator is down: the victim revoked, then 200 revisions
+    // of 2 KB values (400 KB of events after the replica's revision).
+    c.etcdctl(&["del", "/keycache/t9/keys/victim"])
+        .expect("del");
+    puts(1, 200);
+    c.etcdctl(&["del", "/keycache/t9/keys/victim"])
+        .expect("del");
+    let _r = Running::start(&st, dir.path());
+    wait_for(dir.path(), c.revision());
+    let s = open(dir.path());
+    assert_eq!(s.get(&id("victim")).expect("get"), None);
+    assert!(!dir.path().join("minions/victim").exists());
+    assert_eq!(s.counts().expect("counts").pending, 201);
+}

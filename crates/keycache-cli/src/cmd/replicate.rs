@@ -133,6 +133,10 @@ fn print(r: &Report, json: bool) {
                 compact_revision: Some(*compact_revision),
                 ..Line::new("compacted")
             },
+            Report::TooLarge { why } => Line {
+                why: Some(why),
+                ..Line::new("too_large")
+            },
             Report::Lost { why, retry_in } => Line {
                 why: Some(why),
                 retry_in_ms: Some(retry_in.as_millis()),
