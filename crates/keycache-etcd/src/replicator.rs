@@ -20,14 +20,17 @@
 //!    revision does not fit the etcd it reaches lists again.
 //!
 //! A crash anywhere leaves the recorded revision at or behind the store:
-//! changes are absolute (a value or a removal), so applying some twice
-//! after a restart changes nothing.
+//! changes are absolute (a value or a removal), and what etcd committed
+//! before a watch began is applied as one batch ([`crate::catch_up`]), so
+//! applying some twice after a restart changes nothing, not even for a
+//! moment (a revoked key is never accepted again in between).
 
 use std::time::Duration;
 
 use etcd_client::{Client, EventType, GetOptions, WatchOptions};
 use keycache::store::Store;
 
+use crate::catch_up::{CatchUp, Step, MAX_HELD};
 use crate::connect::Settings;
 use crate::error::{Error, Result};
 use crate::replica::{self, Applied, Change};
@@ -71,10 +74,10 @@ pub enum Report {
         /// etcd's compaction revision.
         compact_revision: i64,
     },
-    /// A watch response was larger than the replicator takes
-    /// ([`Settings::max_response`]: a catch-up over many revisions of
-    /// large values): resuming the watch would meet it again, so the
-    /// replicator lists again (in pages).
+    /// A watch's catch-up was more than the replicator takes (a response
+    /// over [`Settings::max_response`]: many revisions of large values; or
+    /// more events than it holds): resuming the watch would meet it again,
+    /// so the replicator lists again (in pages).
     TooLarge {
         /// The transport's words.
         why: String,
@@ -290,6 +293,10 @@ impl Replicator {
         let l = crate::list::list(client, &self.settings).await?;
         let listing = t.elapsed();
         let t = std::time::Instant::now();
+        // Recorded before the store changes: a kill in between leaves a
+        // store at this revision and a record behind it (`catch_up`).
+        self.state.applying = l.revision;
+        self.state.write(self.store.dir())?;
         let mut done = replica::apply_list(&self.store, &l.entries)?;
         let took = t.elapsed();
         done.refused.splice(0..0, l.refused);
@@ -301,6 +308,7 @@ impl Replicator {
             etcd_revision: l.revision,
             contact_ms: now_ms(),
             pid: std::process::id(),
+            applying: l.revision,
         };
         self.state.write(self.store.dir())?;
         (self.report)(Report::Listed {
@@ -363,12 +371,12 @@ impl Replicator {
         let (mut requests, mut responses) = stream.split();
         // The watcher exists once etcd says so; only then is the history
         // after our revision known to be whole (see `history_kept`).
-        match responses
+        let current = match responses
             .message()
             .await
             .map_err(|e| self.settings.err("watch", e))?
         {
-            Some(m) if m.created() && !m.canceled() => {}
+            Some(m) if m.created() && !m.canceled() => m.header().map_or(0, |h| h.revision()),
             Some(m) if m.compact_revision() > 0 => {
                 (self.report)(Report::Compacted {
                     compact_revision: m.compact_revision(),
@@ -381,13 +389,16 @@ impl Replicator {
                     .err("watch", format!("not created: {}", m.cancel_reason())))
             }
             None => return Err(self.settings.err("watch", "the stream ended")),
-        }
+        };
         if !self.history_kept(client).await? {
             (self.report)(Report::Compacted {
                 compact_revision: self.state.revision + 1,
             });
             return Ok(Next::List);
         }
+        // A replay of changes the store may hold already is applied as
+        // one batch (see `catch_up`).
+        let mut catch_up = CatchUp::new(self.state.revision, self.state.applying, current);
         let mut tick = tokio::time::interval(PROGRESS_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -418,6 +429,27 @@ impl Replicator {
                     Ok(Ok(None)) | Err(_) => break,
                 }
             }
+            let batch = match &mut catch_up {
+                None => batch,
+                Some(c) => match c.take(batch) {
+                    Step::Wait => continue,
+                    Step::Compacted(compact_revision) => {
+                        (self.report)(Report::Compacted { compact_revision });
+                        return Ok(Next::List);
+                    }
+                    Step::TooMany => {
+                        (self.report)(Report::TooLarge {
+                            why: format!("a catch-up of more than {MAX_HELD} events"),
+                        });
+                        return Ok(Next::List);
+                    }
+                    Step::Apply(all) => {
+                        catch_up = None;
+                        all
+                    }
+                },
+            };
+            let events = batch.iter().map(|m| m.events().len()).sum();
             let mut changes: Vec<Change> = Vec::with_capacity(events);
             let mut applied = Applied::default();
             let mut revision = self.state.revision;
@@ -460,6 +492,9 @@ impl Replicator {
             }
             let t = std::time::Instant::now();
             if !changes.is_empty() {
+                // Recorded before the store changes (see `catch_up`).
+                self.state.applying = revision;
+                self.state.write(self.store.dir())?;
                 let mut done = replica::apply_changes(&self.store, &changes)?;
                 done.refused
                     .splice(0..0, std::mem::take(&mut applied.refused));

@@ -2,14 +2,16 @@
 //! etcd cluster and prefix the store replicates, the revision it holds, and
 //! when the replicator last heard from etcd.
 //!
-//! Written only by the replicator, after the store changes it describes
-//! are durable, by a rename over the old file (readers see one or the
-//! other), so the revision it names is never ahead of the store. It is not
-//! fsynced: after a crash it may name an older revision than the store
-//! holds (the watch then applies some changes again, which changes
-//! nothing: they are absolute) or be unreadable (the replicator lists
-//! again); it never names a newer one. Two fsyncs per batch saved. Read by writers
-//! waiting for their revision, and by `keycache etcd status`.
+//! Written only by the replicator, by a rename over the old file (readers
+//! see one or the other): before a batch's store write, naming the
+//! revision being applied (`applying`), and after the store changes are
+//! durable, naming the revision the store holds, so that revision is never
+//! ahead of the store. It is not fsynced: after a crash it may name an
+//! older revision than the store holds (the watch then applies some
+//! changes again, as one batch up to `applying`: see [`crate::catch_up`])
+//! or be unreadable (the replicator lists again); it never names a newer
+//! one. Fsyncs per batch saved. Read by writers waiting for their
+//! revision, and by `keycache etcd status`.
 
 use std::path::{Path, PathBuf};
 
@@ -35,6 +37,13 @@ pub struct ReplicaState {
     pub contact_ms: u64,
     /// The pid of the replicator that wrote this.
     pub pid: u32,
+    /// The revision of the batch (or list) being applied when this was
+    /// written, recorded before the store changes: when above `revision`,
+    /// the store may hold every change up to it, and the watch's replay is
+    /// applied as one batch up to it ([`crate::catch_up`]). 0 in a file of
+    /// an older keycache.
+    #[serde(default)]
+    pub applying: i64,
 }
 
 /// The state file of the store in `dir`.
@@ -99,9 +108,20 @@ mod tests {
             etcd_revision: 43,
             contact_ms: 1,
             pid: 9,
+            applying: 44,
         };
         s.write(dir.path()).expect("write");
         assert_eq!(ReplicaState::read(dir.path()).expect("read"), Some(s));
+        // A file of an older keycache, without `applying`.
+        std::fs::write(
+            path(dir.path()),
+            br#"{"prefix":"/p/","cluster_id":1,"revision":5,"listed_at":5,"etcd_revision":5,"contact_ms":1,"pid":2}"#,
+        )
+        .expect("old file");
+        let old = ReplicaState::read(dir.path())
+            .expect("read")
+            .expect("state");
+        assert_eq!((old.revision, old.applying), (5, 0));
         std::fs::write(path(dir.path()), b"{").expect("garbage");
         let e = ReplicaState::read(dir.path()).expect_err("garbage");
         assert!(e.to_string().contains(".keycache-etcd"), "{e}");

@@ -10,7 +10,7 @@ use keycache::store::{KeyState, Store};
 use keycache::tree::TreeSync;
 use keycache::MinionId;
 use keycache_etcd::write::{Decision, Writer};
-use keycache_etcd::{block_on, ReplicaState, Replicator, Settings, Value};
+use keycache_etcd::{block_on, ReplicaState, Replicator, Report, Settings, Value};
 use keycache_testkit::common::pem;
 use keycache_testkit::etcd::Cluster;
 
@@ -32,10 +32,22 @@ struct Running {
 
 impl Running {
     fn start(settings: &Settings, dir: &Path) -> Running {
+        Running::reporting(settings, dir, |_| {})
+    }
+
+    /// [`Running::start`], each report also given to `sink`.
+    fn reporting(
+        settings: &Settings,
+        dir: &Path,
+        mut sink: impl FnMut(&Report) + Send + 'static,
+    ) -> Running {
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let (settings, store) = (settings.clone(), open(dir));
         let thread = std::thread::spawn(move || {
-            let mut r = Replicator::new(settings, store, |rep| eprintln!("replicator: {rep:?}"));
+            let mut r = Replicator::new(settings, store, move |rep| {
+                eprintln!("replicator: {rep:?}");
+                sink(&rep);
+            });
             block_on(async move {
                 r.run(async {
                     let _ = rx.await;
@@ -473,4 +485,73 @@ fn a_catch_up_larger_than_a_response_lists_again_and_the_revocation_arrives() {
     assert_eq!(s.get(&id("victim")).expect("get"), None);
     assert!(!dir.path().join("minions/victim").exists());
     assert_eq!(s.counts().expect("counts").pending, 201);
+}
+
+/// A store ahead of the revision it records (a replicator killed between
+/// a batch's store write and its record): the watch replays changes the
+/// store holds, split by etcd into responses of 1,000 revisions sent 100
+/// ms apart. The replay is applied as one batch up to the revision that
+/// was being applied, so a key accepted early in it and revoked later is
+/// not accepted again for a moment in between.
+#[test]
+fn a_replay_after_a_crash_never_accepts_a_revoked_key_again_for_a_moment() {
+    let c = Cluster::start(1);
+    let st = settings(&c, "/keycache/t10/");
+    let dir = tempfile::tempdir().expect("dir");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let mut cl = rt
+        .block_on(etcd_client::Client::connect(c.endpoints(), None))
+        .expect("client");
+    let mut put = |k: &str, state: u8| {
+        let mut v = vec![state];
+        v.extend_from_slice(pem(k, 100).as_bytes());
+        let r = rt
+            .block_on(cl.put(format!("/keycache/t10/keys/{k}"), v, None))
+            .expect("put");
+        r.header().expect("header").revision()
+    };
+    put("other", 1);
+    let accepted_at = put("victim", 1);
+    for i in 0..2_500 {
+        put(&format!("filler-{}", i % 10), 2);
+    }
+    c.etcdctl(&["del", "/keycache/t10/keys/victim"])
+        .expect("del");
+    let revoked_at = c.revision();
+    {
+        let _r = Running::start(&st, dir.path());
+        wait_for(dir.path(), revoked_at);
+        assert!(!dir.path().join("minions/victim").exists());
+    }
+    // What a replicator killed between a batch's store write and its
+    // record leaves: the store at the revocation, the record before the
+    // victim's accept, naming the revision that was being applied.
+    let mut state = ReplicaState::read(dir.path())
+        .expect("read")
+        .expect("state");
+    assert_eq!(
+        state.applying, revoked_at,
+        "recorded before the store write"
+    );
+    state.revision = accepted_at - 1;
+    state.write(dir.path()).expect("write");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let _r = Running::reporting(&st, dir.path(), move |rep| {
+        if let Report::Applied { revision, .. } = rep {
+            let _ = tx.send(*revision);
+        }
+    });
+    wait_for(dir.path(), revoked_at);
+    // Reported once recorded: the first report may come just after.
+    let mut applied = vec![rx.recv_timeout(Duration::from_secs(10)).expect("applied")];
+    applied.extend(rx.try_iter());
+    assert!(
+        applied.iter().all(|r| *r >= revoked_at),
+        "a batch of the replay ended before the revocation at {revoked_at}: {applied:?}"
+    );
+    assert_eq!(open(dir.path()).get(&id("victim")).expect("get"), None);
+    assert!(!dir.path().join("minions/victim").exists());
 }
