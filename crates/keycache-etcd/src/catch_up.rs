@@ -29,7 +29,7 @@ use etcd_client::WatchResponse;
 
 /// Events a catch-up holds at most; past them the replicator lists again
 /// (a list, paged, makes the store equal to etcd in one step too).
-pub(crate) const MAX_HELD: usize = 100_000;
+pub const MAX_HELD: usize = 100_000;
 
 /// What the watch does with the responses it received.
 #[derive(Debug)]

@@ -35,7 +35,7 @@
 #![deny(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
-mod catch_up;
+pub mod catch_up;
 pub mod connect;
 pub mod error;
 pub mod layout;
