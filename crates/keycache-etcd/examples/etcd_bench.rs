@@ -296,7 +296,8 @@ fn accept_all(c: &Cluster, n: usize, tree: TreeSync) -> Res<()> {
     let nowait = tempfile::tempdir()?;
     ReplicaState {
         revision: i64::MAX,
-        ..ReplicaState::default()
+        // A's: of the same etcd cluster.
+        ..ReplicaState::read(a.path())?.ok_or("no replica state in A")?
     }
     .write(nowait.path())?;
     let t = Instant::now();

@@ -51,15 +51,16 @@ pub enum Error {
     /// in time.
     #[error(
         "etcd committed the change (revision {revision}), but the replica in {dir} has not \
-         applied it within {waited_ms} ms (it holds revision {holds}): is the replicator running \
-         for this store?"
+         applied it within {waited_ms} ms (it holds revision {holds} of that etcd cluster): is the \
+         replicator running for this store, on these endpoints?"
     )]
     NotApplied {
         /// The store directory.
         dir: PathBuf,
         /// The revision of the commit.
         revision: i64,
-        /// The revision the replica holds.
+        /// The revision the replica holds of the etcd cluster that
+        /// committed the change (0: none, or it replicates another).
         holds: i64,
         /// How long this waited.
         waited_ms: u64,

@@ -186,6 +186,7 @@ impl Writer {
     ) -> Result<Written> {
         let chunks: Vec<&[MinionId]> = ids.chunks(IDS_PER_TXN).collect();
         let mut w = Written::default();
+        let mut cluster = 0;
         let mut pending: Vec<usize> = (0..chunks.len()).collect();
         let mut tries = 0;
         while let Some(&first) = pending.first() {
@@ -220,6 +221,9 @@ impl Writer {
             let results = self.run_all(txns, "txn (write)").await?;
             pending.clear();
             for ((i, p), r) in plans.into_iter().zip(results) {
+                if let Some(h) = r.header() {
+                    cluster = h.cluster_id();
+                }
                 if r.succeeded() {
                     w.revision = w.revision.max(r.header().map_or(0, |h| h.revision()));
                     w.done.extend(p.done);
@@ -230,7 +234,7 @@ impl Writer {
             }
         }
         if w.revision > 0 {
-            self.wait_applied(w.revision).await?;
+            self.wait_applied(cluster, w.revision).await?;
         }
         Ok(w)
     }
@@ -308,6 +312,7 @@ impl Writer {
             )
             .await
             .map_err(|e| self.settings.err("txn (write)", e))?;
+        let cluster = r.header().map_or(0, |h| h.cluster_id());
         let revision = if r.succeeded() {
             r.header().map_or(0, |h| h.revision())
         } else {
@@ -331,23 +336,34 @@ impl Writer {
                 }
             }
         };
-        self.wait_applied(revision).await?;
+        self.wait_applied(cluster, revision).await?;
         Ok(revision)
     }
 
     /// Waits until the replica in this writer's store directory holds
-    /// `revision`, at most the write timeout.
-    pub async fn wait_applied(&self, revision: i64) -> Result<()> {
-        wait_applied(&self.dir, revision, self.settings.write_timeout).await
+    /// `revision` of the etcd cluster `cluster_id`, at most the write
+    /// timeout.
+    pub async fn wait_applied(&self, cluster_id: u64, revision: i64) -> Result<()> {
+        wait_applied(&self.dir, cluster_id, revision, self.settings.write_timeout).await
     }
 }
 
-/// Waits until the replica of `dir` holds `revision`, at most `timeout`.
-pub async fn wait_applied(dir: &Path, revision: i64, timeout: Duration) -> Result<()> {
+/// Waits until the replica of `dir` holds `revision` of the etcd cluster
+/// `cluster_id` (0: any), at most `timeout`. A replica of another cluster
+/// (endpoints pointed at another or a restored etcd, its replicator not yet
+/// restarted on them) holds none of it, whatever its revision.
+pub async fn wait_applied(
+    dir: &Path,
+    cluster_id: u64,
+    revision: i64,
+    timeout: Duration,
+) -> Result<()> {
     let start = Instant::now();
     let mut pause = Duration::from_micros(200);
     loop {
-        let holds = ReplicaState::read(dir)?.map_or(0, |s| s.revision);
+        let holds = ReplicaState::read(dir)?
+            .filter(|s| cluster_id == 0 || s.cluster_id == cluster_id)
+            .map_or(0, |s| s.revision);
         if holds >= revision {
             return Ok(());
         }

@@ -235,6 +235,44 @@ fn a_write_fails_cleanly_when_no_replica_applies_it_and_a_stale_driver_write_is_
         2,
         "still pending in etcd"
     );
+    // A replica of another etcd cluster (the endpoints pointed elsewhere,
+    // its replicator not restarted yet) holds none of this one's commits,
+    // whatever revision it names; one of this cluster holding the commit's
+    // revision does.
+    let cluster = block_on(async {
+        let mut cl = st.connect().await?;
+        let r = cl
+            .get("/keycache/t2/", None)
+            .await
+            .map_err(|e| keycache_etcd::Error::Config(e.to_string()))?;
+        Ok(r.header().expect("header").cluster_id())
+    })
+    .expect("cluster id");
+    let replica_of = |cluster_id| {
+        ReplicaState {
+            prefix: "/keycache/t2/".into(),
+            cluster_id,
+            revision: i64::MAX,
+            ..ReplicaState::default()
+        }
+        .write(dir.path())
+        .expect("state")
+    };
+    let put_new = |name: &str| {
+        block_on(async {
+            let mut w = Writer::connect(st.clone(), dir.path()).await?;
+            let v = Value::Key(KeyState::Pending, pem(name, 100).into_bytes());
+            w.put_if(Bank::Keys, &id(name), None, Some(v)).await
+        })
+    };
+    replica_of(cluster.wrapping_add(1));
+    let e = put_new("y").expect_err("another cluster's replica");
+    assert!(
+        matches!(e, keycache_etcd::Error::NotApplied { holds: 0, .. }),
+        "{e}"
+    );
+    replica_of(cluster);
+    put_new("z").expect("this cluster's replica holds it");
 }
 
 #[test]
