@@ -4,11 +4,13 @@
 
 use super::*;
 
-/// The ids that have a key file in a state directory of `dir`'s tree
-/// (names that are valid minion ids, dot-files aside, as Salt's
-/// `pki.migrate_to_mmap` lists them: a migration's rule), none for a directory that is absent. Nothing
-/// is followed: a state directory that is not a directory is refused, as
-/// the tree writer refuses it.
+/// The ids that have a key file in a state directory of `dir`'s tree, the
+/// tree a migration writes into: every name [`is_key_name`] takes, dot-ids
+/// included (Salt's `validate_token` reads `minions/.m` as it reads any
+/// id's file; only the source tree's scan leaves dot-files aside, as
+/// `pki.migrate_to_mmap` does), none for a directory that is absent.
+/// Nothing is followed: a state directory that is not a directory is
+/// refused, as the tree writer refuses it.
 pub(crate) fn ids_with_key_files(dir: &Path) -> Result<BTreeSet<String>> {
     let mut out = BTreeSet::new();
     for d in TreeDir::NAMES {
@@ -28,7 +30,7 @@ pub(crate) fn ids_with_key_files(dir: &Path) -> Result<BTreeSet<String>> {
         for e in std::fs::read_dir(&path).map_err(|e| Error::io(&path, "read directory", e))? {
             let e = e.map_err(|e| Error::io(&path, "read directory", e))?;
             if let Some(name) = e.file_name().to_str() {
-                if !name.starts_with('.') && crate::id::validate(name).is_ok() {
+                if is_key_name(name) {
                     out.insert(name.to_owned());
                 }
             }

@@ -125,19 +125,24 @@ fn migrate_out_never_drops_a_key_of_the_target_tree_unasked() {
     let t = tempfile::tempdir().unwrap();
     let (keys, pki, cluster) = master(t.path(), &["web-1"], &[]);
     let extra = t.path().join("extra");
-    let other = keygen(&extra, &["db-1"]);
+    let other = keygen(&extra, &["db-1", ".db"]);
     std::fs::create_dir_all(cluster.join("minions")).unwrap();
     std::fs::write(cluster.join("minions/db-1"), &other[0].1).unwrap();
+    // A dot-id's key file is a key file too (validate_token reads it).
+    std::fs::write(cluster.join("minions/.db"), &other[1].1).unwrap();
     let o = keycache_1009(&["migrate", s(&pki), "--out", s(&cluster)]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(exit_code(&o), Some(2), "{err}");
-    assert!(err.contains("db-1") && err.contains("--replace"), "{err}");
+    assert!(
+        err.contains("db-1") && err.contains(".db") && err.contains("--replace"),
+        "{err}"
+    );
     assert!(!cluster.join(".mmap_keys.idx").exists(), "banks written");
     assert!(!cluster.join("minions/web-1").exists(), "tree written");
     assert_eq!(
-        passing(&extra, &pki, &cluster, &["db-1"]),
-        ["db-1"],
-        "the target's key is still there"
+        passing(&extra, &pki, &cluster, &["db-1", ".db"]),
+        ["db-1", ".db"],
+        "the target's keys are still there"
     );
 
     ok(&keycache_1009(&[
@@ -148,7 +153,8 @@ fn migrate_out_never_drops_a_key_of_the_target_tree_unasked() {
         "--replace",
     ]));
     assert_eq!(passing(&keys, &pki, &cluster, &["web-1"]), ["web-1"]);
-    assert!(passing(&extra, &pki, &cluster, &["db-1"]).is_empty());
+    assert!(passing(&extra, &pki, &cluster, &["db-1", ".db"]).is_empty());
+    assert!(!cluster.join("minions/.db").exists());
 
     // A symlink under an id's name in the target's tree: refused, by name.
     let outside = t.path().join("outside");
