@@ -150,7 +150,7 @@ impl Report {
             ),
             Report::TooLarge { why } => (
                 Level::Warning,
-                format!("a watch response was too large ({why}): listing again"),
+                format!("the watch's catch-up is more than it takes ({why}): listing again"),
                 None,
             ),
             Report::Lost { why, retry_in } => (
