@@ -2,7 +2,7 @@
 //! past the revision it records, replayed as one batch.
 //!
 //! Before a batch's store write the replicator records the revision it is
-//! applying ([`crate::state::ReplicaState::applying`]), and after it the
+//! applying ([`crate::state::Applying`]), and after it the
 //! revision the store holds. A replicator killed between the two leaves a
 //! store ahead of its record, and the next watch replays the changes from
 //! the recorded revision on, which the store already holds. etcd sends a

@@ -34,7 +34,7 @@ use crate::catch_up::{CatchUp, Step, MAX_HELD};
 use crate::connect::Settings;
 use crate::error::{Error, Result};
 use crate::replica::{self, Applied, Change};
-use crate::state::{now_ms, ReplicaState};
+use crate::state::{now_ms, Applying, ReplicaState};
 
 /// Events applied in one batch at most.
 pub const MAX_EVENTS: usize = 10_000;
@@ -172,6 +172,9 @@ pub struct Replicator {
     settings: Settings,
     store: Store,
     state: ReplicaState,
+    /// The record of the revision being applied, opened at the first
+    /// batch.
+    applying: Option<Applying>,
     report: Box<dyn FnMut(Report) + Send>,
 }
 
@@ -202,6 +205,7 @@ impl Replicator {
             settings,
             store,
             state: ReplicaState::default(),
+            applying: None,
             report: Box::new(report),
         }
     }
@@ -295,8 +299,7 @@ impl Replicator {
         let t = std::time::Instant::now();
         // Recorded before the store changes: a kill in between leaves a
         // store at this revision and a record behind it (`catch_up`).
-        self.state.applying = l.revision;
-        self.state.write(self.store.dir())?;
+        self.record_applying(l.revision)?;
         let mut done = replica::apply_list(&self.store, &l.entries)?;
         let took = t.elapsed();
         done.refused.splice(0..0, l.refused);
@@ -308,7 +311,6 @@ impl Replicator {
             etcd_revision: l.revision,
             contact_ms: now_ms(),
             pid: std::process::id(),
-            applying: l.revision,
         };
         self.state.write(self.store.dir())?;
         (self.report)(Report::Listed {
@@ -345,6 +347,18 @@ impl Replicator {
             }
             Err(e) => Err(self.settings.err("range (history check)", e)),
         }
+    }
+
+    /// Records `revision` as the one being applied, before the store
+    /// changes ([`Applying`]).
+    fn record_applying(&mut self, revision: i64) -> Result<()> {
+        let a = match self.applying.take() {
+            Some(a) => a,
+            None => Applying::open(self.store.dir())?,
+        };
+        a.record(revision)?;
+        self.applying = Some(a);
+        Ok(())
     }
 
     /// Reports a watch response too large to take ([`too_large`]) and
@@ -398,7 +412,8 @@ impl Replicator {
         }
         // A replay of changes the store may hold already is applied as
         // one batch (see `catch_up`).
-        let mut catch_up = CatchUp::new(self.state.revision, self.state.applying, current);
+        let applying = Applying::read(self.store.dir())?;
+        let mut catch_up = CatchUp::new(self.state.revision, applying, current);
         let mut tick = tokio::time::interval(PROGRESS_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -493,8 +508,7 @@ impl Replicator {
             let t = std::time::Instant::now();
             if !changes.is_empty() {
                 // Recorded before the store changes (see `catch_up`).
-                self.state.applying = revision;
-                self.state.write(self.store.dir())?;
+                self.record_applying(revision)?;
                 let mut done = replica::apply_changes(&self.store, &changes)?;
                 done.refused
                     .splice(0..0, std::mem::take(&mut applied.refused));

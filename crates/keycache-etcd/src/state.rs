@@ -2,16 +2,15 @@
 //! etcd cluster and prefix the store replicates, the revision it holds, and
 //! when the replicator last heard from etcd.
 //!
-//! Written only by the replicator, by a rename over the old file (readers
-//! see one or the other): before a batch's store write, naming the
-//! revision being applied (`applying`), and after the store changes are
-//! durable, naming the revision the store holds, so that revision is never
-//! ahead of the store. It is not fsynced: after a crash it may name an
-//! older revision than the store holds (the watch then applies some
-//! changes again, as one batch up to `applying`: see [`crate::catch_up`])
-//! or be unreadable (the replicator lists again); it never names a newer
-//! one. Fsyncs per batch saved. Read by writers waiting for their
-//! revision, and by `keycache etcd status`.
+//! Written only by the replicator, after the store changes it describes
+//! are durable, by a rename over the old file (readers see one or the
+//! other), so the revision it names is never ahead of the store. It is not
+//! fsynced: after a crash it may name an older revision than the store
+//! holds (the watch then applies some changes again, as one batch up to
+//! the revision that was being applied, [`Applying`]: see
+//! [`crate::catch_up`]) or be unreadable (the replicator lists again); it
+//! never names a newer one. Two fsyncs per batch saved. Read by writers
+//! waiting for their revision, and by `keycache etcd status`.
 
 use std::path::{Path, PathBuf};
 
@@ -37,13 +36,6 @@ pub struct ReplicaState {
     pub contact_ms: u64,
     /// The pid of the replicator that wrote this.
     pub pid: u32,
-    /// The revision of the batch (or list) being applied when this was
-    /// written, recorded before the store changes: when above `revision`,
-    /// the store may hold every change up to it, and the watch's replay is
-    /// applied as one batch up to it ([`crate::catch_up`]). 0 in a file of
-    /// an older keycache.
-    #[serde(default)]
-    pub applying: i64,
 }
 
 /// The state file of the store in `dir`.
@@ -92,6 +84,60 @@ impl ReplicaState {
     }
 }
 
+/// The revision the replicator is applying
+/// ([`keycache::format::APPLYING_FILE`] in the store directory): recorded
+/// before a batch's (or a list's) store write, so that after a kill
+/// between that write and the state's record the next watch knows how far
+/// the store may be ahead of the record ([`crate::catch_up`]). Written in
+/// place, 8 bytes by one `pwrite` (a new file per batch would cost an
+/// inode each time), not fsynced (as the state); read only by the
+/// replicator when it starts.
+#[derive(Debug)]
+pub struct Applying {
+    file: std::fs::File,
+    path: PathBuf,
+}
+
+impl Applying {
+    /// Opens (creating) the record of the store in `dir`.
+    pub fn open(dir: &Path) -> Result<Applying> {
+        let path = dir.join(keycache::format::APPLYING_FILE);
+        let own = keycache::files::Ownership::for_dir(dir)?;
+        let file = keycache::files::open_or_create(&path, &own)?;
+        Ok(Applying { file, path })
+    }
+
+    /// Records `revision` as the one being applied.
+    pub fn record(&self, revision: i64) -> Result<()> {
+        use std::os::unix::fs::FileExt;
+        self.file
+            .write_all_at(&revision.to_le_bytes(), 0)
+            .map_err(|source| {
+                keycache::Error::Io {
+                    path: self.path.clone(),
+                    op: "write",
+                    source,
+                }
+                .into()
+            })
+    }
+
+    /// The revision recorded for the store in `dir`; 0 (nothing to catch
+    /// up) when there is no record, or one that is not 8 bytes.
+    pub fn read(dir: &Path) -> Result<i64> {
+        let path = dir.join(keycache::format::APPLYING_FILE);
+        let mut buf = Vec::new();
+        match keycache::files::read_small(&path, 8, &mut buf) {
+            Ok(_) => {}
+            Err(keycache::files::Refused::Io(_, e)) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Ok(0)
+            }
+            Err(r) => return Err(r.into_error(&path).into()),
+        }
+        Ok(<[u8; 8]>::try_from(buf.as_slice()).map_or(0, i64::from_le_bytes))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -108,22 +154,44 @@ mod tests {
             etcd_revision: 43,
             contact_ms: 1,
             pid: 9,
-            applying: 44,
         };
         s.write(dir.path()).expect("write");
         assert_eq!(ReplicaState::read(dir.path()).expect("read"), Some(s));
-        // A file of an older keycache, without `applying`.
-        std::fs::write(
-            path(dir.path()),
-            br#"{"prefix":"/p/","cluster_id":1,"revision":5,"listed_at":5,"etcd_revision":5,"contact_ms":1,"pid":2}"#,
-        )
-        .expect("old file");
-        let old = ReplicaState::read(dir.path())
-            .expect("read")
-            .expect("state");
-        assert_eq!((old.revision, old.applying), (5, 0));
         std::fs::write(path(dir.path()), b"{").expect("garbage");
         let e = ReplicaState::read(dir.path()).expect_err("garbage");
         assert!(e.to_string().contains(".keycache-etcd"), "{e}");
+    }
+
+    /// The record of the revision being applied: 0 when absent or not
+    /// 8 bytes, else the last one recorded, rewritten in place; never
+    /// through a symlink.
+    #[test]
+    fn applying_is_recorded_in_place() {
+        let dir = tempfile::tempdir().expect("dir");
+        assert_eq!(Applying::read(dir.path()).expect("read"), 0);
+        let a = Applying::open(dir.path()).expect("open");
+        a.record(1_234_567).expect("record");
+        assert_eq!(Applying::read(dir.path()).expect("read"), 1_234_567);
+        let path = dir.path().join(keycache::format::APPLYING_FILE);
+        let inode =
+            |p: &Path| std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(p).expect("stat"));
+        let before = inode(&path);
+        a.record(9).expect("record");
+        assert_eq!(Applying::read(dir.path()).expect("read"), 9);
+        assert_eq!(inode(&path), before, "written in place");
+        drop(a);
+        Applying::open(dir.path()).expect("opens an existing record");
+        std::fs::write(&path, b"xyz").expect("short");
+        assert_eq!(Applying::read(dir.path()).expect("read"), 0);
+        std::fs::remove_file(&path).expect("rm");
+        let target = dir.path().join("elsewhere");
+        std::fs::write(&target, b"").expect("target");
+        std::os::unix::fs::symlink(&target, &path).expect("symlink");
+        assert!(
+            Applying::open(dir.path()).is_err(),
+            "a symlink is not followed"
+        );
+        assert!(Applying::read(dir.path()).is_err());
+        assert_eq!(std::fs::read(&target).expect("read"), b"");
     }
 }

@@ -566,14 +566,15 @@ fn a_replay_after_a_crash_never_accepts_a_revoked_key_again_for_a_moment() {
     }
     // What a replicator killed between a batch's store write and its
     // record leaves: the store at the revocation, the record before the
-    // victim's accept, naming the revision that was being applied.
+    // victim's accept, and the revision that was being applied.
+    assert_eq!(
+        keycache_etcd::state::Applying::read(dir.path()).expect("applying"),
+        revoked_at,
+        "recorded before the store write"
+    );
     let mut state = ReplicaState::read(dir.path())
         .expect("read")
         .expect("state");
-    assert_eq!(
-        state.applying, revoked_at,
-        "recorded before the store write"
-    );
     state.revision = accepted_at - 1;
     state.write(dir.path()).expect("write");
     let (tx, rx) = std::sync::mpsc::channel();

@@ -312,6 +312,22 @@ pub(crate) fn create_new_unsynced(path: &Path, own: &Ownership) -> Result<File> 
     Ok(f)
 }
 
+/// Opens the regular file `path` for reading and writing, creating it
+/// (with `own`, its directory entry not fsynced) when it is absent; a
+/// symlink or anything else than a regular file is refused. For a small
+/// file written in place again and again (the etcd replicator's record of
+/// the revision it is applying), where a new file each time would cost an
+/// inode each time.
+pub fn open_or_create(path: &Path, own: &Ownership) -> Result<File> {
+    match open_no_follow(path, true) {
+        Ok((f, _)) => Ok(f),
+        Err(Refused::Io(_, e)) if e.kind() == std::io::ErrorKind::NotFound => {
+            create_new_unsynced(path, own)
+        }
+        Err(r) => Err(r.into_error(path)),
+    }
+}
+
 /// Reserves `len` bytes of zeros for a file, so writes through a mapping
 /// cannot fail for lack of space later (which would raise SIGBUS).
 pub(crate) fn allocate(f: &File, path: &Path, len: u64) -> Result<()> {

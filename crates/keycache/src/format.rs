@@ -67,6 +67,10 @@ pub const REMOVALS_FILE: &str = ".keycache-removed";
 /// prefix, and the revision the store holds.
 pub const REPLICA_FILE: &str = ".keycache-etcd";
 
+/// The revision the etcd replicator is applying, beside [`REPLICA_FILE`]:
+/// 8 bytes, little-endian, written in place before each batch.
+pub const APPLYING_FILE: &str = ".keycache-etcd-applying";
+
 /// Width of a slot's status byte.
 pub const STATUS_LEN: usize = 1;
 /// Width of a slot's packed heap offset.
