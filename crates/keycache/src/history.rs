@@ -278,7 +278,15 @@ pub struct History {
     /// observation consumed: dropped from the log by the next save.
     removals_read: u64,
     mark: u32,
+    /// When the versions were last saved (Unix ns, wall clock; 0 unknown):
+    /// a value written since cannot be a merge in flight's old value left
+    /// in the banks (see `observe`).
+    pub(crate) saved_at: u64,
 }
+
+/// A value written this long after the versions were saved was written
+/// after that save (file times are coarser than a slot's mtime).
+const WRITTEN_SINCE_MARGIN_NS: u64 = 100_000_000;
 
 /// What an observation found.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -357,6 +365,7 @@ impl History {
             seq: 0,
             removals_read: 0,
             mark: 0,
+            saved_at: 0,
         }
     }
 
@@ -379,6 +388,7 @@ impl History {
                 crate::removals::mark(dir, self.seq, self.removals_read)?;
             }
             file::save_versions(dir, self, &own)?;
+            self.saved_at = crate::files::now_ns();
             self.dirty = false;
         }
         file::save_identity(dir, self, &own)?;
@@ -504,7 +514,7 @@ impl History {
             let (mut idb, mut value) = (Vec::new(), Vec::new());
             let mut it = table.iter()?;
             while let Some(r) = it.next_into(&mut idb, &mut value) {
-                let (_mtime, slot) = r?;
+                let (mtime, slot) = r?;
                 let corrupt = |why: String| Error::Corrupt {
                     path: table.path().into(),
                     id: Some(String::from_utf8_lossy(&idb).into_owned()),
@@ -546,8 +556,21 @@ impl History {
                 // made) and here again: a new value, whatever its bytes.
                 let back = !removed.is_empty() && removed.contains(&(bank, id));
                 if rec.cur.hash != hash || back {
+                    // The banks hold the value from before a merge in
+                    // flight: the merge did not write it, unless the value
+                    // was written after the in-flight save, by a writer
+                    // here (the merge writes its own value). That is a
+                    // change, which must not take the old value's stamp
+                    // when it revokes the merge's accept (the peer's
+                    // accept would win at the next merge).
+                    let undone = |p: Version| {
+                        let revokes = rec.cur.kind == Kind::Accepted && p.kind != Kind::Accepted;
+                        !(revokes
+                            && self.saved_at > 0
+                            && mtime > self.saved_at.saturating_add(WRITTEN_SINCE_MARGIN_NS))
+                    };
                     match rec.prev {
-                        Some(p) if p.hash == hash && !back => rec.cur = p,
+                        Some(p) if p.hash == hash && !back && undone(p) => rec.cur = p,
                         _ => {
                             // A pending key where this store knew nothing
                             // of the id (a minion's first sign-in here)
@@ -567,6 +590,14 @@ impl History {
                             };
                             rec.cur = Version { stamp, kind, hash };
                             seen.changed += 1;
+                            // Neither the merge's value nor the one before
+                            // it: changed here since, so nothing is in
+                            // flight any more, and a later return to the
+                            // old value is a change too (not the merge
+                            // undone, which would give it its old stamp).
+                            if rec.prev.take().is_some() && settle {
+                                seen.settled.push((bank, id.to_owned()));
+                            }
                         }
                     }
                     self.dirty = true;
@@ -580,12 +611,18 @@ impl History {
             }
         }
         // A logged removal of an entry not here: a tombstone now (the
-        // latest it can have happened), over any older one.
+        // latest it can have happened), over any older one, and over a
+        // merge in flight too: a removal logged since the last save is a
+        // writer's here (a merge logs none), made after the merge's bank
+        // writes or instead of them, so it is not the merge undone.
         for &(bank, id) in &removed {
             let rec = self.entries.entry(bank, id);
-            if rec.mark != mark && rec.cur.kind == Kind::Absent {
+            if rec.mark != mark && (rec.cur.kind == Kind::Absent || rec.prev.is_some()) {
                 rec.cur = Version::absent(now.max(rec.cur.stamp.saturating_add(1)));
                 rec.mark = mark;
+                if rec.prev.take().is_some() && settle {
+                    seen.settled.push((bank, id.to_owned()));
+                }
                 seen.changed += 1;
                 self.dirty = true;
             }

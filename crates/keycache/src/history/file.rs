@@ -202,6 +202,12 @@ pub(super) fn load(dir: &Path) -> Result<Option<History>> {
         None => (Versions::default(), 0),
         Some(hb) => parse_versions(&hb, &hpath)?,
     };
+    // When the versions were last saved: the file's mtime (0 unknown).
+    let saved_at = std::fs::symlink_metadata(&hpath)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_nanos() as u64);
     Ok(Some(History {
         identity,
         entries,
@@ -210,6 +216,7 @@ pub(super) fn load(dir: &Path) -> Result<Option<History>> {
         seq,
         removals_read: 0,
         mark: 0,
+        saved_at,
     }))
 }
 

@@ -189,6 +189,117 @@ fn a_merge_in_flight_is_settled_when_the_banks_took_the_new_value() {
     assert_eq!(seen.settled, vec![(Bank::Keys, "m1".to_owned())]);
 }
 
+/// A merge in flight whose bank writes were made (its final save lost),
+/// then revocations by the operator before the next merge. A removal that
+/// keycache's writer logged, and a value that is neither the merge's nor
+/// the one before it, are local changes stamped now, not the merge undone:
+/// the in-flight record is over, and a later return to the old value is a
+/// change too. Read as the merge undone, each went back to its old stamp,
+/// and the peer's accept won at the next merge (a revoked key accepted
+/// again).
+#[test]
+fn a_revocation_after_a_merge_left_in_flight_is_a_change_not_the_merge_undone() {
+    let (dir, store, t, o) = fresh();
+    put(&store, "m4", KeyState::Rejected, "k4");
+    let mut h = observed(dir.path(), &store, &o);
+    let rejected = h.get(Bank::Keys, "m4").expect("recorded");
+    // The merge: m2 (never seen here) and m4 accepted at 4000, written to
+    // the banks (a merge's batch logs no removal); its settling save lost.
+    let accepted = |tag: &str| Version {
+        stamp: 4_000,
+        kind: Kind::Accepted,
+        hash: value_hash(Kind::Accepted, &pem(tag)),
+    };
+    h.set_in_flight(Bank::Keys, "m2", accepted("k2"));
+    h.set_in_flight(Bank::Keys, "m4", accepted("k4"));
+    h.save(dir.path(), &o).expect("save");
+    store
+        .batch_locked(
+            |b| {
+                b.put(&id("m2"), KeyState::Accepted, &pem("k2"))?;
+                b.put(&id("m4"), KeyState::Accepted, &pem("k4"))
+            },
+            || Ok(()),
+        )
+        .expect("the merge's bank write");
+    // The operator, at 8000: m2 deleted (logged), m4 back to pending with
+    // another key.
+    t.store(8_000, Ordering::SeqCst);
+    assert!(store.remove(&id("m2")).expect("delete"));
+    put(&store, "m4", KeyState::Pending, "other");
+    let mut h = History::load(dir.path(), &o).expect("load");
+    let seen = observe(&mut h, &store, &o);
+    assert_eq!(seen.changed, 2, "{seen:?}");
+    let m2 = h.get(Bank::Keys, "m2").expect("m2");
+    assert_eq!(m2.kind, Kind::Absent);
+    assert!(
+        m2.stamp >= 8_000,
+        "a tombstone now, not the old absence: {m2:?}"
+    );
+    let m4 = h.get(Bank::Keys, "m4").expect("m4");
+    assert_eq!(
+        (m4.kind, m4.stamp >= 8_000),
+        (Kind::Pending, true),
+        "{m4:?}"
+    );
+    h.save(dir.path(), &o).expect("save");
+    // At 10000, m4 rejected again with its first key: the value before the
+    // merge, now a change of its own.
+    t.store(10_000, Ordering::SeqCst);
+    put(&store, "m4", KeyState::Rejected, "k4");
+    let mut h = History::load(dir.path(), &o).expect("load");
+    observe(&mut h, &store, &o);
+    let m4 = h.get(Bank::Keys, "m4").expect("m4");
+    assert_eq!(m4.kind, Kind::Rejected);
+    assert_ne!(m4, rejected, "not the old rejection's stamp");
+    assert!(m4.stamp >= 10_000, "{m4:?}");
+    assert!(m4.stamp > accepted("k4").stamp && m2.stamp > accepted("k2").stamp);
+}
+
+/// The same revocation with the very bytes the banks held before the
+/// merge (`salt-key -r` of the key the merge accepted): a value written
+/// after the in-flight save is the operator's, stamped now; the value
+/// left from before the save (the merge died before writing) is the merge
+/// undone, with its old stamp.
+#[test]
+fn the_old_value_written_again_after_a_merge_left_in_flight_is_a_change() {
+    let (dir, store, t, o) = fresh();
+    put(&store, "m1", KeyState::Rejected, "k1");
+    put(&store, "m5", KeyState::Rejected, "k5");
+    let mut h = observed(dir.path(), &store, &o);
+    let (m1_before, m5_before) = (h.get(Bank::Keys, "m1"), h.get(Bank::Keys, "m5"));
+    let accepted = |tag: &str| Version {
+        stamp: 4_000,
+        kind: Kind::Accepted,
+        hash: value_hash(Kind::Accepted, &pem(tag)),
+    };
+    h.set_in_flight(Bank::Keys, "m1", accepted("k1"));
+    h.set_in_flight(Bank::Keys, "m5", accepted("k5"));
+    h.save(dir.path(), &o).expect("save");
+    // The merge wrote m1 and died before m5; later (past the file times'
+    // margin) the operator rejects m1 again, its key unchanged.
+    store
+        .batch_locked(
+            |b| b.put(&id("m1"), KeyState::Accepted, &pem("k1")),
+            || Ok(()),
+        )
+        .expect("the merge's bank write");
+    std::thread::sleep(std::time::Duration::from_millis(250));
+    t.store(10_000, Ordering::SeqCst);
+    put(&store, "m1", KeyState::Rejected, "k1");
+    let mut h = History::load(dir.path(), &o).expect("load");
+    let seen = observe(&mut h, &store, &o);
+    assert_eq!(seen.changed, 1, "{seen:?}");
+    let m1 = h.get(Bank::Keys, "m1").expect("m1");
+    assert_eq!(m1.kind, Kind::Rejected);
+    assert_ne!(Some(m1), m1_before, "not the old rejection's stamp");
+    assert!(
+        m1.stamp >= 10_000 && m1.stamp > accepted("k1").stamp,
+        "{m1:?}"
+    );
+    assert_eq!(h.get(Bank::Keys, "m5"), m5_before, "the merge undone");
+}
+
 #[test]
 fn a_wiped_store_begins_a_new_history_and_deletes_nothing() {
     let dir = tempfile::tempdir().expect("tempdir");
