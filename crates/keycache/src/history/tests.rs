@@ -189,6 +189,43 @@ fn a_merge_in_flight_is_settled_when_the_banks_took_the_new_value() {
     assert_eq!(seen.settled, vec![(Bank::Keys, "m1".to_owned())]);
 }
 
+/// A merge that accepts `ids` (each with the key of the same tag) at 4000:
+/// saved in flight, then the banks written for `written` of them (a
+/// merge's batch logs no removal), its settling save lost.
+fn merge_left_in_flight(
+    dir: &std::path::Path,
+    store: &Store,
+    o: &HistoryOptions,
+    h: &mut History,
+    ids: &[(&str, &str)],
+    written: usize,
+) {
+    for (mid, tag) in ids {
+        h.set_in_flight(Bank::Keys, mid, accepted_at_4000(tag));
+    }
+    h.save(dir, o).expect("save");
+    store
+        .batch_locked(
+            |b| {
+                for (mid, tag) in &ids[..written] {
+                    b.put(&id(mid), KeyState::Accepted, &pem(tag))?;
+                }
+                Ok(())
+            },
+            || Ok(()),
+        )
+        .expect("the merge's bank write");
+}
+
+/// A peer's accept of the key of `tag` at 4000.
+fn accepted_at_4000(tag: &str) -> Version {
+    Version {
+        stamp: 4_000,
+        kind: Kind::Accepted,
+        hash: value_hash(Kind::Accepted, &pem(tag)),
+    }
+}
+
 /// A merge in flight whose bank writes were made (its final save lost),
 /// then revocations by the operator before the next merge. A removal that
 /// keycache's writer logged, and a value that is neither the merge's nor
@@ -203,25 +240,15 @@ fn a_revocation_after_a_merge_left_in_flight_is_a_change_not_the_merge_undone() 
     put(&store, "m4", KeyState::Rejected, "k4");
     let mut h = observed(dir.path(), &store, &o);
     let rejected = h.get(Bank::Keys, "m4").expect("recorded");
-    // The merge: m2 (never seen here) and m4 accepted at 4000, written to
-    // the banks (a merge's batch logs no removal); its settling save lost.
-    let accepted = |tag: &str| Version {
-        stamp: 4_000,
-        kind: Kind::Accepted,
-        hash: value_hash(Kind::Accepted, &pem(tag)),
-    };
-    h.set_in_flight(Bank::Keys, "m2", accepted("k2"));
-    h.set_in_flight(Bank::Keys, "m4", accepted("k4"));
-    h.save(dir.path(), &o).expect("save");
-    store
-        .batch_locked(
-            |b| {
-                b.put(&id("m2"), KeyState::Accepted, &pem("k2"))?;
-                b.put(&id("m4"), KeyState::Accepted, &pem("k4"))
-            },
-            || Ok(()),
-        )
-        .expect("the merge's bank write");
+    // The merge: m2 (never seen here) and m4 accepted, both written.
+    merge_left_in_flight(
+        dir.path(),
+        &store,
+        &o,
+        &mut h,
+        &[("m2", "k2"), ("m4", "k4")],
+        2,
+    );
     // The operator, at 8000: m2 deleted (logged), m4 back to pending with
     // another key.
     t.store(8_000, Ordering::SeqCst);
@@ -253,7 +280,7 @@ fn a_revocation_after_a_merge_left_in_flight_is_a_change_not_the_merge_undone() 
     assert_eq!(m4.kind, Kind::Rejected);
     assert_ne!(m4, rejected, "not the old rejection's stamp");
     assert!(m4.stamp >= 10_000, "{m4:?}");
-    assert!(m4.stamp > accepted("k4").stamp && m2.stamp > accepted("k2").stamp);
+    assert!(m4.stamp > accepted_at_4000("k4").stamp && m2.stamp > accepted_at_4000("k2").stamp);
 }
 
 /// The same revocation with the very bytes the banks held before the
@@ -268,22 +295,16 @@ fn the_old_value_written_again_after_a_merge_left_in_flight_is_a_change() {
     put(&store, "m5", KeyState::Rejected, "k5");
     let mut h = observed(dir.path(), &store, &o);
     let (m1_before, m5_before) = (h.get(Bank::Keys, "m1"), h.get(Bank::Keys, "m5"));
-    let accepted = |tag: &str| Version {
-        stamp: 4_000,
-        kind: Kind::Accepted,
-        hash: value_hash(Kind::Accepted, &pem(tag)),
-    };
-    h.set_in_flight(Bank::Keys, "m1", accepted("k1"));
-    h.set_in_flight(Bank::Keys, "m5", accepted("k5"));
-    h.save(dir.path(), &o).expect("save");
     // The merge wrote m1 and died before m5; later (past the file times'
     // margin) the operator rejects m1 again, its key unchanged.
-    store
-        .batch_locked(
-            |b| b.put(&id("m1"), KeyState::Accepted, &pem("k1")),
-            || Ok(()),
-        )
-        .expect("the merge's bank write");
+    merge_left_in_flight(
+        dir.path(),
+        &store,
+        &o,
+        &mut h,
+        &[("m1", "k1"), ("m5", "k5")],
+        1,
+    );
     std::thread::sleep(std::time::Duration::from_millis(250));
     t.store(10_000, Ordering::SeqCst);
     put(&store, "m1", KeyState::Rejected, "k1");
@@ -294,7 +315,7 @@ fn the_old_value_written_again_after_a_merge_left_in_flight_is_a_change() {
     assert_eq!(m1.kind, Kind::Rejected);
     assert_ne!(Some(m1), m1_before, "not the old rejection's stamp");
     assert!(
-        m1.stamp >= 10_000 && m1.stamp > accepted("k1").stamp,
+        m1.stamp >= 10_000 && m1.stamp > accepted_at_4000("k1").stamp,
         "{m1:?}"
     );
     assert_eq!(h.get(Bank::Keys, "m5"), m5_before, "the merge undone");
