@@ -119,11 +119,11 @@ pub fn apply_changes(store: &Store, changes: &[Change]) -> Result<Applied> {
     }
 }
 
-/// Whether the store holds an entry for `c`'s id in `c`'s bank.
-fn holds(store: &Store, c: &Change) -> keycache::Result<bool> {
-    match c.bank {
-        Bank::Keys => Ok(store.get(&c.id)?.is_some()),
-        Bank::Denied => store.is_denied(&c.id),
+/// Whether the store holds an entry for `id` in `bank`.
+fn holds(store: &Store, bank: Bank, id: &MinionId) -> keycache::Result<bool> {
+    match bank {
+        Bank::Keys => Ok(store.get(id)?.is_some()),
+        Bank::Denied => store.is_denied(id),
     }
 }
 
@@ -136,7 +136,7 @@ fn apply_split(store: &Store, changes: &[Change]) -> Result<Applied> {
     // An id's changes stay together and in order; ids keep their order.
     let mut groups: std::collections::HashMap<(Bank, &MinionId), usize> = Default::default();
     for c in changes {
-        if holds(store, c)? {
+        if holds(store, c.bank, &c.id)? {
             held.push(c.clone());
             continue;
         }
@@ -296,12 +296,7 @@ fn fit(
             listed.iter().filter(|((b, _), _)| *b == bank).collect();
         let mut held = Vec::with_capacity(entries.len());
         for (k, _) in &entries {
-            let c = Change {
-                bank,
-                id: k.1.clone(),
-                value: None,
-            };
-            held.push(holds(store, &c)?);
+            held.push(holds(store, bank, &k.1)?);
         }
         for first in [true, false] {
             for ((k, v), h) in entries.iter().zip(&held) {

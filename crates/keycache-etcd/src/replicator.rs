@@ -352,13 +352,13 @@ impl Replicator {
     /// Records `revision` as the one being applied, before the store
     /// changes ([`Applying`]).
     fn record_applying(&mut self, revision: i64) -> Result<()> {
-        let a = match self.applying.take() {
-            Some(a) => a,
-            None => Applying::open(self.store.dir())?,
-        };
-        a.record(revision)?;
-        self.applying = Some(a);
-        Ok(())
+        if self.applying.is_none() {
+            self.applying = Some(Applying::open(self.store.dir())?);
+        }
+        match &self.applying {
+            Some(a) => a.record(revision),
+            None => Ok(()),
+        }
     }
 
     /// Reports a watch response too large to take ([`too_large`]) and
