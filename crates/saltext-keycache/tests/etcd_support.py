@@ -150,7 +150,9 @@ class Etcd:
         return base64.b64decode(kvs[0].get("value", "")) if kvs else None
 
     def put(self, key, value):
-        self.etcdctl("put", key, value)
+        """Puts *value* at *key*; returns the revision etcd committed it at."""
+        out = json.loads(self.etcdctl("put", key, value, "-w", "json"))
+        return int(out["header"]["revision"])
 
     def delete(self, key):
         self.etcdctl("del", key)

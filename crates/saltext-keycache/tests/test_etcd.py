@@ -252,8 +252,10 @@ def test_a_stale_replica_answers_reads_refuses_writes_and_gets_the_revocation_ba
         assert etcd.get(f"{PREFIX}keys/m7") is None
         assert cache.fetch("keys", "m7") is None
         engine.start()
-        wait_until("the revocation to arrive", lambda: not os.path.exists(tree(salt_opts, "minions", "m6")), 30)
-        assert cache.fetch("keys", "m6") is None
+        # The tree file goes first (before the bank write: validate_token
+        # reads it), so the store's answer is the one to wait on.
+        wait_until("the revocation to arrive", lambda: cache.fetch("keys", "m6") is None, 30)
+        assert not os.path.exists(tree(salt_opts, "minions", "m6"))
         cache.store("keys", "m7", {"state": "pending", "pub": pub("m7")})
         assert os.path.isfile(tree(salt_opts, "minions_pre", "m7"))
     finally:
@@ -298,12 +300,13 @@ def test_the_engine_is_restarted_by_salts_process_manager_and_resumes(opts, etcd
         first = manager.wait_pid(lambda p: p != manager.proc.pid)
         os.kill(first, signal.SIGKILL)
         # Committed while no replicator runs.
-        etcd.put(f"{PREFIX}keys/m8", key_value("accepted", pub("m8")))
+        committed = etcd.put(f"{PREFIX}keys/m8", key_value("accepted", pub("m8")))
         second = manager.wait_pid(lambda p: p not in (first, manager.proc.pid))
         assert second != first
         wait_until("the change to arrive", lambda: os.path.isfile(tree(opts, "minions", "m8")), 30)
-        state = manager.state()
-        assert state["listed_at"] < state["revision"], "resumed the watch, did not list again"
+        # The revision is recorded after the batch is written: wait for it.
+        wait_until("its revision recorded", lambda: manager.state()["revision"] >= committed, 30)
+        assert manager.state()["listed_at"] < committed, "resumed the watch, did not list again"
         cache = salt.cache.Cache(opts, driver="keycache")
         assert cache.fetch("keys", "m8") == {"state": "accepted", "pub": pub("m8")}
         cache.store("keys", "m9", {"state": "pending", "pub": pub("m9")})
