@@ -155,7 +155,10 @@ class Etcd:
         return int(out["header"]["revision"])
 
     def delete(self, key):
-        self.etcdctl("del", key)
+        """Deletes *key*; returns the revision etcd is at after it (the
+        deletion's revision when it deleted something)."""
+        out = json.loads(self.etcdctl("del", key, "-w", "json"))
+        return int(out["header"]["revision"])
 
 
 class Engine:

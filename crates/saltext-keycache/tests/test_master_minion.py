@@ -117,9 +117,17 @@ def test_master_minion(pair, accept_via, tree):  # pylint: disable=redefined-out
         phase("master up")
         # ---- 1. the minion's key arrives pending
         pair.start_minion()
+
+        def pending_arrived():
+            if mid not in pair.keycache_list().get("minions_pre", []):
+                return False
+            # The master's driver writes minions_pre/<id> after the bank
+            # (the second half of the tree's writes): wait for it too.
+            return not (DRIVER_KEEPS_TREE and tree == "whole") or (pki / "minions_pre" / mid).exists()
+
         mm.wait_for(
-            "the minion's key to arrive pending (keycache list --json)",
-            lambda: mid in pair.keycache_list().get("minions_pre", []),
+            "the minion's key to arrive pending (keycache list --json, and minions_pre/<id>)",
+            pending_arrived,
             60,
             alive=[pair.master, pair.minion],
         )

@@ -304,6 +304,12 @@ fn replicate_brings_a_seeded_prefix_into_an_empty_store_with_the_tree() {
         std::fs::read(m.pki.join("minions").join(&id)).expect("minions/<id>"),
         std::fs::read(want.path().join("minions").join(&id)).expect("migrated key")
     );
+    // The report is printed after the revision is recorded (which is what
+    // `wait_for` waited on): give it a moment to come.
+    let start = Instant::now();
+    while !r.log().contains("replicate: listed") && start.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
     assert!(
         r.log().contains("replicate: listed"),
         "each report is a line on stderr: {}",
