@@ -2,13 +2,16 @@
 //! ([`Walk`]), [`CHUNK`] entries at a time, the Python objects built from
 //! each chunk with the GIL.
 //!
-//! A large bank is walked on a second thread beside the one that builds
+//! A large bank is walked with a second thread beside the one that builds
 //! ([`walk_beside`]): the walk (a random slot of the index per entry, the
 //! record copied and its checksum checked) and the building (a `dict` per
-//! entry) take about as long as each other, so on a machine with a core to
-//! spare the listing takes about the longer of the two instead of their
-//! sum. The thread lives for the one call (nothing crosses a fork) and
-//! touches no Python object; the chunks come back in roster order.
+//! entry) take about as long as each other. The roster is cut into chunks
+//! that either thread claims: the second thread walks, the first builds,
+//! and walks the next unclaimed chunk itself rather than wait. So on a
+//! machine with a core to spare the listing takes about half the sum of
+//! the two, and with none about their sum. The thread lives for the one
+//! call (nothing crosses a fork) and touches no Python object; the result
+//! is built in roster order.
 //!
 //! A driver keeps what a listing worked with ([`Kept`]) for its next one:
 //! the walk's buffers and the iterator's memory (so a listing allocates
@@ -16,7 +19,7 @@
 //! channels), and the `str`s it built ([`Strs`]), reused for the same
 //! bytes.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 
 use keycache::table::{Iter, IterScratch, Table};
@@ -37,12 +40,14 @@ const CHUNK: usize = 1024;
 /// costs more than the overlap saves.
 pub(crate) const BESIDE_FROM: usize = 4 * CHUNK;
 
-/// Entries per chunk of a walk on a second thread: fewer than [`CHUNK`],
-/// so that the building starts soon after the walk and ends soon after it.
+/// Roster entries per chunk of a walk shared with a second thread: fewer
+/// than [`CHUNK`], so that the building starts soon after the walk, ends
+/// soon after it, and the two threads' shares come out even.
 const BESIDE_CHUNK: usize = 512;
 
-/// How many buffers a walk on a second thread fills ahead of the building:
-/// the walker stops when all are full.
+/// How many buffers a walk on a second thread fills ahead of the building
+/// (the walker stops when all are full), and how many chunks ahead the
+/// building walks itself.
 const BUFFERS: usize = 8;
 
 /// How long the building waits for the walker's next chunk before it lets
@@ -72,10 +77,21 @@ pub(crate) enum Failed {
 #[derive(Default)]
 pub(crate) struct Kept {
     scratch: IterScratch,
-    /// The walk's buffers, emptied.
-    spare: Vec<Walk>,
+    beside: Beside,
     keys: Strs,
     denied: Strs,
+}
+
+/// The memory of a walk's chunks, kept from one listing to the next.
+#[derive(Default)]
+struct Beside {
+    /// The walk's buffers, emptied.
+    spare: Vec<Walk>,
+    /// The twin walk of this thread in a walk beside ([`walk_beside`]).
+    twin: IterScratch,
+    /// One bit per slot built, in a walk beside: a slot listed twice, once
+    /// in a chunk of each thread, is built at its first place only.
+    yielded: Vec<u64>,
 }
 
 impl Kept {
@@ -99,9 +115,9 @@ impl Kept {
         let mut build = Build::new(py, keep, strs.reuse());
         let beside = it.size_hint().1.unwrap_or(0) >= BESIDE_FROM && two_cpus();
         let (built, it) = if beside {
-            walk_beside(py, it, keep, &mut self.spare, &mut build)
+            walk_beside(py, it, keep, &mut self.beside, &mut build)
         } else {
-            walk_here(py, it, keep, &mut self.spare, &mut build)
+            walk_here(py, it, keep, &mut self.beside.spare, &mut build)
         };
         self.scratch = it.into_scratch();
         built.map_err(Failed::Py)?;
@@ -131,7 +147,7 @@ fn walk_here<'t>(
     let built = loop {
         w.clear();
         let more = py.detach(|| w.fill(&mut it, keep, CHUNK));
-        if let Err(e) = build.feed(&w) {
+        if let Err(e) = build.feed(&w, None) {
             break Err(e);
         }
         if !more {
@@ -177,28 +193,39 @@ pub(crate) fn walks_beside() -> u64 {
     WALKS_BESIDE.load(Ordering::Relaxed)
 }
 
-/// Walks `it` on a second thread while this one builds from the chunks it
-/// sends, in order (see the module's header). The walker takes empty
-/// buffers from one channel and sends them filled on another, so at most
-/// [`BUFFERS`] chunks are in memory; it stops at the end of the bank, or
-/// when the building stops (an error) and no empty buffer comes back.
-/// Where no thread can be started (a process limit), the walk happens on
-/// this thread ([`walk_here`]).
+/// Walks `it` with a second thread while this one builds (see the
+/// module's header). The roster is cut into chunks of [`BESIDE_CHUNK`]
+/// entries, claimed in order from one counter: the walker claims the next
+/// one whenever it has an empty buffer, and this thread, when the chunk it
+/// is to build next is not claimed yet (the walker is behind, or has not
+/// started), claims and walks it itself on a twin of the walk
+/// ([`Iter::twin`]), up to [`BUFFERS`] chunks ahead of the one it builds.
+/// So neither thread waits while there is work, the walker's start costs
+/// nothing, and a walker that gets little CPU leaves this thread most of
+/// the walk (it waits only for a chunk the walker has in hand). At most
+/// [`BUFFERS`] chunks of each thread are in memory: the walker takes an
+/// empty buffer before it claims. A slot listed twice in the roster is built
+/// once, at its first place ([`Build::feed`]'s `yielded`), whichever
+/// thread walked it. Where no thread can be started (a process limit),
+/// the walk happens on this thread ([`walk_here`]).
 fn walk_beside<'t>(
     py: Python<'_>,
     it: Iter<'t>,
     keep: Keep,
-    spare: &mut Vec<Walk>,
+    kept: &mut Beside,
     build: &mut Build<'_, '_>,
 ) -> (PyResult<()>, Iter<'t>) {
+    let chunks = it.roster_entries().div_ceil(BESIDE_CHUNK);
+    let range = |k: usize| (k * BESIDE_CHUNK, (k + 1) * BESIDE_CHUNK);
+    let mut mine = it.twin(std::mem::take(&mut kept.twin));
+    kept.yielded.clear();
+    // The next chunk no thread has claimed.
+    let next = AtomicUsize::new(0);
+    let next = &next;
     let (start_tx, start_rx) = mpsc::channel::<Iter<'t>>();
     let (empty_tx, empty_rx) = mpsc::channel::<Walk>();
-    let (full_tx, mut full_rx) = mpsc::channel::<(Walk, bool)>();
-    // Set when the building stops early (an error): the walker stops at
-    // its next chunk rather than filling the buffers still queued for it.
-    let stop = AtomicBool::new(false);
-    let stop = &stop;
-    std::thread::scope(|s| {
+    let (full_tx, mut full_rx) = mpsc::channel::<(usize, Walk)>();
+    let (built, it) = std::thread::scope(|s| {
         let walker = std::thread::Builder::new()
             .name("keycache-list".into())
             .stack_size(WALKER_STACK)
@@ -206,70 +233,121 @@ fn walk_beside<'t>(
                 // The walk comes once the thread runs (when it cannot be
                 // started, the caller still holds it).
                 let mut it = start_rx.recv().ok()?;
+                let mut unused = None;
                 while let Ok(mut w) = empty_rx.recv() {
-                    if stop.load(Ordering::Relaxed) {
-                        // Back with the others, for the next listing (the
-                        // building drains this channel once it ends).
-                        let _ = full_tx.send((w, false));
+                    let k = next.fetch_add(1, Ordering::Relaxed);
+                    if k >= chunks {
+                        unused = Some(w);
                         break;
                     }
                     w.clear();
-                    let more = w.fill(&mut it, keep, BESIDE_CHUNK);
-                    if full_tx.send((w, more)).is_err() || !more {
+                    let (start, end) = range(k);
+                    it.seek(start, end);
+                    w.fill(&mut it, keep, usize::MAX);
+                    if full_tx.send((k, w)).is_err() {
                         break;
                     }
                 }
-                Some((it, empty_rx))
+                Some((it, empty_rx, unused))
             });
         let Ok(walker) = walker else {
-            return walk_here(py, it, keep, spare, build);
+            return walk_here(py, it, keep, &mut kept.spare, build);
         };
         WALKS_BESIDE.fetch_add(1, Ordering::Relaxed);
         // Cannot fail: the walker holds the receivers until it ends, and it
         // waits for the walk first.
         let _ = start_tx.send(it);
         for _ in 0..BUFFERS {
-            let _ = empty_tx.send(spare.pop().unwrap_or_default());
+            let _ = empty_tx.send(kept.spare.pop().unwrap_or_default());
         }
+        // This thread's buffers (not the walker's: they stay with it).
+        let mut own: Vec<Walk> = Vec::new();
+        // The chunks walked and not built yet, and by whom (`true`: here).
+        let mut pending: Vec<Option<(Walk, bool)>> = Vec::new();
+        pending.resize_with(chunks, || None);
         let mut built = Ok(());
-        loop {
-            // Waiting for the walker without the GIL (a `Receiver` is not
-            // `Sync`: it goes into the wait and comes back).
-            let (got, rx) = match spin_recv(&full_rx) {
-                Some(got) => (Ok(got), full_rx),
-                None => py.detach(move || (full_rx.recv(), full_rx)),
+        'chunks: for i in 0..chunks {
+            let (w, here) = loop {
+                while let Ok((k, w)) = full_rx.try_recv() {
+                    pending[k] = Some((w, false));
+                }
+                if let Some(got) = pending[i].take() {
+                    break got;
+                }
+                // Chunk `i` not walked yet: rather than wait, walk the next
+                // chunk no thread has claimed (`i` itself, when the walker
+                // has not claimed it), up to BUFFERS chunks ahead.
+                let n = next.load(Ordering::Relaxed);
+                if n < chunks
+                    && n < i + BUFFERS
+                    && next
+                        .compare_exchange(n, n + 1, Ordering::Relaxed, Ordering::Relaxed)
+                        .is_ok()
+                {
+                    let mut w = own
+                        .pop()
+                        .unwrap_or_else(|| kept.spare.pop().unwrap_or_default());
+                    w.clear();
+                    let (start, end) = range(n);
+                    mine.seek(start, end);
+                    py.detach(|| w.fill(&mut mine, keep, usize::MAX));
+                    pending[n] = Some((w, true));
+                    continue;
+                }
+                if n < chunks && n < i + BUFFERS {
+                    continue; // the walker claimed it meanwhile: look again
+                }
+                // The walker has chunk `i` in hand: it comes next from it.
+                // Waiting without the GIL (a `Receiver` is not `Sync`: it
+                // goes into the wait and comes back).
+                let (got, rx) = match spin_recv(&full_rx) {
+                    Some(got) => (Ok(got), full_rx),
+                    None => py.detach(move || (full_rx.recv(), full_rx)),
+                };
+                full_rx = rx;
+                match got {
+                    Ok((k, w)) => pending[k] = Some((w, false)),
+                    // The walker ended with a chunk claimed: it panicked
+                    // (joined below).
+                    Err(_) => break 'chunks,
+                }
             };
-            full_rx = rx;
-            let Ok((mut w, more)) = got else {
-                break; // the walker ended early: it panicked (joined below)
-            };
-            built = build.feed(&w);
-            if built.is_err() || !more {
-                w.clear();
-                spare.push(w);
+            built = build.feed(&w, Some(&mut kept.yielded));
+            if here {
+                own.push(w);
+            } else {
+                let _ = empty_tx.send(w);
+            }
+            if built.is_err() {
                 break;
             }
-            let _ = empty_tx.send(w);
         }
-        // A walker still going stops at its next chunk.
-        stop.store(true, Ordering::Relaxed);
+        // A walker still going claims no chunk past the end.
+        next.store(chunks, Ordering::Relaxed);
         drop(empty_tx);
-        let (it, empty_rx) = match py.detach(|| walker.join()) {
+        let (it, empty_rx, unused) = match py.detach(|| walker.join()) {
             Ok(Some(ended)) => ended,
             // The walk was sent above, so `None` cannot come back.
             Ok(None) => unreachable!("the walker was given the walk"),
             Err(panic) => std::panic::resume_unwind(panic),
         };
-        // Every buffer comes back for the next listing: the ones the
-        // walker did not take, and the ones it filled that were not built.
+        // Every buffer comes back for the next listing: this thread's own,
+        // the ones the walker did not take or did not use, and the ones it
+        // filled that were not built.
+        let spare = &mut kept.spare;
+        spare.extend(own);
+        spare.extend(unused);
         spare.extend(empty_rx.try_iter());
-        spare.extend(full_rx.try_iter().map(|(mut w, _)| {
+        spare.extend(pending.into_iter().flatten().map(|(w, _)| w));
+        spare.extend(full_rx.try_iter().map(|(_, w)| w));
+        for w in spare.iter_mut() {
             w.clear();
-            w
-        }));
-        spare.truncate(BUFFERS);
+        }
+        spare.truncate(2 * BUFFERS);
         (built, it)
-    })
+    });
+    kept.twin = mine.into_scratch();
+    (built, it)
 }
 
 /// A listing's result as it is built, chunk by chunk.
@@ -296,20 +374,22 @@ impl<'a, 'py> Build<'a, 'py> {
         }
     }
 
-    /// Adds the entries of `w`.
-    fn feed(&mut self, w: &Walk) -> PyResult<()> {
+    /// Adds the entries of `w`; with `yielded`, only those whose slot it
+    /// does not hold yet (and it then holds them).
+    fn feed(&mut self, w: &Walk, mut yielded: Option<&mut Vec<u64>>) -> PyResult<()> {
         let py = self.py;
+        let mut first = |slot: u64| yielded.as_deref_mut().is_none_or(|y| first_time(y, slot));
         let (bank, data) = match self.keep {
             Keep::Ids => {
                 self.ids.reserve(w.entries.len());
-                for e in w.iter() {
+                for e in w.iter().filter(|e| first(e.slot)) {
                     self.ids.push(self.strs.id(py, e.id));
                 }
                 return Ok(());
             }
             Keep::Values { bank, data } => (bank, data),
         };
-        for e in w.iter() {
+        for e in w.iter().filter(|e| first(e.slot)) {
             let id = self.strs.id(py, e.id);
             let v = match (bank, KeyState::from_byte(e.state)) {
                 (Bank::Keys, Some(s)) => {
@@ -345,6 +425,17 @@ impl<'a, 'py> Build<'a, 'py> {
     }
 }
 
+/// Whether `slot` is not in the bitmap `bits` yet; it is, after.
+fn first_time(bits: &mut Vec<u64>, slot: u64) -> bool {
+    let (w, b) = ((slot / 64) as usize, slot % 64);
+    if w >= bits.len() {
+        bits.resize(w + 1, 0);
+    }
+    let new = bits[w] & (1 << b) == 0;
+    bits[w] |= 1 << b;
+    new
+}
+
 /// Entries of a bank, in roster order, packed into one buffer.
 #[derive(Debug, Default)]
 struct Walk {
@@ -356,6 +447,8 @@ struct Walk {
 /// walk's bytes, the id first.
 #[derive(Debug, Clone, Copy)]
 struct Packed {
+    /// Its slot in the index.
+    slot: u64,
     /// Where the id ends in the walk's bytes.
     id_end: usize,
     /// Where the value ends.
@@ -366,6 +459,7 @@ struct Packed {
 
 /// One entry of a [`Walk`], as [`Walk::iter`] gives it.
 struct Entry<'a> {
+    slot: u64,
     id: &'a [u8],
     value: &'a [u8],
     state: u8,
@@ -388,9 +482,9 @@ impl Walk {
             let Some(r) = it.next_into(&mut id, &mut value) else {
                 return false;
             };
-            if r.is_err() {
+            let Ok((_, slot)) = r else {
                 continue;
-            }
+            };
             let (state, kept): (u8, &[u8]) = match keep {
                 Keep::Ids => (0, &[]),
                 Keep::Values { bank, data } => {
@@ -413,6 +507,7 @@ impl Walk {
             let id_end = self.bytes.len();
             self.bytes.extend_from_slice(kept);
             self.entries.push(Packed {
+                slot,
                 id_end,
                 end: self.bytes.len(),
                 state,
@@ -428,6 +523,7 @@ impl Walk {
             let start = if i == 0 { 0 } else { self.entries[i - 1].end };
             let p = self.entries[i];
             Entry {
+                slot: p.slot,
                 id: &self.bytes[start..p.id_end],
                 value: &self.bytes[p.id_end..p.end],
                 state: p.state,

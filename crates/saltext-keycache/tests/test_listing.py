@@ -257,6 +257,38 @@ def test_a_large_bank_lists_as_salt_does_through_changes(salt_opts, keycache_bin
         same_as_salt(cache, salt_reader(salt_opts))
 
 
+def test_a_slot_listed_twice_far_apart_is_listed_once_at_its_first_place(salt_opts, keycache_bin):
+    """A large bank's walk is shared by two threads in chunks of the roster
+    (``src/listing.rs``), each skipping only the slots it walked itself. A
+    slot the roster lists again far from its first place (a chunk the other
+    thread may walk) is still listed once, at its first place: ``list``
+    answers Salt's ids without the repeats, ``list_all`` Salt's dict
+    (whose repeated keys land at their first place too), every time."""
+    n = _native.LIST_BESIDE_FROM + 1500
+    large_bank(salt_opts, keycache_bin, n)
+    roster = pathlib.Path(salt_opts["pki_dir"]) / ".mmap_keys.idx.roster"
+    raw = roster.read_bytes()
+    slots = struct.unpack(f"<{len(raw) // 4}I", raw)
+    # The first entries' slots again: in the middle (a tombstone beside
+    # them) and at the end, chunks away from where they were first listed.
+    again = struct.pack("<4I", *slots[:3], 0xFFFFFFFF)
+    cut = len(raw) // 2 // 4 * 4
+    roster.write_bytes(raw[:cut] + again + raw[cut:] + struct.pack("<3I", slots[0], slots[1500], slots[-1]))
+    salts = salt_reader(salt_opts)
+    want_ids = list(dict.fromkeys(salts.list("keys")))
+    assert len(want_ids) == n
+    cache = salt.cache.Cache(salt_opts, driver="keycache")
+    walks = _native.walks_beside()
+    for _ in range(20):
+        assert cache.list("keys") == want_ids
+        for data in (False, True):
+            assert list(cache.list_all("keys", include_data=data).items()) == list(
+                salts.list_all("keys", include_data=data).items()
+            )
+    if _native.can_walk_beside():
+        assert _native.walks_beside() >= walks + 60, "listings walked on one thread"
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a child as another user")
 def test_a_large_bank_lists_where_no_thread_can_start(salt_opts, keycache_bin):
     """Where the process may start no thread (its user is at its process

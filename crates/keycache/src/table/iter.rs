@@ -115,6 +115,7 @@ impl Table {
             table: self,
             scratch,
             pos: 0,
+            end: usize::MAX,
             index: self.gen.load().index.clone(),
         })
     }
@@ -141,6 +142,8 @@ pub struct Iter<'a> {
     scratch: IterScratch,
     /// The next roster entry to look at.
     pos: usize,
+    /// The roster entry the walk stops before ([`Iter::seek`]).
+    end: usize,
     /// The index mapped when the walk began, for prefetching slots ahead
     /// (reads go through the table's current view).
     index: Option<Arc<Index>>,
@@ -150,10 +153,43 @@ pub struct Iter<'a> {
 /// a large bank are spread over its index, one cache miss each.
 const PREFETCH_AHEAD: usize = 12;
 
-impl Iter<'_> {
+impl<'a> Iter<'a> {
     /// The walk's memory, for the next walk ([`Table::iter_reusing`]).
     pub fn into_scratch(self) -> IterScratch {
         self.scratch
+    }
+
+    /// How many entries the walk's roster has (tombstones included): the
+    /// positions [`Iter::seek`] takes.
+    pub fn roster_entries(&self) -> usize {
+        self.scratch.roster.len() / format::ROSTER_ENTRY_LEN
+    }
+
+    /// Goes on from roster entry `start`, up to (not including) `end`: a
+    /// walk shared between two threads takes ranges of one roster
+    /// ([`Iter::twin`]). A walk that only goes forward still yields a slot
+    /// listed twice once; one that goes back may yield it again.
+    pub fn seek(&mut self, start: usize, end: usize) {
+        self.pos = start;
+        self.end = end;
+    }
+
+    /// A second walk of the same roster as this one (its copy, not the file
+    /// read again), in `scratch`, from its start: so that two threads can
+    /// each walk ranges of one listing ([`Iter::seek`]). Each walk skips the
+    /// slots it has yielded itself, not those the other has.
+    pub fn twin(&self, mut scratch: IterScratch) -> Iter<'a> {
+        scratch.roster.clear();
+        scratch.roster.extend_from_slice(&self.scratch.roster);
+        scratch.seen.clear();
+        scratch.seen.resize(self.scratch.seen.len(), 0);
+        Iter {
+            table: self.table,
+            scratch,
+            pos: 0,
+            end: usize::MAX,
+            index: self.index.clone(),
+        }
     }
 
     /// The next roster slot to read: tombstones, slot 0, slots past the
@@ -170,7 +206,7 @@ impl Iter<'_> {
                 ix.map.prefetch(self.table.params.slot_offset(slot));
             }
         }
-        while let Some(s) = roster::raw_entry(roster, self.pos) {
+        while let Some(s) = roster::raw_entry(roster, self.pos).filter(|_| self.pos < self.end) {
             self.pos += 1;
             let slot = u64::from(s);
             if s == format::ROSTER_TOMBSTONE || slot == 0 || slot >= size {
@@ -215,7 +251,7 @@ impl Iterator for Iter<'_> {
     /// At most the roster entries not yet looked at (tombstones and slots
     /// listed twice are among them, and yield nothing).
     fn size_hint(&self) -> (usize, Option<usize>) {
-        let entries = self.scratch.roster.len() / format::ROSTER_ENTRY_LEN;
+        let entries = self.roster_entries().min(self.end);
         (0, Some(entries.saturating_sub(self.pos)))
     }
 
@@ -357,5 +393,56 @@ mod tests {
         }
         let (back, _) = walk(&t, scratch);
         assert_eq!(back, second);
+    }
+
+    /// Every entry `it` yields from roster entry `start` up to `end`.
+    fn range(it: &mut Iter<'_>, start: usize, end: usize) -> Vec<Vec<u8>> {
+        it.seek(start, end);
+        let (mut id, mut value, mut out) = (Vec::new(), Vec::new(), Vec::new());
+        while let Some(r) = it.next_into(&mut id, &mut value) {
+            r.unwrap();
+            out.push(id.clone());
+        }
+        out
+    }
+
+    /// A walk and its twin share one roster copy and walk any ranges of it
+    /// (a listing on two threads): each range yields its entries in roster
+    /// order, and each walk skips only the slots it yielded itself, so a
+    /// slot listed twice comes again from the other walk (the listing
+    /// drops it there) but not from the same one.
+    #[test]
+    fn twins_walk_ranges_of_one_roster() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = table(dir.path(), format::KEYS_INDEX, 101);
+        for id in ["a", "b", "c", "d", "e"] {
+            t.put(id.as_bytes(), b"v").unwrap();
+        }
+        // The slot of "b" listed again at the end (a torn roster can).
+        let roster_path = format::roster_path(&t.path);
+        let mut raw = std::fs::read(&roster_path).unwrap();
+        let b_slot = raw[4..8].to_vec();
+        raw.extend_from_slice(&b_slot);
+        std::fs::write(&roster_path, &raw).unwrap();
+        let ids = |v: &[&str]| v.iter().map(|s| s.as_bytes().to_vec()).collect::<Vec<_>>();
+        assert_eq!(walk(&t, IterScratch::default()).0.len(), 5, "b once");
+
+        let mut it = t.iter().unwrap();
+        assert_eq!(it.roster_entries(), 6);
+        let mut twin = it.twin(IterScratch::default());
+        // Entries appended after the walk began are not the twin's.
+        t.put(b"f", b"v").unwrap();
+        assert_eq!(twin.roster_entries(), 6);
+        assert_eq!(range(&mut twin, 2, 4), ids(&["c", "d"]));
+        assert_eq!(
+            twin.size_hint(),
+            (0, Some(0)),
+            "the range's end bounds the hint"
+        );
+        assert_eq!(range(&mut it, 0, 2), ids(&["a", "b"]));
+        // "b" again at the end: yielded by the twin (it never yielded it),
+        // not by `it` (it did).
+        assert_eq!(range(&mut twin, 4, 6), ids(&["e", "b"]));
+        assert_eq!(range(&mut it, 4, usize::MAX), ids(&["e"]));
     }
 }
