@@ -512,56 +512,35 @@ fn index_name(b: Bank) -> &'static str {
 }
 
 /// Salt's `flush(bank)`: the bank's files removed ([`Table::remove_files`]:
-/// index, heap segments, past a missing one too, roster, lock). With the
+/// index, heap segments, past a missing one too, roster, lock), for `keys`
+/// and `denied_keys` under the banks' locks ([`keycache::Store::wipe`]). With the
 /// tree on, the bank's ids (those of damaged entries included) are first
 /// removed from the tree, through the bank, so the tree never vouches for a
 /// key the store no longer holds.
 fn wipe(open: &Open, b: Bank) -> keycache::Result<()> {
-    if open.tree.is_on() && b != Bank::Master {
-        let store = open.store()?;
-        let t = if b == Bank::Keys {
-            store.keys_table()
-        } else {
-            store.denied_table()
-        };
-        // The ids in roster order, then those of the other occupied slots,
-        // read from the index alone: an entry whose record cannot be read
-        // (a missing segment) must leave the tree too.
-        let mut ids: Vec<MinionId> = t
-            .iter()?
-            .filter_map(|r| r.ok())
-            .filter_map(|r| MinionId::from_bytes(&r.id).ok())
-            .collect();
-        let listed: std::collections::HashSet<MinionId> = ids.iter().cloned().collect();
-        let mut damaged: Vec<MinionId> = t
-            .scan()?
-            .slots
-            .iter()
-            .filter(|s| s.status == keycache::format::OCCUPIED)
-            .filter_map(|s| MinionId::from_bytes(&s.id).ok())
-            .filter(|id| !listed.contains(id))
-            .collect();
-        damaged.sort_unstable();
-        damaged.dedup();
-        ids.extend(damaged);
-        if b == Bank::Denied && !open.dir.join(index_name(Bank::Keys)).exists() {
-            // A batch would create the keys bank (it takes that bank's lock
-            // first); with no keys bank, only minions_denied/ holds anything.
-            remove_denied_files(&open.dir, &ids)?;
-        } else if !ids.is_empty() {
-            store.batch(|batch| {
-                for id in &ids {
-                    match b {
-                        Bank::Keys => batch.remove(id)?,
-                        _ => batch.remove_denied(id)?,
-                    }
-                }
-                Ok(())
-            })?;
+    let bank = match b {
+        Bank::Keys => Replicated::Keys,
+        Bank::Denied => Replicated::Denied,
+        Bank::Master => {
+            open.forget(b);
+            return Table::remove_files(&open.dir.join(index_name(b)));
         }
+    };
+    let store = open.store()?;
+    if b == Bank::Denied && !open.dir.join(index_name(Bank::Keys)).exists() {
+        // The wipe takes the keys bank's lock first, and would create that
+        // bank; with no keys bank, only minions_denied/ holds anything.
+        if open.tree.is_on() {
+            remove_denied_files(&open.dir, &store.ids_named(bank)?)?;
+        }
+        open.forget(b);
+        return Table::remove_files(&open.dir.join(index_name(b)));
     }
+    // The entries and the files go under the banks' locks: no write lands
+    // between the two.
+    let wiped = store.wipe(bank);
     open.forget(b);
-    Table::remove_files(&open.dir.join(index_name(b)))
+    wiped
 }
 
 /// Removes `minions_denied/<id>` for each id (a symlink or other

@@ -113,6 +113,40 @@ impl Batch<'_, '_> {
 }
 
 impl Store {
+    /// Applies several writes under the banks' locks, made durable by one
+    /// round of fsyncs per bank at the end. The `keys` lock is taken first,
+    /// then, only when the batch writes to it, the `denied_keys` one; both
+    /// banks' writes are planned before any is made, so a batch that fails
+    /// (an error from `f`, [`Error::TableFull`]) changes nothing. Inserts
+    /// may take the slots the batch's own removals free. Not atomic across
+    /// a crash: each id is then as before or as after.
+    ///
+    /// With the tree on ([`Store::set_tree`]), the tree entries of every id
+    /// the batch touches are brought in step too, under the same locks, in
+    /// the order of [`crate::tree`]: a `minions/<id>` file the store will no
+    /// longer vouch for is removed (durably) before the banks are written,
+    /// new files are written after. An entry under an id's name that is not
+    /// a regular file fails the batch before anything is written.
+    pub fn batch<T>(
+        &self,
+        f: impl FnOnce(&mut Batch<'_, '_>) -> Result<T>,
+    ) -> Result<(T, Applied)> {
+        self.batch_with_tree(f)
+            .map(|(out, applied, _)| (out, applied))
+    }
+
+    /// [`Store::batch`], also returning what it did to the tree (nothing
+    /// when the tree is off).
+    pub fn batch_with_tree<T>(
+        &self,
+        f: impl FnOnce(&mut Batch<'_, '_>) -> Result<T>,
+    ) -> Result<(T, Applied, TreeChanges)> {
+        // Removals are logged only in a store that keeps a history (else
+        // nothing reads the log, and nothing is read for it).
+        let log = crate::removals::kept_in(&self.dir);
+        self.batch_inner(false, log, f, || Ok(()))
+    }
+
     /// [`Store::batch_with_tree`] holding both banks' locks (`keys` first)
     /// from the start, so that what `f` reads of either bank (through the
     /// batch, or lock-free reads of the store) no other writer changes
@@ -125,14 +159,124 @@ impl Store {
         f: impl FnOnce(&mut Batch<'_, '_>) -> Result<T>,
         after: impl FnOnce() -> Result<()>,
     ) -> Result<(T, Applied, TreeChanges)> {
+        // A merge records its removals in the history itself: no log.
+        self.batch_inner(true, false, f, after)
+    }
+
+    /// Wipes `bank`, as Salt's `flush(bank)` does, with the tree in step:
+    /// with the tree on, removes the bank's entries in one batch, logged
+    /// like any removal (every id its index names: those of its roster in
+    /// order, then those of other occupied slots, whose records may not
+    /// read), then the bank's files ([`Table::remove_files`]), all under
+    /// both banks' locks. So no write lands between the ids read and the
+    /// files removed (an entry written into files about to go, its
+    /// `minions/<id>` file left vouching for a key no store holds). The
+    /// lock file goes with the others: a writer that waited on it takes
+    /// the new one ([`Table`]'s lock checks which file it holds). The
+    /// handle's view of the bank is stale after: reopen the store.
+    pub fn wipe(&self, bank: crate::snapshot::Bank) -> Result<()> {
+        use crate::snapshot::Bank;
+        let log = crate::removals::kept_in(&self.dir);
+        let table = match bank {
+            Bank::Keys => &self.keys,
+            Bank::Denied => &self.denied,
+        };
+        let index = table.path().to_path_buf();
+        let sync = self.tree.is_on();
+        let remove = |b: &mut Batch<'_, '_>| {
+            if !sync {
+                return Ok(());
+            }
+            for id in self.ids_named(bank)? {
+                match bank {
+                    Bank::Keys => b.remove(&id)?,
+                    Bank::Denied => b.remove_denied(&id)?,
+                }
+            }
+            Ok(())
+        };
+        self.batch_inner(true, log, remove, || Table::remove_files(&index))
+            .map(|_| ())
+    }
+
+    /// Every id `bank`'s index names: its roster's, in order, then those of
+    /// the other occupied slots (an entry whose record cannot be read, in a
+    /// missing segment, is still an id the tree may hold a file of).
+    pub fn ids_named(&self, bank: crate::snapshot::Bank) -> Result<Vec<MinionId>> {
+        let t = match bank {
+            crate::snapshot::Bank::Keys => &self.keys,
+            crate::snapshot::Bank::Denied => &self.denied,
+        };
+        let mut ids: Vec<MinionId> = t
+            .iter()?
+            .filter_map(|r| r.ok())
+            .filter_map(|r| MinionId::from_bytes(&r.id).ok())
+            .collect();
+        let listed: std::collections::HashSet<MinionId> = ids.iter().cloned().collect();
+        let mut damaged: Vec<MinionId> = t
+            .scan()?
+            .slots
+            .iter()
+            .filter(|s| s.status == crate::format::OCCUPIED)
+            .filter_map(|s| MinionId::from_bytes(&s.id).ok())
+            .filter(|id| !listed.contains(id))
+            .collect();
+        damaged.sort_unstable();
+        damaged.dedup();
+        ids.extend(damaged);
+        Ok(ids)
+    }
+
+    /// A batch: with `both`, the `denied_keys` lock taken with the `keys`
+    /// one before `f` runs (else only once `f` wrote to that bank); with
+    /// `log`, its `keys` and `denied_keys` removals logged for the history;
+    /// `after` run under the locks once the banks and the tree are written.
+    fn batch_inner<T>(
+        &self,
+        both: bool,
+        log: bool,
+        f: impl FnOnce(&mut Batch<'_, '_>) -> Result<T>,
+        after: impl FnOnce() -> Result<()>,
+    ) -> Result<(T, Applied, TreeChanges)> {
         self.keys.with_writer(|kix| {
-            self.denied.with_writer(|dix| {
-                let mut keys = Txn::new(&self.keys);
-                let mut denied_ops: Vec<(Vec<u8>, Option<Vec<u8>>)> = Vec::new();
-                // A merge records its removals in the history itself: no log.
-                let (out, wants, _) = self.stage(f, &mut keys, &mut denied_ops, false)?;
+            let mut keys = Txn::new(&self.keys);
+            let mut denied_ops: Vec<(Vec<u8>, Option<Vec<u8>>)> = Vec::new();
+            // Both banks planned before either is written (a batch that
+            // does not fit changes nothing), between the tree's halves.
+            let both_banks = |dix: &table::Index,
+                              keys: Txn<'_>,
+                              denied_ops: &[(Vec<u8>, Option<Vec<u8>>)],
+                              wants,
+                              mut removed: Removed| {
+                self.apply_both(
+                    kix,
+                    dix,
+                    keys,
+                    denied_ops,
+                    wants,
+                    log.then_some(&mut removed),
+                )
+            };
+            if both {
+                return self.denied.with_writer(|dix| {
+                    let (out, wants, removed) = self.stage(f, &mut keys, &mut denied_ops, log)?;
+                    let (applied, changes) = both_banks(dix, keys, &denied_ops, wants, removed)?;
+                    after()?;
+                    Ok((out, applied, changes))
+                });
+            }
+            let (out, wants, removed) = self.stage(f, &mut keys, &mut denied_ops, log)?;
+            if denied_ops.is_empty() {
+                let plan = self.keys.plan(kix, keys)?;
+                crate::removals::append(&self.dir, &removed)?;
                 let (applied, changes) =
-                    self.apply_both(kix, dix, keys, &denied_ops, wants, None)?;
+                    self.with_tree_sync(wants, || self.keys.apply(kix, plan))?;
+                after()?;
+                return Ok((out, applied, changes));
+            }
+            // Both banks locked (keys first, always).
+            self.denied.with_writer(|dix| {
+                let (applied, changes) = both_banks(dix, keys, &denied_ops, wants, removed)?;
                 after()?;
                 Ok((out, applied, changes))
             })

@@ -402,64 +402,6 @@ impl Store {
         Ok(was)
     }
 
-    /// Applies several writes under the banks' locks, made durable by one
-    /// round of fsyncs per bank at the end. The `keys` lock is taken first,
-    /// then, only when the batch writes to it, the `denied_keys` one; both
-    /// banks' writes are planned before any is made, so a batch that fails
-    /// (an error from `f`, [`Error::TableFull`]) changes nothing. Inserts
-    /// may take the slots the batch's own removals free. Not atomic across
-    /// a crash: each id is then as before or as after.
-    ///
-    /// With the tree on ([`Store::set_tree`]), the tree entries of every id
-    /// the batch touches are brought in step too, under the same locks, in
-    /// the order of [`crate::tree`]: a `minions/<id>` file the store will no
-    /// longer vouch for is removed (durably) before the banks are written,
-    /// new files are written after. An entry under an id's name that is not
-    /// a regular file fails the batch before anything is written.
-    pub fn batch<T>(
-        &self,
-        f: impl FnOnce(&mut Batch<'_, '_>) -> Result<T>,
-    ) -> Result<(T, Applied)> {
-        self.batch_with_tree(f)
-            .map(|(out, applied, _)| (out, applied))
-    }
-
-    /// [`Store::batch`], also returning what it did to the tree (nothing
-    /// when the tree is off).
-    pub fn batch_with_tree<T>(
-        &self,
-        f: impl FnOnce(&mut Batch<'_, '_>) -> Result<T>,
-    ) -> Result<(T, Applied, TreeChanges)> {
-        self.keys.with_writer(|kix| {
-            let mut keys = Txn::new(&self.keys);
-            let mut denied_ops: Vec<(Vec<u8>, Option<Vec<u8>>)> = Vec::new();
-            // Removals are logged only in a store that keeps a history
-            // (else nothing reads the log, and nothing is read for it).
-            let log = crate::removals::kept_in(&self.dir);
-            let (out, wants, mut removed) = self.stage(f, &mut keys, &mut denied_ops, log)?;
-            if denied_ops.is_empty() {
-                let plan = self.keys.plan(kix, keys)?;
-                crate::removals::append(&self.dir, &removed)?;
-                let (applied, changes) =
-                    self.with_tree_sync(wants, || self.keys.apply(kix, plan))?;
-                return Ok((out, applied, changes));
-            }
-            // Both banks locked (keys first, always), both planned before
-            // either is written: a batch that does not fit changes nothing.
-            self.denied.with_writer(|dix| {
-                let (applied, changes) = self.apply_both(
-                    kix,
-                    dix,
-                    keys,
-                    &denied_ops,
-                    wants,
-                    log.then_some(&mut removed),
-                )?;
-                Ok((out, applied, changes))
-            })
-        })
-    }
-
     /// Runs `f`, the writes of a batch, into `keys` and `denied_ops`; with
     /// the tree on, also returns what the tree must hold for each id the
     /// batch touched once it is in; and, with `log`, the `keys` entries it

@@ -63,31 +63,45 @@ impl Table {
         // files), so a poisoned mutex is taken over.
         let mut guard = self.writer.lock().unwrap_or_else(|e| e.into_inner());
         let ws = &mut *guard;
-        if ws.lock.is_none() {
-            ws.lock = Some(self.open_lock_file()?);
-        }
         let lock_path = || format::lock_path(&self.path);
-        let Some(lock) = ws.lock.take() else {
-            return Err(Error::io(
-                lock_path(),
-                "open",
-                std::io::ErrorKind::NotFound.into(),
-            ));
+        let mut replaced = 0;
+        let lock = loop {
+            let lock = match ws.lock.take() {
+                Some(lock) => lock,
+                None => self.open_lock_file()?,
+            };
+            let taken = match wait {
+                None => lock.lock().map_err(|e| Error::io(lock_path(), "flock", e)),
+                Some(wait) => lock_within(&lock, wait).map_err(|e| match e {
+                    None => Error::Busy {
+                        path: lock_path(),
+                        waited: wait,
+                    },
+                    Some(e) => Error::io(lock_path(), "flock", e),
+                }),
+            };
+            if let Err(e) = taken {
+                ws.lock = Some(lock);
+                return Err(e);
+            }
+            // A wipe of the bank (`flush(bank)`, Salt's or keycache's)
+            // removes the lock file too: a lock taken on the removed file
+            // (this handle's, opened before) excludes no one who opens the
+            // path now. Taken on the file the path names, or taken again.
+            let held = lock.metadata().ok().map(|m| (m.dev(), m.ino()));
+            if held.is_some() && held == files::file_id(&lock_path()) {
+                break lock;
+            }
+            let _ = lock.unlock();
+            replaced += 1;
+            if replaced > 100 {
+                return Err(Error::io(
+                    lock_path(),
+                    "flock",
+                    std::io::Error::other("the lock file kept being replaced while it was locked"),
+                ));
+            }
         };
-        let taken = match wait {
-            None => lock.lock().map_err(|e| Error::io(lock_path(), "flock", e)),
-            Some(wait) => lock_within(&lock, wait).map_err(|e| match e {
-                None => Error::Busy {
-                    path: lock_path(),
-                    waited: wait,
-                },
-                Some(e) => Error::io(lock_path(), "flock", e),
-            }),
-        };
-        if let Err(e) = taken {
-            ws.lock = Some(lock);
-            return Err(e);
-        }
         let result =
             crate::journal::roll_forward(&self.dir, Some(&lock_path()), self.rebuild_settle)
                 .and_then(|()| f(ws));

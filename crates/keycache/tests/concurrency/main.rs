@@ -1,10 +1,11 @@
 //! Concurrency: lock-free readers beside a writer of the same process
 //! (puts, state changes, removes, denies, batches, compactions), readers
 //! that never wait for a writer holding the banks' locks, and readers beside
-//! a Salt-style in-place rewrite of a record from another file handle.
+//! a Salt-style in-place rewrite of a record from another file handle, and
+//! wipes of a bank beside writers.
 //!
 //! One module per part: [`beside_a_writer`] (a), [`never_wait`] (b),
-//! [`salt_rewrite`] (c); the helpers they share (options, seeds, values that
+//! [`salt_rewrite`] (c), [`wipe`] (d: a bank's wipe beside writers); the helpers they share (options, seeds, values that
 //! name their writer, the record of what was written) are here.
 
 use std::collections::{HashMap, HashSet};
@@ -18,6 +19,7 @@ use keycache_testkit::rng::Rng;
 mod beside_a_writer;
 mod never_wait;
 mod salt_rewrite;
+mod wipe;
 
 /// A random key state.
 fn random_state(rng: &mut Rng) -> KeyState {
