@@ -168,12 +168,14 @@ impl Store {
     /// like any removal (every id its index names: those of its roster in
     /// order, then those of other occupied slots, whose records may not
     /// read), then the bank's files ([`Table::remove_files`]), all under
-    /// both banks' locks. So no write lands between the ids read and the
+    /// the banks' locks. So no write lands between the ids read and the
     /// files removed (an entry written into files about to go, its
     /// `minions/<id>` file left vouching for a key no store holds). The
-    /// lock file goes with the others: a writer that waited on it takes
-    /// the new one ([`Table`]'s lock checks which file it holds). The
-    /// handle's view of the bank is stale after: reopen the store.
+    /// locks are a batch's: `keys`, and `denied_keys` after it for a wipe
+    /// of that bank (which creates the `keys` bank if missing). The lock
+    /// file goes with the others: a writer that waited on it takes the new
+    /// one ([`Table`]'s lock checks which file it holds). The handle's view
+    /// of the bank is stale after: reopen the store.
     pub fn wipe(&self, bank: crate::snapshot::Bank) -> Result<()> {
         use crate::snapshot::Bank;
         let log = crate::removals::kept_in(&self.dir);
@@ -195,7 +197,10 @@ impl Store {
             }
             Ok(())
         };
-        self.batch_inner(true, log, remove, || Table::remove_files(&index))
+        // `denied_keys` is locked for its own wipe (always after `keys`);
+        // a wipe of `keys` writes only that bank, and creates no other.
+        let both = bank == Bank::Denied;
+        self.batch_inner(both, log, remove, || Table::remove_files(&index))
             .map(|_| ())
     }
 

@@ -1,8 +1,9 @@
 //! d) A bank's wipe (Salt's `flush(bank)`) beside writers: no write lands
 //! between the wipe's removal of the entries and of the files (where it
 //! would be lost, its `minions/<id>` file left vouching for a key no store
-//! holds), and a writer that locked the lock file the wipe removed does not
-//! write beside one that locks the new file.
+//! holds), a writer that locked the lock file the wipe removed does not
+//! write beside one that locks the new file, and a wipe of `keys` creates
+//! no `denied_keys` bank.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
@@ -99,4 +100,24 @@ fn a_wipe_beside_a_writer_leaves_no_tree_file_without_its_entry() {
     let store = open();
     let problems = keycache::tree::check(&store).unwrap();
     assert!(problems.is_empty(), "{problems:#?}");
+}
+
+/// A wipe of `keys` locks and writes that bank alone: a store without a
+/// `denied_keys` bank still has none after it.
+#[test]
+fn a_wipe_of_keys_creates_no_denied_bank() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open_with(dir.path(), &opts(101, 1 << 20, 0))
+        .unwrap()
+        .with_tree(TreeSync::On);
+    let id = MinionId::new("m1").unwrap();
+    store
+        .put(&id, KeyState::Accepted, &value("m1", "v", 0, 200))
+        .unwrap();
+    let denied = dir.path().join(keycache::format::DENIED_INDEX);
+    assert!(!denied.exists(), "no denied bank before");
+    store.wipe(Bank::Keys).unwrap();
+    assert!(!denied.exists(), "the wipe created the denied bank");
+    assert!(!dir.path().join(KEYS_INDEX).exists());
+    assert!(!dir.path().join("minions/m1").exists());
 }
