@@ -19,7 +19,10 @@
 //!
 //! Damage is not a misfit: a store with a few damaged entries still fits
 //! its layout (and `verify` reports the damage), so the verdict is a
-//! majority of the sampled roster entries, not every one.
+//! majority of the sampled roster entries, not every one. Nor are inserts a
+//! power loss undid (a writer syncs the roster before the index, so the
+//! roster may name slots that are empty): when every misfit is an empty
+//! slot and no other layout fits, the layout is taken.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -27,7 +30,7 @@ use std::path::Path;
 
 use crate::error::{Error, Result};
 use crate::files;
-use crate::format::{self, Params, DELETED, OCCUPIED, ROSTER_TOMBSTONE};
+use crate::format::{self, Params, DELETED, EMPTY, OCCUPIED, ROSTER_TOMBSTONE};
 
 /// Roster entries looked at, evenly spread over the roster.
 const SAMPLE: usize = 256;
@@ -51,6 +54,7 @@ pub fn check(index: &Path, p: &Params) -> Result<()> {
         return Ok(());
     };
     let ev = bank.evaluate(p, SAMPLE)?;
+    let decisive = ev.decisive.is_some();
     let why = match ev.decisive {
         Some(why) => why,
         // Nearly every entry misfits under a wrong layout; damage spares
@@ -66,6 +70,12 @@ pub fn check(index: &Path, p: &Params) -> Result<()> {
     };
     let other = bank.guess().filter(|g| g != p);
     if ev.checked < 4 && other.is_none() && !why.contains("index is") {
+        return Ok(());
+    }
+    // Every misfit an empty slot, and no other layout fits: the roster
+    // lists inserts a power loss took out of the index (they read as
+    // absent, and `verify --repair` drops them), not a wrong layout.
+    if !decisive && ev.empty == ev.misfits.len() && other.is_none() {
         return Ok(());
     }
     Err(Error::LayoutMismatch {
@@ -115,6 +125,10 @@ enum Verdict {
     /// Says nothing (a stale or damaged roster entry).
     Neutral,
     Misfit(String),
+    /// The slot is EMPTY: the mark of a wrong slot size (an offset inside
+    /// another slot's zero padding), or of an insert a power loss undid
+    /// after the roster had it (the roster is synced before the index).
+    Empty(String),
 }
 
 /// What the sampled entries say of a layout.
@@ -123,6 +137,8 @@ struct Evidence {
     /// Entries that fit or misfit.
     checked: usize,
     misfits: Vec<String>,
+    /// How many of the misfits are EMPTY slots.
+    empty: usize,
     decisive: Option<String>,
 }
 
@@ -203,6 +219,11 @@ impl<'a> Bank<'a> {
                     ev.checked += 1;
                     ev.misfits.push(why);
                 }
+                Verdict::Empty(why) => {
+                    ev.checked += 1;
+                    ev.empty += 1;
+                    ev.misfits.push(why);
+                }
             }
         }
         Ok(ev)
@@ -221,6 +242,7 @@ impl<'a> Bank<'a> {
             // Salt's writer leaves stale roster entries behind (a
             // misplaced tombstone); they are not a misfit.
             DELETED => return Ok(Verdict::Neutral),
+            EMPTY => return Ok(Verdict::Empty(format!("slot {slot} is empty"))),
             b => {
                 return Ok(Verdict::Misfit(format!(
                     "slot {slot} has status byte {b:#04x}, not occupied"
@@ -303,5 +325,78 @@ impl<'a> Bank<'a> {
     /// length, a segment of one record aside).
     fn smallest_cap(&self) -> u64 {
         self.segment_lens.iter().copied().max().unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::table::{OpenOptions, Table};
+
+    fn opts(id_size: usize) -> OpenOptions {
+        OpenOptions {
+            params: Params {
+                size: 101,
+                id_size,
+                ..Params::default()
+            },
+            ..OpenOptions::default()
+        }
+    }
+
+    /// A bank of five entries, each slot then zeroed: the roster (synced
+    /// before the index) still lists the inserts a power loss took out.
+    fn lost_inserts(dir: &Path) -> std::path::PathBuf {
+        let index = dir.join(format::KEYS_INDEX);
+        let t = Table::open(&index, &opts(64)).unwrap();
+        for i in 0..5 {
+            t.put(format!("m{i}").as_bytes(), b"v").unwrap();
+        }
+        drop(t);
+        let p = opts(64).params;
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&index)
+            .unwrap();
+        for slot in crate::roster::read(&format::roster_path(&index)).unwrap() {
+            f.write_all_at(
+                &vec![0u8; p.slot_size],
+                p.slot_offset(u64::from(slot)) as u64,
+            )
+            .unwrap();
+        }
+        index
+    }
+
+    /// Inserts a power loss undid are damage, not a misfit: the layout is
+    /// taken (the entries read as absent; a writer opens the bank), where
+    /// it used to be refused for five roster entries naming empty slots.
+    #[test]
+    fn a_roster_naming_only_empty_slots_fits_when_no_other_layout_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let index = lost_inserts(dir.path());
+        check(&index, &opts(64).params).unwrap();
+        let t = Table::open(&index, &opts(64)).unwrap();
+        assert!(t.get(b"m0").unwrap().is_none());
+        t.put(b"after", b"v").unwrap();
+        assert_eq!(
+            t.get(b"after").unwrap().map(|s| s.value),
+            Some(b"v".to_vec())
+        );
+    }
+
+    /// Entries intact, read under a wrong id size: still refused, naming
+    /// the layout the files fit.
+    #[test]
+    fn intact_entries_under_a_wrong_id_size_are_still_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let index = dir.path().join(format::KEYS_INDEX);
+        let t = Table::open(&index, &opts(64)).unwrap();
+        for i in 0..5 {
+            t.put(format!("m{i}").as_bytes(), b"v").unwrap();
+        }
+        drop(t);
+        let e = check(&index, &opts(32).params).unwrap_err();
+        assert!(e.to_string().contains("mmap_key_id_size 64"), "{e}");
     }
 }
