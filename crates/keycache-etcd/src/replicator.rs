@@ -352,13 +352,11 @@ impl Replicator {
     /// Records `revision` as the one being applied, before the store
     /// changes ([`Applying`]).
     fn record_applying(&mut self, revision: i64) -> Result<()> {
-        if self.applying.is_none() {
-            self.applying = Some(Applying::open(self.store.dir())?);
-        }
-        match &self.applying {
-            Some(a) => a.record(revision),
-            None => Ok(()),
-        }
+        let a = match &mut self.applying {
+            Some(a) => a,
+            none => none.insert(Applying::open(self.store.dir())?),
+        };
+        a.record(revision)
     }
 
     /// Reports a watch response too large to take ([`too_large`]) and

@@ -69,13 +69,12 @@ pub fn check(index: &Path, p: &Params) -> Result<()> {
         None => return Ok(()),
     };
     let other = bank.guess().filter(|g| g != p);
-    if ev.checked < 4 && other.is_none() && !why.contains("index is") {
-        return Ok(());
-    }
-    // Every misfit an empty slot, and no other layout fits: the roster
-    // lists inserts a power loss took out of the index (they read as
-    // absent, and `verify --repair` drops them), not a wrong layout.
-    if !decisive && ev.empty == ev.misfits.len() && other.is_none() {
+    // When no other layout fits the files either, the entries are damage,
+    // not a misfit, if they are too few to judge by, or if every misfit is
+    // an empty slot: inserts a power loss took out of the index after the
+    // roster had them (they read as absent; `verify --repair` drops them).
+    let damage = ev.checked < 4 || ev.empty == ev.misfits.len();
+    if !decisive && other.is_none() && damage {
         return Ok(());
     }
     Err(Error::LayoutMismatch {

@@ -518,27 +518,26 @@ fn index_name(b: Bank) -> &'static str {
 /// removed from the tree, through the bank, so the tree never vouches for a
 /// key the store no longer holds.
 fn wipe(open: &Open, b: Bank) -> keycache::Result<()> {
-    let bank = match b {
-        Bank::Keys => Replicated::Keys,
-        Bank::Denied => Replicated::Denied,
-        Bank::Master => {
-            open.forget(b);
-            return Table::remove_files(&open.dir.join(index_name(b)));
-        }
-    };
-    let store = open.store()?;
-    if b == Bank::Denied && !open.dir.join(index_name(Bank::Keys)).exists() {
-        // The wipe takes the keys bank's lock first, and would create that
-        // bank; with no keys bank, only minions_denied/ holds anything.
-        if open.tree.is_on() {
-            remove_denied_files(&open.dir, &store.ids_named(bank)?)?;
-        }
-        open.forget(b);
-        return Table::remove_files(&open.dir.join(index_name(b)));
-    }
     // The entries and the files go under the banks' locks: no write lands
     // between the two.
-    let wiped = store.wipe(bank);
+    let locked = match b {
+        Bank::Keys => Some(Replicated::Keys),
+        Bank::Denied if open.dir.join(index_name(Bank::Keys)).exists() => Some(Replicated::Denied),
+        // The wipe takes the keys bank's lock first, and would create that
+        // bank; with no keys bank, only minions_denied/ holds anything.
+        Bank::Denied => {
+            if open.tree.is_on() {
+                let ids = open.store()?.ids_named(Replicated::Denied)?;
+                remove_denied_files(&open.dir, &ids)?;
+            }
+            None
+        }
+        Bank::Master => None,
+    };
+    let wiped = match locked {
+        Some(bank) => open.store()?.wipe(bank),
+        None => Table::remove_files(&open.dir.join(index_name(b))),
+    };
     open.forget(b);
     wiped
 }

@@ -278,12 +278,13 @@ fn walk_beside<'t>(
                 // chunk no thread has claimed (`i` itself, when the walker
                 // has not claimed it), up to BUFFERS chunks ahead.
                 let n = next.load(Ordering::Relaxed);
-                if n < chunks
-                    && n < i + BUFFERS
-                    && next
+                if n < chunks && n < i + BUFFERS {
+                    if next
                         .compare_exchange(n, n + 1, Ordering::Relaxed, Ordering::Relaxed)
-                        .is_ok()
-                {
+                        .is_err()
+                    {
+                        continue; // the walker claimed it meanwhile: look again
+                    }
                     let mut w = own
                         .pop()
                         .unwrap_or_else(|| kept.spare.pop().unwrap_or_default());
@@ -293,9 +294,6 @@ fn walk_beside<'t>(
                     py.detach(|| w.fill(&mut mine, keep, usize::MAX));
                     pending[n] = Some((w, true));
                     continue;
-                }
-                if n < chunks && n < i + BUFFERS {
-                    continue; // the walker claimed it meanwhile: look again
                 }
                 // The walker has chunk `i` in hand: it comes next from it.
                 // Waiting without the GIL (a `Receiver` is not `Sync`: it

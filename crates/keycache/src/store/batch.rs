@@ -179,11 +179,7 @@ impl Store {
     pub fn wipe(&self, bank: crate::snapshot::Bank) -> Result<()> {
         use crate::snapshot::Bank;
         let log = crate::removals::kept_in(&self.dir);
-        let table = match bank {
-            Bank::Keys => &self.keys,
-            Bank::Denied => &self.denied,
-        };
-        let index = table.path().to_path_buf();
+        let index = self.table_of(bank).path().to_path_buf();
         let sync = self.tree.is_on();
         let remove = |b: &mut Batch<'_, '_>| {
             if !sync {
@@ -208,10 +204,7 @@ impl Store {
     /// the other occupied slots (an entry whose record cannot be read, in a
     /// missing segment, is still an id the tree may hold a file of).
     pub fn ids_named(&self, bank: crate::snapshot::Bank) -> Result<Vec<MinionId>> {
-        let t = match bank {
-            crate::snapshot::Bank::Keys => &self.keys,
-            crate::snapshot::Bank::Denied => &self.denied,
-        };
+        let t = self.table_of(bank);
         let mut ids: Vec<MinionId> = t
             .iter()?
             .filter_map(|r| r.ok())
@@ -230,6 +223,14 @@ impl Store {
         damaged.dedup();
         ids.extend(damaged);
         Ok(ids)
+    }
+
+    /// The table of `bank`.
+    fn table_of(&self, bank: crate::snapshot::Bank) -> &Table {
+        match bank {
+            crate::snapshot::Bank::Keys => &self.keys,
+            crate::snapshot::Bank::Denied => &self.denied,
+        }
     }
 
     /// A batch: with `both`, the `denied_keys` lock taken with the `keys`
