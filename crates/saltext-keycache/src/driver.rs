@@ -17,6 +17,7 @@ use keycache_etcd::{Settings, Value};
 use crate::etcd::Op;
 use crate::listing::{Failed, Keep, Kept};
 use crate::open::Open;
+use crate::seen::Seen;
 use crate::values::{self, Bank};
 use crate::{error, fork_generation, DriverKey};
 
@@ -36,6 +37,9 @@ pub struct Driver {
     /// taken by a listing, put back when it is done; a listing that finds
     /// it taken (another thread is listing) starts from nothing.
     pub(crate) kept: Mutex<Option<Kept>>,
+    /// etcd mode: what this process's fetches returned, guarding the
+    /// stores that follow them (see [`crate::seen`]).
+    pub(crate) seen: Seen,
 }
 
 impl Driver {
@@ -137,9 +141,11 @@ impl Driver {
     }
 
     /// etcd mode: writes (`Some`) or removes (`None`) `name` in bank `b`
-    /// through etcd, guarded by what the local replica holds for it now,
-    /// returning once the replica applied the commit (the GIL released
-    /// meanwhile). A removal of what the replica does not hold is `false`,
+    /// through etcd, returning once the replica applied the commit (the GIL
+    /// released meanwhile). A write is guarded by what this process's last
+    /// fetch of the id returned, when there was one ([`crate::seen`]), else
+    /// by what the local replica holds now; a removal by what the replica
+    /// holds now. A removal of what the replica does not hold is `false`,
     /// with nothing sent.
     fn through_etcd(
         &self,
@@ -155,7 +161,11 @@ impl Driver {
         };
         let id = minion(name).map_err(|e| fail(py, e))?;
         let table = open.table(b).map_err(|e| fail(py, e))?;
-        let expected = crate::etcd::local_value(&table, rb, name).map_err(|e| fail(py, e))?;
+        let fetched = self.seen.take(rb, name);
+        let expected = match fetched {
+            Some(seen) if value.is_some() => seen,
+            _ => crate::etcd::local_value(&table, rb, name).map_err(|e| fail(py, e))?,
+        };
         if value.is_none() && expected.is_none() {
             return Ok(false);
         }
@@ -259,9 +269,16 @@ impl Driver {
         }
         let table = open.table(b).map_err(|e| fail(py, e))?;
         let mut buf = Vec::new();
-        match table.get_into(&name, &mut buf).map_err(|e| fail(py, e))? {
-            Some(f) if f.len > 0 => values::fetched(py, b, f.value(&buf)),
-            _ => Ok(values::absent(py, b)),
+        let found = table.get_into(&name, &mut buf).map_err(|e| fail(py, e))?;
+        let raw = found.filter(|f| f.len > 0).map(|f| f.value(&buf));
+        if let (Some(_), Some(rb)) = (&self.etcd, b.replicated()) {
+            // What the caller decides on guards its store ([`crate::seen`]).
+            let value = raw.and_then(|raw| Value::decode(rb, raw).ok());
+            self.seen.fetched(rb, &name, value);
+        }
+        match raw {
+            Some(raw) => values::fetched(py, b, raw),
+            None => Ok(values::absent(py, b)),
         }
     }
 

