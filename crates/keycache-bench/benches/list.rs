@@ -66,10 +66,10 @@ fn bench_list(c: &mut Criterion) {
         })
     });
     g.bench_function(BenchmarkId::new("localfs_tree_ids_with_state", n), |b| {
-        b.iter(|| walk_ids(&tree))
+        b.iter(|| walk_ids(&tree).expect("the tree the bench made"))
     });
     g.bench_function(BenchmarkId::new("localfs_tree_ids_with_keys", n), |b| {
-        b.iter(|| walk_keys(&tree))
+        b.iter(|| walk_keys(&tree).expect("the tree the bench made"))
     });
     g.finish();
 }

@@ -9,6 +9,7 @@
 //! `tools/gen-pki-tree.py`), keys are PEM `BEGIN PUBLIC KEY` blocks of an
 //! RSA-2048 SubjectPublicKeyInfo (451 bytes, a minion's `minion.pub`).
 use std::collections::HashMap as StdHashMap;
+use std::io;
 use std::path::Path;
 
 use keycache::{KeyState, MinionId, OpenOptions, Params, Store};
@@ -320,32 +321,50 @@ pub fn minions() -> u64 {
 pub const TREE_STATE_DIRS: [(&str, u8); 3] =
     [("minions", 1), ("minions_pre", 2), ("minions_rejected", 3)];
 
-/// Ids with their state from a `localfs_key` tree: one readdir per state directory.
-pub fn walk_ids(tree: &Path) -> Vec<(String, u8)> {
-    let mut out = Vec::new();
+/// The files of a `localfs_key` tree's state directories, with their state
+/// number; an error names the directory or file it could not read.
+fn tree_files(
+    tree: &Path,
+    mut each: impl FnMut(String, u8, &Path) -> io::Result<()>,
+) -> io::Result<()> {
+    let named = |p: &Path, e: io::Error| io::Error::new(e.kind(), format!("{}: {e}", p.display()));
     for (d, s) in TREE_STATE_DIRS {
-        for e in std::fs::read_dir(tree.join(d)).unwrap() {
-            let e = e.unwrap();
-            if e.file_type().unwrap().is_file() {
-                out.push((e.file_name().into_string().unwrap(), s));
+        let dir = tree.join(d);
+        for e in std::fs::read_dir(&dir).map_err(|e| named(&dir, e))? {
+            let e = e.map_err(|e| named(&dir, e))?;
+            let path = e.path();
+            if !e.file_type().map_err(|e| named(&path, e))?.is_file() {
+                continue;
             }
+            let name = e.file_name().into_string().map_err(|_| {
+                io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("{}: not UTF-8", path.display()),
+                )
+            })?;
+            each(name, s, &path).map_err(|e| named(&path, e))?;
         }
     }
-    out
+    Ok(())
+}
+
+/// Ids with their state from a `localfs_key` tree: one readdir per state directory.
+pub fn walk_ids(tree: &Path) -> io::Result<Vec<(String, u8)>> {
+    let mut out = Vec::new();
+    tree_files(tree, |name, s, _| {
+        out.push((name, s));
+        Ok(())
+    })?;
+    Ok(out)
 }
 
 /// Ids with their state and key from a `localfs_key` tree: readdir, then read
 /// every file.
-pub fn walk_keys(tree: &Path) -> Vec<(String, u8, Vec<u8>)> {
+pub fn walk_keys(tree: &Path) -> io::Result<Vec<(String, u8, Vec<u8>)>> {
     let mut out = Vec::new();
-    for (d, s) in TREE_STATE_DIRS {
-        for e in std::fs::read_dir(tree.join(d)).unwrap() {
-            let e = e.unwrap();
-            if e.file_type().unwrap().is_file() {
-                let key = std::fs::read(e.path()).unwrap();
-                out.push((e.file_name().into_string().unwrap(), s, key));
-            }
-        }
-    }
-    out
+    tree_files(tree, |name, s, path| {
+        out.push((name, s, std::fs::read(path)?));
+        Ok(())
+    })?;
+    Ok(out)
 }

@@ -48,12 +48,12 @@ pub(crate) fn section_list(cfg: &Cfg, p: &Prepared) -> Samples {
         black_box(sum);
         drop(v);
         let t0 = Instant::now();
-        let v = walk_ids(&p.tree);
+        let v = walk_ids(&p.tree).expect("the tree the comparison made");
         s.add(L_TREE, "ids", t0.elapsed().as_secs_f64());
         assert_eq!(v.len(), count);
         drop(black_box(v));
         let t0 = Instant::now();
-        let v = walk_keys(&p.tree);
+        let v = walk_keys(&p.tree).expect("the tree the comparison made");
         let sum = v
             .iter()
             .fold(0u64, |a, (_, st, k)| a.wrapping_add(touch(*st, k)));
