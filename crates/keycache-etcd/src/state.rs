@@ -43,6 +43,21 @@ pub fn path(dir: &Path) -> PathBuf {
     dir.join(keycache::format::REPLICA_FILE)
 }
 
+/// The replica's state file in `dir`, when there is one: `dir` is then a
+/// replica of etcd, whose key state only etcd changes. The CLI and the Salt
+/// driver refuse to write its `keys` and `denied_keys` banks locally
+/// ([`AROUND_ETCD`]).
+pub fn replica_file(dir: &Path) -> Option<PathBuf> {
+    let file = path(dir);
+    std::fs::symlink_metadata(&file).ok().map(|_| file)
+}
+
+/// Why a replica's key state is not changed locally, in the words the CLI
+/// and the Salt driver give when they refuse it ([`replica_file`]).
+pub const AROUND_ETCD: &str = "a change written to it alone would reach neither etcd nor the \
+     other masters; its replicator's watch would leave it, and its next list of etcd would undo \
+     it (a key deleted here alone back)";
+
 /// Milliseconds since the epoch, now.
 pub fn now_ms() -> u64 {
     std::time::SystemTime::now()

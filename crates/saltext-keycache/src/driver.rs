@@ -181,29 +181,25 @@ impl Driver {
     }
 
     /// Refuses a local write of a bank etcd holds (`keys`, `denied_keys`)
-    /// when the store is a replica of etcd (its replicator's state file is
-    /// there) and this driver is not in etcd mode (no `keycache_etcd` in the
-    /// master config), as the CLI refuses it: the change would reach neither
-    /// etcd nor the other masters, and the replicator would undo it when it
-    /// lists etcd again (a deleted key back, accepted).
+    /// when the store is a replica of etcd and this driver is not in etcd
+    /// mode (no `keycache_etcd` in the master config), as the CLI refuses
+    /// it ([`keycache_etcd::state::AROUND_ETCD`]).
     fn refuse_around_etcd(&self, py: Python<'_>, open: &Open, b: Bank) -> PyResult<()> {
         if self.etcd.is_some() || b.replicated().is_none() {
             return Ok(());
         }
-        let file = keycache_etcd::state::path(&open.dir);
-        if std::fs::symlink_metadata(&file).is_err() {
+        let Some(file) = keycache_etcd::state::replica_file(&open.dir) else {
             return Ok(());
-        }
+        };
         Err(error(
             py,
             format!(
                 "keycache: {} is a replica of etcd ({} names it), and the master config has no \
-                 keycache_etcd: a change written to it alone would reach neither etcd nor the \
-                 other masters, and its replicator would undo it when it lists etcd again. Set \
-                 keycache_etcd in the master config; to stop replicating into this directory, \
-                 stop its replicator and remove {}. Nothing was written",
+                 keycache_etcd: {}. Set keycache_etcd in the master config; to stop replicating \
+                 into this directory, stop its replicator and remove {}. Nothing was written",
                 open.dir.display(),
                 file.display(),
+                keycache_etcd::state::AROUND_ETCD,
                 file.display()
             ),
         ))

@@ -98,25 +98,20 @@ pub(crate) fn required(layout: &Layout, command: &str) -> Result<Settings, CmdEr
 
 /// Refuses `keycache {command}` writing the key state of `dir` itself when
 /// `dir` is a replica of etcd (it holds the replicator's state file,
-/// `.keycache-etcd`): etcd is that store's source of truth, so a change
-/// written here alone would reach neither etcd nor the other masters, and
-/// the replicator, which applies etcd's changes only, would never undo it
-/// (an accept that etcd never ordered would stay). Exit 2, nothing
-/// written; the way through is the master config that names
-/// `keycache_etcd` (`-c`).
+/// `.keycache-etcd`): etcd is that store's source of truth
+/// ([`keycache_etcd::state::AROUND_ETCD`]). Exit 2, nothing written; the
+/// way through is the master config that names `keycache_etcd` (`-c`).
 pub(crate) fn refuse_local_write(dir: &Path, command: &str) -> Result<(), CmdError> {
-    let file = keycache_etcd::state::path(dir);
-    if std::fs::symlink_metadata(&file).is_err() {
+    let Some(file) = keycache_etcd::state::replica_file(dir) else {
         return Ok(());
-    }
+    };
     Err(CmdError::usage(format!(
-        "keycache {command}: {} is a replica of etcd ({} names it): a change written to it \
-         alone would reach neither etcd nor the other masters, and its replicator would not \
-         undo it. Change keys through etcd with -c DIR (the master config that names \
-         keycache_etcd); to stop replicating into this directory, stop its replicator and \
-         remove {}. Nothing was written",
+        "keycache {command}: {} is a replica of etcd ({} names it): {}. Change keys through \
+         etcd with -c DIR (the master config that names keycache_etcd); to stop replicating \
+         into this directory, stop its replicator and remove {}. Nothing was written",
         esc_path(dir),
         esc_path(&file),
+        keycache_etcd::state::AROUND_ETCD,
         esc_path(&file),
     )))
 }
