@@ -52,11 +52,22 @@ pub fn replica_file(dir: &Path) -> Option<PathBuf> {
     std::fs::symlink_metadata(&file).ok().map(|_| file)
 }
 
-/// Why a replica's key state is not changed locally, in the words the CLI
-/// and the Salt driver give when they refuse it ([`replica_file`]).
+/// Why a replica's key state is not changed locally ([`replica_file`]).
 pub const AROUND_ETCD: &str = "a change written to it alone would reach neither etcd nor the \
      other masters; its replicator's watch would leave it, and its next list of etcd would undo \
      it (a key deleted here alone back)";
+
+/// The message the CLI and the Salt driver give when they refuse a local
+/// write of the replica `dir`, whose state file is `file` (both as the
+/// caller prints paths): why ([`AROUND_ETCD`]), `remedy` (the caller's way
+/// through etcd), and how to stop replicating instead.
+pub fn refused_around_etcd(dir: &str, file: &str, remedy: &str) -> String {
+    format!(
+        "{dir} is a replica of etcd ({file} names it): {AROUND_ETCD}. {remedy}; to stop \
+         replicating into this directory, stop its replicator and remove {file}. Nothing was \
+         written"
+    )
+}
 
 /// Milliseconds since the epoch, now.
 pub fn now_ms() -> u64 {

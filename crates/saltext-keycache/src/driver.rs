@@ -161,8 +161,8 @@ impl Driver {
         };
         let id = minion(name).map_err(|e| fail(py, e))?;
         let table = open.table(b).map_err(|e| fail(py, e))?;
-        let fetched = self.seen.take(rb, name);
-        let expected = match fetched {
+        // Taken for a removal too: a write of the id makes the fetch out of date.
+        let expected = match self.seen.take(rb, name) {
             Some(seen) if value.is_some() => seen,
             _ => crate::etcd::local_value(&table, rb, name).map_err(|e| fail(py, e))?,
         };
@@ -183,7 +183,7 @@ impl Driver {
     /// Refuses a local write of a bank etcd holds (`keys`, `denied_keys`)
     /// when the store is a replica of etcd and this driver is not in etcd
     /// mode (no `keycache_etcd` in the master config), as the CLI refuses
-    /// it ([`keycache_etcd::state::AROUND_ETCD`]).
+    /// it ([`keycache_etcd::state::refused_around_etcd`]).
     fn refuse_around_etcd(&self, py: Python<'_>, open: &Open, b: Bank) -> PyResult<()> {
         if self.etcd.is_some() || b.replicated().is_none() {
             return Ok(());
@@ -194,13 +194,12 @@ impl Driver {
         Err(error(
             py,
             format!(
-                "keycache: {} is a replica of etcd ({} names it), and the master config has no \
-                 keycache_etcd: {}. Set keycache_etcd in the master config; to stop replicating \
-                 into this directory, stop its replicator and remove {}. Nothing was written",
-                open.dir.display(),
-                file.display(),
-                keycache_etcd::state::AROUND_ETCD,
-                file.display()
+                "keycache: {}",
+                keycache_etcd::state::refused_around_etcd(
+                    &open.dir.display().to_string(),
+                    &file.display().to_string(),
+                    "The master config has no keycache_etcd: set it",
+                )
             ),
         ))
     }

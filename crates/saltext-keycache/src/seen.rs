@@ -57,9 +57,9 @@ impl Seen {
     /// Remembers that a fetch of `name` in `bank` returned `value` (`None`:
     /// absent, or a value etcd could not hold).
     pub(crate) fn fetched(&self, bank: Bank, name: &[u8], value: Option<Value>) {
+        let generation = fork_generation();
         let mut m = self.0.lock().unwrap_or_else(|e| e.into_inner());
         if m.len() >= KEEP {
-            let generation = fork_generation();
             m.retain(|_, f| f.generation == generation && f.at.elapsed() < SEEN_FOR);
             if m.len() >= KEEP {
                 m.clear();
@@ -68,7 +68,7 @@ impl Seen {
         let f = Fetched {
             value,
             at: Instant::now(),
-            generation: fork_generation(),
+            generation,
         };
         m.insert((bank, name.to_vec()), f);
     }

@@ -99,19 +99,18 @@ pub(crate) fn required(layout: &Layout, command: &str) -> Result<Settings, CmdEr
 /// Refuses `keycache {command}` writing the key state of `dir` itself when
 /// `dir` is a replica of etcd (it holds the replicator's state file,
 /// `.keycache-etcd`): etcd is that store's source of truth
-/// ([`keycache_etcd::state::AROUND_ETCD`]). Exit 2, nothing written; the
+/// ([`keycache_etcd::state::refused_around_etcd`]). Exit 2, nothing written; the
 /// way through is the master config that names `keycache_etcd` (`-c`).
 pub(crate) fn refuse_local_write(dir: &Path, command: &str) -> Result<(), CmdError> {
     let Some(file) = keycache_etcd::state::replica_file(dir) else {
         return Ok(());
     };
     Err(CmdError::usage(format!(
-        "keycache {command}: {} is a replica of etcd ({} names it): {}. Change keys through \
-         etcd with -c DIR (the master config that names keycache_etcd); to stop replicating \
-         into this directory, stop its replicator and remove {}. Nothing was written",
-        esc_path(dir),
-        esc_path(&file),
-        keycache_etcd::state::AROUND_ETCD,
-        esc_path(&file),
+        "keycache {command}: {}",
+        keycache_etcd::state::refused_around_etcd(
+            &esc_path(dir),
+            &esc_path(&file),
+            "Change keys through etcd with -c DIR (the master config that names keycache_etcd)",
+        )
     )))
 }
