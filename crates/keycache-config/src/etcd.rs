@@ -11,7 +11,8 @@
 //!   user: salt                       # etcd's own auth
 //!   password: secret
 //!   write_timeout: 10                # seconds a write waits for etcd and the replica
-//!   stale_after: 30                  # seconds without etcd before the replica is stale
+//!   stale_after: 30                  # seconds without proof of currency before the replica is stale
+//!   check_every: 300                 # seconds between consistency checks of the replica
 //! ```
 //!
 //! Salt ignores options it does not know, so the mapping sits beside the
@@ -34,7 +35,11 @@ pub const DEFAULT_WRITE_TIMEOUT: u64 = 10;
 /// counts as stale.
 pub const DEFAULT_STALE_AFTER: u64 = 30;
 
-/// The seconds `write_timeout` and `stale_after` may be.
+/// The default seconds between two consistency checks of a replica
+/// against etcd (a digest of the prefix at one revision).
+pub const DEFAULT_CHECK_EVERY: u64 = 300;
+
+/// The seconds `write_timeout`, `stale_after` and `check_every` may be.
 pub const SECONDS: RangeInclusive<u64> = 1..=86_400;
 
 /// The `keycache_etcd` mapping of a master config.
@@ -60,6 +65,8 @@ pub struct EtcdSettings {
     pub write_timeout: u64,
     /// `stale_after`, seconds.
     pub stale_after: u64,
+    /// `check_every`, seconds.
+    pub check_every: u64,
 }
 
 impl Default for EtcdSettings {
@@ -76,6 +83,7 @@ impl Default for EtcdSettings {
             password: None,
             write_timeout: DEFAULT_WRITE_TIMEOUT,
             stale_after: DEFAULT_STALE_AFTER,
+            check_every: DEFAULT_CHECK_EVERY,
         }
     }
 }
@@ -187,13 +195,14 @@ pub(crate) fn parse(
             "password" => s.password = Some(string("password")?),
             "write_timeout" => s.write_timeout = seconds("write_timeout")?,
             "stale_after" => s.stale_after = seconds("stale_after")?,
+            "check_every" => s.check_every = seconds("check_every")?,
             other => {
                 return Err(ConfigError::Type {
                     file: file.to_path_buf(),
                     line: k.line,
                     key: format!("keycache_etcd.{other}"),
                     expected: "one of endpoints, prefix, ca, cert, key, user, password, \
-                               write_timeout, stale_after",
+                               write_timeout, stale_after, check_every",
                     found: "an unknown option".into(),
                 })
             }

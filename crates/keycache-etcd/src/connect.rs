@@ -12,6 +12,10 @@ use keycache_config::MasterConfig;
 use crate::error::{Error, Result};
 use crate::layout::Layout;
 
+/// How long a member may take to answer the read that proves it is up,
+/// current and behind a leader, when connecting.
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// Everything a replicator or a writer needs to reach the key state in etcd.
 #[derive(Clone)]
 pub struct Settings {
@@ -27,8 +31,12 @@ pub struct Settings {
     pub user: Option<(String, String)>,
     /// How long a write waits for etcd's commit and for the replica.
     pub write_timeout: Duration,
-    /// How long without etcd before a replica counts as stale.
+    /// How long without a proof of currency (see [`crate::replicator`])
+    /// before a replica counts as stale.
     pub stale_after: Duration,
+    /// How often the replicator checks its replica against etcd
+    /// ([`crate::check`]).
+    pub check_every: Duration,
     /// The largest response taken from etcd ([`crate::list::MAX_RESPONSE`]
     /// unless a test lowers it): a list asks for smaller pages past it, a
     /// watch lists again.
@@ -91,6 +99,7 @@ impl Settings {
             user: e.user.clone().zip(e.password.clone()),
             write_timeout: Duration::from_secs(e.write_timeout),
             stale_after: Duration::from_secs(e.stale_after),
+            check_every: Duration::from_secs(e.check_every),
             max_response: crate::list::MAX_RESPONSE,
         })
     }
@@ -106,6 +115,7 @@ impl Settings {
             user: None,
             write_timeout: Duration::from_secs(keycache_config::etcd::DEFAULT_WRITE_TIMEOUT),
             stale_after: Duration::from_secs(keycache_config::etcd::DEFAULT_STALE_AFTER),
+            check_every: Duration::from_secs(keycache_config::etcd::DEFAULT_CHECK_EVERY),
             max_response: crate::list::MAX_RESPONSE,
         })
     }
@@ -118,21 +128,31 @@ impl Settings {
     /// to it and fail them. The client talks to that one member; a caller
     /// whose requests fail later connects again.
     pub async fn connect(&self) -> Result<Client> {
+        let first = std::process::id() as usize;
+        self.connect_from(first).await.map(|(c, _)| c)
+    }
+
+    /// [`Settings::connect`] trying the endpoints from the one at `first`
+    /// (modulo their count) on; the client and the index of its endpoint.
+    /// The probe is a linearizable read that must answer within
+    /// [`PROBE_TIMEOUT`]: a member whose disk stalls answers none.
+    pub async fn connect_from(&self, first: usize) -> Result<(Client, usize)> {
         let opts = self.options()?;
         let n = self.endpoints.len();
-        let first = std::process::id() as usize % n.max(1);
         let mut why = Vec::new();
         for i in 0..n {
-            let ep = &self.endpoints[(first + i) % n];
+            let at = (first + i) % n.max(1);
+            let ep = &self.endpoints[at];
             let probe = async {
                 let mut c = Client::connect([ep.as_str()], Some(opts.clone())).await?;
                 let o = GetOptions::new().with_keys_only().with_limit(1);
                 c.get(self.layout.prefix(), Some(o)).await?;
                 Ok::<Client, etcd_client::Error>(c)
             };
-            match probe.await {
-                Ok(c) => return Ok(c),
-                Err(e) => why.push(format!("{ep}: {e}")),
+            match tokio::time::timeout(PROBE_TIMEOUT.max(self.write_timeout / 4), probe).await {
+                Ok(Ok(c)) => return Ok((c, at)),
+                Ok(Err(e)) => why.push(format!("{ep}: {e}")),
+                Err(_) => why.push(format!("{ep}: no answer to a read in time")),
             }
         }
         Err(Error::etcd(&self.endpoints, "connect", why.join("; ")))

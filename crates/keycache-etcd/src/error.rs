@@ -51,10 +51,11 @@ pub enum Error {
     /// in time.
     #[error(
         "etcd committed the change (revision {revision}), but the replica in {dir} has not \
-         applied it within {waited_ms} ms (it holds revision {holds} of that etcd cluster): is the \
-         replicator running for this store, on these endpoints?"
+         applied it within {waited_ms} ms (it holds revision {holds} of that etcd cluster): {why}"
     )]
     NotApplied {
+        /// What the replica lacks, and what to look at.
+        why: String,
         /// The store directory.
         dir: PathBuf,
         /// The revision of the commit.
@@ -73,6 +74,18 @@ pub enum Error {
         /// What is wrong.
         why: String,
     },
+    /// Another replicator holds the store's lock ([`crate::lock`]).
+    #[error(
+        "{}: another replicator{} replicates into this store; one replicator per store: stop \
+         that one (the systemd unit or the Salt engine), or point this one at another \
+         directory", path.display(), holder(*.pid)
+    )]
+    Locked {
+        /// The lock file.
+        path: PathBuf,
+        /// The holder's pid, when the file names one.
+        pid: Option<u32>,
+    },
     /// A seed into a prefix that already holds keys.
     #[error(
         "etcd prefix {prefix} already holds {count} keys: a seed would overwrite another \
@@ -84,6 +97,10 @@ pub enum Error {
         /// How many keys it holds.
         count: i64,
     },
+}
+
+fn holder(pid: Option<u32>) -> String {
+    pid.map(|p| format!(" (pid {p})")).unwrap_or_default()
 }
 
 /// The crate's result.

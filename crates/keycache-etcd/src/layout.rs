@@ -48,8 +48,10 @@ impl Value {
     }
 
     /// Decodes what etcd holds for `bank`: a `keys` value must carry a
-    /// state byte and a key, neither may be empty, and no value may hold a
-    /// private key block (such a value would be refused by the store).
+    /// state byte and a key, and the key (in either bank) must be exactly
+    /// one PEM public key block, as `migrate` and `merge` require
+    /// ([`keycache::pem::check_public_key`]): a value of a state byte and
+    /// anything else, written straight into etcd, grants nothing.
     pub fn decode(bank: Bank, bytes: &[u8]) -> std::result::Result<Value, &'static str> {
         let v = match bank {
             Bank::Keys => match decode_key_value(bytes) {
@@ -62,9 +64,7 @@ impl Value {
         let pem = match &v {
             Value::Key(_, p) | Value::Denied(p) => p,
         };
-        if keycache::pem::holds_private_key(pem) {
-            return Err("it holds a private key block");
-        }
+        keycache::pem::check_public_key(pem).map_err(|p| p.describe())?;
         Ok(v)
     }
 }
@@ -149,5 +149,17 @@ mod tests {
         assert!(Value::decode(Bank::Denied, b"").is_err());
         let private = b"-----BEGIN RSA PRIVATE KEY-----\nAB\n-----END RSA PRIVATE KEY-----\n";
         assert!(Value::decode(Bank::Denied, private).is_err());
+        // A state byte and bytes that are not a PEM public key.
+        for bad in [
+            &b"\x01not a pem"[..],
+            b"\x01",
+            b"\x01-----BEGIN PUBLIC KEY-----\n",
+        ] {
+            assert!(Value::decode(Bank::Keys, bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(
+            Value::decode(Bank::Denied, b"garbage"),
+            Err("it does not start with a PEM public key block")
+        );
     }
 }

@@ -35,11 +35,14 @@
 #![deny(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
+pub mod anchor;
 pub mod catch_up;
+pub mod check;
 pub mod connect;
 pub mod error;
 pub mod layout;
 pub mod list;
+pub mod lock;
 pub mod replica;
 pub mod replicator;
 pub mod seed;

@@ -2,14 +2,15 @@
 
 use std::collections::BTreeMap;
 
-use etcd_client::{Client, GetOptions};
+use etcd_client::{Client, GetOptions, KeyValue};
 use keycache::snapshot::Bank;
 use keycache::MinionId;
 
 use crate::connect::Settings;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::layout::Value;
 use crate::replica::{self, Applied};
+use crate::state::Anchor;
 
 /// Keys read per page at first. etcd counts every key from a page's start
 /// to the end of the range for each page (its `count`), so a list costs
@@ -38,51 +39,71 @@ pub struct Listing {
     pub entries: BTreeMap<(Bank, MinionId), Value>,
     /// Keys passed over (see [`replica::decode`]).
     pub refused: Vec<(String, String)>,
+    /// The key changed last under the prefix (`None`: the prefix is
+    /// empty): the anchor of a replica made from this listing.
+    pub anchor: Option<Anchor>,
 }
 
-/// Lists the prefix of `settings` at one revision (the first page's).
-pub async fn list(client: &mut Client, settings: &Settings) -> Result<Listing> {
+/// Why a paged read stopped.
+#[derive(Debug)]
+pub(crate) enum Paging {
+    /// etcd compacted the revision asked for.
+    Compacted,
+    /// Any other failure.
+    Failed(Error),
+}
+
+/// Reads the prefix of `settings` at `revision` (0: the current one, then
+/// every page at the first page's), page by page, handing each page's
+/// key-values to `f`; the revision read and the cluster id.
+pub(crate) async fn pages(
+    client: &mut Client,
+    settings: &Settings,
+    revision: i64,
+    mut f: impl FnMut(&[KeyValue]),
+) -> std::result::Result<(i64, u64), Paging> {
     let layout = &settings.layout;
     let end = layout.range_end();
     let mut from = layout.prefix().as_bytes().to_vec();
-    let mut out = Listing::default();
-    let mut applied = Applied::default();
+    let mut at = (revision, 0);
     let mut kv = client
         .kv_client()
         .max_decoding_message_size(settings.max_response);
     let mut page = PAGE;
+    let mut first = true;
     loop {
         let mut o = GetOptions::new().with_range(end.clone()).with_limit(page);
-        if out.revision > 0 {
-            o = o.with_revision(out.revision);
+        if at.0 > 0 {
+            o = o.with_revision(at.0);
         }
         let mut r = match kv.get(from.clone(), Some(o)).await {
             Ok(r) => r,
-            // Values larger than usual: smaller pages.
-            Err(etcd_client::Error::GRpcStatus(s))
-                if s.code() as i32 == GRPC_OUT_OF_RANGE && page > MIN_PAGE =>
-            {
-                page /= 2;
-                continue;
+            Err(etcd_client::Error::GRpcStatus(s)) if s.code() as i32 == GRPC_OUT_OF_RANGE => {
+                if s.message().contains("compacted") {
+                    return Err(Paging::Compacted);
+                }
+                if page > MIN_PAGE {
+                    // Values larger than usual: smaller pages.
+                    page /= 2;
+                    continue;
+                }
+                return Err(Paging::Failed(settings.err("range (list)", s)));
             }
-            Err(e) => return Err(settings.err("range (list)", e)),
+            Err(e) => return Err(Paging::Failed(settings.err("range (list)", e))),
         };
-        if out.revision == 0 {
+        if first {
             let h = r
                 .header()
-                .ok_or_else(|| settings.err("range", "no header"))?;
-            (out.revision, out.cluster_id) = (h.revision(), h.cluster_id());
+                .ok_or_else(|| Paging::Failed(settings.err("range", "no header")))?;
+            if at.0 == 0 {
+                at.0 = h.revision();
+            }
+            at.1 = h.cluster_id();
+            first = false;
         }
         let more = r.more();
         let kvs = r.take_kvs();
-        for kv in &kvs {
-            out.keys += 1;
-            if let Some(c) = replica::decode(layout, kv.key(), Some(kv.value()), &mut applied) {
-                if let Some(v) = c.value {
-                    out.entries.insert((c.bank, c.id), v);
-                }
-            }
-        }
+        f(&kvs);
         match kvs.last() {
             Some(kv) if more => {
                 from = kv.key().to_vec();
@@ -91,6 +112,35 @@ pub async fn list(client: &mut Client, settings: &Settings) -> Result<Listing> {
             _ => break,
         }
     }
+    Ok(at)
+}
+
+/// Lists the prefix of `settings` at one revision (the first page's).
+pub async fn list(client: &mut Client, settings: &Settings) -> Result<Listing> {
+    let layout = &settings.layout;
+    let mut out = Listing::default();
+    let mut applied = Applied::default();
+    let mut last: Option<(i64, Anchor)> = None;
+    let (revision, cluster_id) = pages(client, settings, 0, |kvs| {
+        for kv in kvs {
+            out.keys += 1;
+            if last.as_ref().is_none_or(|(m, _)| kv.mod_revision() > *m) {
+                last = Some((kv.mod_revision(), Anchor::of(kv, false)));
+            }
+            if let Some(c) = replica::decode(layout, kv.key(), Some(kv.value()), &mut applied) {
+                if let Some(v) = c.value {
+                    out.entries.insert((c.bank, c.id), v);
+                }
+            }
+        }
+    })
+    .await
+    .map_err(|p| match p {
+        Paging::Compacted => settings.err("range (list)", "the revision was compacted"),
+        Paging::Failed(e) => e,
+    })?;
+    (out.revision, out.cluster_id) = (revision, cluster_id);
     out.refused = applied.refused;
+    out.anchor = last.map(|(_, a)| a);
     Ok(out)
 }

@@ -30,16 +30,29 @@ use std::time::Duration;
 use etcd_client::{Client, EventType, GetOptions, WatchOptions};
 use keycache::store::Store;
 
+use crate::anchor::Verdict;
 use crate::catch_up::{CatchUp, Step, MAX_HELD};
 use crate::connect::Settings;
 use crate::error::{Error, Result};
+use crate::lock::ReplicatorLock;
 use crate::replica::{self, Applied, Change};
-use crate::state::{now_ms, Applying, ReplicaState};
+use crate::state::{boot_ms, now_ms, Anchor, Applying, Binding, CheckResult, ReplicaState};
 
 /// Events applied in one batch at most.
 pub const MAX_EVENTS: usize = 10_000;
-/// How often the watch asks etcd for its progress.
+/// How often the replicator proves its replica current: a linearizable
+/// read, then a request for the watch's progress.
 pub const PROGRESS_EVERY: Duration = Duration::from_secs(1);
+/// How long the linearizable read of a proof may take.
+pub const READ_TIMEOUT: Duration = Duration::from_secs(1);
+/// Proofs failed in a row after which the replicator connects to another
+/// member: one that answers the watch but no linearizable read (its disk
+/// stalls, it lost the quorum) is alive, not current.
+pub const MAX_READ_FAILURES: u32 = 3;
+/// The first etcd 3.5 release with the watch fixes Kubernetes requires
+/// (progress notifications no longer ahead of events; no event lost on a
+/// slow watcher): older ones are warned of.
+pub const WATCH_FIXED: (u32, u32, u32) = (3, 5, 13);
 
 /// What the replicator tells its caller (the CLI prints these).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -81,6 +94,28 @@ pub enum Report {
     TooLarge {
         /// The transport's words.
         why: String,
+    },
+    /// The recorded state could not be trusted: listing again.
+    Relist {
+        /// Why (a history that forked, a copied store, ...).
+        why: String,
+    },
+    /// A consistency check ran ([`crate::check`]).
+    Checked {
+        /// The revision compared at.
+        revision: i64,
+        /// Entries in etcd's digest.
+        entries: u64,
+        /// `equal`, `differed` (listing again), `not_held` (differed again
+        /// right after a list: not listing again) or `skipped`.
+        result: &'static str,
+    },
+    /// The etcd member is older than [`WATCH_FIXED`].
+    OldEtcd {
+        /// The member's endpoint.
+        endpoint: String,
+        /// Its version.
+        version: String,
     },
     /// The connection was lost or refused; retrying after `retry_in`.
     Lost {
@@ -153,6 +188,48 @@ impl Report {
                 format!("the watch's catch-up is more than it takes ({why}): listing again"),
                 None,
             ),
+            Report::Relist { why } => (Level::Warning, format!("{why}: listing etcd again"), None),
+            Report::Checked {
+                revision,
+                entries,
+                result,
+            } => (
+                if *result == "equal" || *result == "skipped" {
+                    Level::Info
+                } else {
+                    Level::Warning
+                },
+                match *result {
+                    "equal" => format!(
+                        "consistency check at revision {revision}: the replica equals etcd \
+                         ({entries} entries)"
+                    ),
+                    "skipped" => format!(
+                        "consistency check at revision {revision}: skipped, etcd compacted that \
+                         revision"
+                    ),
+                    "not_held" => format!(
+                        "consistency check at revision {revision}: the replica still differs \
+                         from etcd ({entries} entries) right after a list: entries this store \
+                         cannot hold (a full bank?); not listing again"
+                    ),
+                    _ => format!(
+                        "consistency check at revision {revision}: the replica differs from \
+                         etcd ({entries} entries): listing again"
+                    ),
+                },
+                None,
+            ),
+            Report::OldEtcd { endpoint, version } => (
+                Level::Warning,
+                format!(
+                    "etcd {version} at {endpoint} is older than {}.{}.{}, the first release \
+                     with the watch fixes Kubernetes requires (progress notifications ahead of \
+                     events, events lost by slow watchers): upgrade etcd",
+                    WATCH_FIXED.0, WATCH_FIXED.1, WATCH_FIXED.2
+                ),
+                None,
+            ),
             Report::Lost { why, retry_in } => (
                 Level::Warning,
                 format!("{why}; retrying in {} ms", retry_in.as_millis()),
@@ -175,6 +252,18 @@ pub struct Replicator {
     /// The record of the revision being applied, opened at the first
     /// batch.
     applying: Option<Applying>,
+    /// The store's lock, held while [`Replicator::run`] runs.
+    lock: Option<ReplicatorLock>,
+    /// The endpoint to connect to first (the one last used, or the next
+    /// one after a member that could not prove itself current).
+    member: usize,
+    /// Whether the version of etcd was looked at.
+    version_checked: bool,
+    /// When the next consistency check is due (`None`: at the first
+    /// chance).
+    next_check: Option<tokio::time::Instant>,
+    /// Whether the last list was made because a check differed.
+    listed_for_check: bool,
     report: Box<dyn FnMut(Report) + Send>,
 }
 
@@ -189,8 +278,17 @@ impl std::fmt::Debug for Replicator {
 }
 
 enum Next {
-    /// List again (a compaction).
+    /// List again (a compaction, a consistency check that differed).
     List,
+}
+
+/// A proof of currency under way: a linearizable read answered at
+/// `revision`, taken at `boot_ms`; it holds once the watch reports
+/// progress up to that revision.
+#[derive(Debug, Clone, Copy)]
+struct Proof {
+    revision: i64,
+    boot_ms: u64,
 }
 
 impl Replicator {
@@ -206,15 +304,24 @@ impl Replicator {
             store,
             state: ReplicaState::default(),
             applying: None,
+            lock: None,
+            member: std::process::id() as usize,
+            version_checked: false,
+            next_check: None,
+            listed_for_check: false,
             report: Box::new(report),
         }
     }
 
     /// Runs until `stop` completes, or forever; returns only an error that
-    /// retrying cannot mend (the store's own refusals are retried too: an
-    /// operator may fix them while it waits).
+    /// retrying cannot mend (another replicator holds the store: see
+    /// [`crate::lock`]; the store's own refusals are retried: an operator
+    /// may fix them while it waits).
     pub async fn run(&mut self, stop: impl std::future::Future<Output = ()>) -> Result<()> {
         tokio::pin!(stop);
+        if self.lock.is_none() {
+            self.lock = Some(ReplicatorLock::acquire(self.store.dir()).await?);
+        }
         let mut backoff = Duration::from_millis(100);
         loop {
             let session = self.session(&mut backoff);
@@ -249,7 +356,12 @@ impl Replicator {
 
     /// Connects, lists when needed, then watches until something fails.
     async fn session(&mut self, backoff: &mut Duration) -> Result<std::convert::Infallible> {
-        let mut client = self.settings.connect().await?;
+        let (mut client, at) = self.settings.connect_from(self.member).await?;
+        self.member = at;
+        if !self.version_checked {
+            self.version_checked = true;
+            self.check_version(&mut client, at).await;
+        }
         let mut must_list = !self.resumable(&mut client).await?;
         loop {
             if must_list {
@@ -262,8 +374,30 @@ impl Replicator {
         }
     }
 
+    /// Reports a member older than [`WATCH_FIXED`] (a member that does not
+    /// say is not reported).
+    async fn check_version(&mut self, client: &mut Client, at: usize) {
+        let Ok(r) = client.status().await else { return };
+        let version = r.version().to_owned();
+        let parsed: Vec<u32> = version
+            .split(|c: char| !c.is_ascii_digit())
+            .take(3)
+            .filter_map(|p| p.parse().ok())
+            .collect();
+        if let [a, b, c] = parsed[..] {
+            if (a, b, c) < WATCH_FIXED {
+                (self.report)(Report::OldEtcd {
+                    endpoint: self.settings.endpoints[at].clone(),
+                    version,
+                });
+            }
+        }
+    }
+
     /// Whether the recorded state lets the watch resume: the same prefix,
-    /// the same etcd cluster, a revision etcd has reached.
+    /// the same etcd cluster, a revision etcd has reached, written for this
+    /// store ([`Binding`]), and a history in etcd that still holds the last
+    /// change the store applied ([`crate::anchor`]).
     async fn resumable(&mut self, client: &mut Client) -> Result<bool> {
         // An unreadable state (a crash while it was replaced) lists again.
         let Ok(Some(s)) = ReplicaState::read(self.store.dir()) else {
@@ -279,21 +413,50 @@ impl Replicator {
         let h = r
             .header()
             .ok_or_else(|| self.settings.err("range", "no header"))?;
-        let ok = s.prefix == self.settings.layout.prefix()
+        let fits = s.prefix == self.settings.layout.prefix()
             && s.cluster_id == h.cluster_id()
             && s.revision > 0
             && s.revision <= h.revision();
+        let bound = s.belongs_to(self.store.dir());
+        let (anchor, revision) = (s.anchor.clone(), s.revision);
         // The state this replicator writes names its own pid.
         self.state = ReplicaState {
             pid: std::process::id(),
             ..s
         };
-        Ok(ok)
+        if !fits {
+            return Ok(false);
+        }
+        if !bound {
+            (self.report)(Report::Relist {
+                why: format!(
+                    "{} was not written for the store in {} (a copy or a restore of the \
+                     directory, or a state from an older keycache)",
+                    crate::state::path(self.store.dir()).display(),
+                    self.store.dir().display()
+                ),
+            });
+            return Ok(false);
+        }
+        match crate::anchor::verify(client, &self.settings, anchor.as_ref(), revision).await? {
+            Verdict::Same => Ok(true),
+            Verdict::Forked(why) | Verdict::Unknown(why) => {
+                (self.report)(Report::Relist { why });
+                Ok(false)
+            }
+        }
+    }
+
+    /// Writes the state, bound to the store's files as they are now.
+    fn write_state(&mut self) -> Result<()> {
+        self.state.store = Some(Binding::of(self.store.dir())?);
+        self.state.write(self.store.dir())
     }
 
     /// Lists the prefix at one revision and makes the store equal to it.
     async fn list(&mut self, client: &mut Client) -> Result<()> {
         let t = std::time::Instant::now();
+        let read_at = boot_ms();
         let l = crate::list::list(client, &self.settings).await?;
         let listing = t.elapsed();
         let t = std::time::Instant::now();
@@ -309,10 +472,19 @@ impl Replicator {
             revision: l.revision,
             listed_at: l.revision,
             etcd_revision: l.revision,
+            // A list is a read at etcd's current revision, linearizable:
+            // the store now holds it.
             contact_ms: now_ms(),
+            contact_boot_ms: read_at,
+            current_through: l.revision,
+            anchor: l.anchor,
+            store: None,
+            check: self.state.check.take(),
             pid: std::process::id(),
         };
-        self.state.write(self.store.dir())?;
+        self.write_state()?;
+        // Equal to etcd at that revision: the next check after a period.
+        self.next_check = Some(tokio::time::Instant::now() + self.settings.check_every);
         (self.report)(Report::Listed {
             revision: l.revision,
             entries: l.keys,
@@ -366,6 +538,58 @@ impl Replicator {
         Next::List
     }
 
+    /// A linearizable read through `client`, at most [`READ_TIMEOUT`]: the
+    /// revision etcd had when the member answered, proving the member
+    /// current (a member whose disk stalls, or cut off from the quorum,
+    /// answers none).
+    async fn read_current(&self, client: &mut Client) -> Option<i64> {
+        let o = GetOptions::new().with_limit(1).with_count_only();
+        let read = client.get(self.settings.layout.prefix(), Some(o));
+        match tokio::time::timeout(READ_TIMEOUT, read).await {
+            Ok(Ok(r)) => r.header().map(|h| h.revision()),
+            _ => None,
+        }
+    }
+
+    /// The consistency check at the revision the store holds: `Some(List)`
+    /// when the replica differs from etcd and a list should mend it.
+    async fn check(&mut self, client: &mut Client) -> Result<Option<Next>> {
+        let revision = self.state.revision;
+        let local = crate::check::local(&self.store)?;
+        let remote = crate::check::remote(client, &self.settings, &self.store, revision).await?;
+        let last = self.state.check.clone();
+        let (mut runs, mut differed) = last.map_or((0, 0), |c| (c.runs, c.differed));
+        runs += 1;
+        let (result, entries) = match remote {
+            None => ("skipped", 0),
+            Some(d) if d == local => ("equal", d.entries),
+            Some(d) if self.listed_for_check => ("not_held", d.entries),
+            Some(d) => ("differed", d.entries),
+        };
+        if result == "differed" || result == "not_held" {
+            differed += 1;
+        }
+        self.state.check = Some(CheckResult {
+            revision,
+            result: result.to_owned(),
+            entries,
+            boot_ms: boot_ms(),
+            runs,
+            differed,
+        });
+        self.write_state()?;
+        (self.report)(Report::Checked {
+            revision,
+            entries,
+            result,
+        });
+        self.listed_for_check = result == "differed";
+        if result == "equal" {
+            self.listed_for_check = false;
+        }
+        Ok((result == "differed").then_some(Next::List))
+    }
+
     /// Watches from the recorded revision until the watch must list again
     /// (`Ok`) or fails (`Err`).
     async fn watch(&mut self, client: &mut Client) -> Result<Next> {
@@ -414,6 +638,8 @@ impl Replicator {
         let mut catch_up = CatchUp::new(self.state.revision, applying, current);
         let mut tick = tokio::time::interval(PROGRESS_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut proof: Option<Proof> = None;
+        let mut failures = 0;
         loop {
             let first = tokio::select! {
                 m = responses.message() => match m {
@@ -421,6 +647,39 @@ impl Replicator {
                     m => m.map_err(|e| self.settings.err("watch", e))?,
                 },
                 _ = tick.tick() => {
+                    // A check runs between two batches, the store at the
+                    // revision it records; not during a catch-up.
+                    let due = self.next_check.is_none_or(|t| tokio::time::Instant::now() >= t);
+                    if due && catch_up.is_none() {
+                        self.next_check = Some(tokio::time::Instant::now() + self.settings.check_every);
+                        if let Some(n) = self.check(client).await? {
+                            return Ok(n);
+                        }
+                    }
+                    let at = boot_ms();
+                    match self.read_current(client).await {
+                        Some(revision) => {
+                            failures = 0;
+                            proof = Some(Proof { revision, boot_ms: at });
+                        }
+                        None => {
+                            failures += 1;
+                            if failures >= MAX_READ_FAILURES {
+                                // Another member next time.
+                                self.member += 1;
+                                return Err(self.settings.err(
+                                    "linearizable read",
+                                    format!(
+                                        "{} answered none of the last {failures} in {} ms: it \
+                                         is not proven current (a stalled disk, or no quorum); \
+                                         connecting to another member",
+                                        self.settings.endpoints[self.member.wrapping_sub(1) % self.settings.endpoints.len().max(1)],
+                                        READ_TIMEOUT.as_millis()
+                                    ),
+                                ));
+                            }
+                        }
+                    }
                     requests.request_progress().await.map_err(|e| self.settings.err("watch progress", e))?;
                     continue;
                 }
@@ -467,6 +726,8 @@ impl Replicator {
             let mut applied = Applied::default();
             let mut revision = self.state.revision;
             let mut etcd_revision = self.state.etcd_revision;
+            let mut anchor: Option<Anchor> = None;
+            let mut proven: Option<Proof> = None;
             let mut next = None;
             for m in &batch {
                 if let Some(h) = m.header() {
@@ -485,10 +746,16 @@ impl Replicator {
                         .err("watch", format!("canceled: {}", m.cancel_reason())));
                 }
                 if m.events().is_empty() {
-                    // A progress notification: contact, nothing more. Its
-                    // revision is not taken as the store's: etcd before
-                    // 3.5.8 (and 3.4.24) can send it ahead of the events
-                    // of that revision (etcd issue 15220).
+                    // A progress notification. Its revision is not taken
+                    // as the store's (etcd before 3.5.8 and 3.4.24 can send
+                    // it ahead of the events of that revision, etcd issue
+                    // 15220); it completes a proof of currency whose read
+                    // it reaches.
+                    let p = m.header().map_or(0, |h| h.revision());
+                    if let Some(pr) = proof.filter(|pr| p >= pr.revision) {
+                        proven = Some(pr);
+                        proof = None;
+                    }
                     continue;
                 }
                 for ev in m.events() {
@@ -498,6 +765,7 @@ impl Replicator {
                         EventType::Put => Some(kv.value()),
                         EventType::Delete => None,
                     };
+                    anchor = Some(Anchor::of(kv, value.is_none()));
                     if let Some(c) = replica::decode(&layout, kv.key(), value, &mut applied) {
                         changes.push(c);
                     }
@@ -512,10 +780,20 @@ impl Replicator {
                     .splice(0..0, std::mem::take(&mut applied.refused));
                 applied = done;
             }
+            let moved = anchor.is_some();
+            if let Some(a) = anchor {
+                self.state.anchor = Some(a);
+                self.state.revision = revision;
+            }
             self.state.etcd_revision = etcd_revision;
-            self.state.contact_ms = now_ms();
-            self.state.revision = revision;
-            self.state.write(self.store.dir())?;
+            if let Some(p) = proven {
+                self.state.contact_boot_ms = p.boot_ms;
+                self.state.contact_ms = now_ms();
+                self.state.current_through = p.revision;
+            }
+            if moved || proven.is_some() {
+                self.write_state()?;
+            }
             if !changes.is_empty() || !applied.refused.is_empty() {
                 (self.report)(Report::Applied {
                     revision,

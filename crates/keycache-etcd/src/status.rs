@@ -1,7 +1,5 @@
 //! `keycache etcd status` and `diff`: the replica against etcd.
 
-use std::time::Duration;
-
 use etcd_client::Client;
 use keycache::snapshot::Bank;
 use keycache::store::Store;
@@ -10,7 +8,8 @@ use serde::Serialize;
 use crate::connect::Settings;
 use crate::error::Result;
 use crate::layout::Value;
-use crate::state::{now_ms, ReplicaState};
+use crate::lock::ReplicatorLock;
+use crate::state::{CheckResult, ReplicaState};
 
 /// A replica's standing.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -26,24 +25,45 @@ pub struct Status {
     /// etcd's revision minus the replica's (changes outside the prefix
     /// count too: a replica is current when the watch has nothing to send).
     pub revision_lag: Option<i64>,
-    /// When the replicator last heard from etcd (ms since the epoch).
+    /// The etcd revision the replicator last proved the replica current
+    /// through (a linearizable read, then the watch's progress up to it).
+    pub current_through: i64,
+    /// When that proof was taken (ms since the epoch, by the replicator's
+    /// wall clock: shown, never compared).
     pub last_contact_ms: Option<u64>,
-    /// How long ago that was.
+    /// How long ago that proof was, on the host's boot clock (`None`:
+    /// never, or before this host booted).
     pub since_contact_ms: Option<u64>,
-    /// No contact for longer than `stale_after` (or never).
+    /// Whether a replicator holds this store's lock now (`None`: this user
+    /// cannot tell).
+    pub replicator_running: Option<bool>,
+    /// Whether the state file was written for this store (not a copy's).
+    pub bound: bool,
+    /// The last consistency check of the replica against etcd.
+    pub check: Option<CheckResult>,
+    /// Not proven current within `stale_after`, no replicator running, or
+    /// a state that belongs to another store: see `stale_reason`.
     pub stale: bool,
+    /// Why it is stale.
+    pub stale_reason: Option<String>,
     /// Why etcd could not be reached.
     pub etcd_error: Option<String>,
 }
 
 /// The status of the replica in `store`'s directory; `client` is `None`
 /// when etcd could not be reached (`why`).
+///
+/// Staleness is judged without comparing two processes' wall clocks: on
+/// the proof of currency the replicator takes (a linearizable read of etcd,
+/// then the watch's progress up to that revision), timed on the host's
+/// boot clock, and on whether a replicator holds the store's lock.
 pub async fn status(
     settings: &Settings,
     store: &Store,
     client: Result<&mut Client>,
 ) -> Result<Status> {
-    let s = ReplicaState::read(store.dir())?;
+    let dir = store.dir();
+    let s = ReplicaState::read(dir)?;
     let (etcd_revision, etcd_keys, etcd_error) = match client {
         Ok(c) => match crate::seed::count(c, settings).await {
             Ok((n, rev)) => (Some(rev), Some(n), None),
@@ -52,17 +72,40 @@ pub async fn status(
         Err(e) => (None, None, Some(e.to_string())),
     };
     let rev = s.as_ref().map_or(0, |s| s.revision);
-    let contact = s.as_ref().map(|s| s.contact_ms);
-    let since = contact.map(|c| now_ms().saturating_sub(c));
+    let running = ReplicatorLock::held(dir);
+    let stale_reason = match &s {
+        None => Some("never listed etcd: is keycache replicate running?".to_owned()),
+        Some(_) if running == Some(false) => Some(format!(
+            "no replicator runs for this store (none holds {})",
+            dir.join(keycache::format::REPLICATOR_LOCK_FILE).display()
+        )),
+        Some(s) if s.prefix != settings.layout.prefix() => Some(format!(
+            "the replica holds etcd prefix {}, not {}",
+            s.prefix,
+            settings.layout.prefix()
+        )),
+        Some(s) => s.stale(dir, settings.stale_after),
+    };
     Ok(Status {
         prefix: settings.layout.prefix().to_owned(),
         replica_revision: rev,
         etcd_revision,
         etcd_keys,
         revision_lag: etcd_revision.map(|e| e - rev),
-        last_contact_ms: contact,
-        since_contact_ms: since,
-        stale: since.is_none_or(|s| Duration::from_millis(s) > settings.stale_after),
+        current_through: s.as_ref().map_or(0, |s| s.current_through),
+        last_contact_ms: s
+            .as_ref()
+            .filter(|s| s.contact_boot_ms > 0)
+            .map(|s| s.contact_ms),
+        since_contact_ms: s
+            .as_ref()
+            .and_then(ReplicaState::contact_age)
+            .map(|d| d.as_millis() as u64),
+        replicator_running: running,
+        bound: s.as_ref().is_some_and(|s| s.belongs_to(dir)),
+        check: s.as_ref().and_then(|s| s.check.clone()),
+        stale: stale_reason.is_some(),
+        stale_reason,
         etcd_error,
     })
 }

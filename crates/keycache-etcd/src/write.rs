@@ -18,6 +18,7 @@ use keycache::snapshot::Bank;
 use keycache::store::KeyState;
 use keycache::MinionId;
 
+use crate::anchor::Verdict;
 use crate::connect::Settings;
 use crate::error::{Error, Result};
 use crate::layout::Value;
@@ -342,30 +343,60 @@ impl Writer {
 
     /// Waits until the replica in this writer's store directory holds
     /// `revision` of the etcd cluster `cluster_id`, at most the write
-    /// timeout.
+    /// timeout (see [`wait_applied`]).
     pub async fn wait_applied(&self, cluster_id: u64, revision: i64) -> Result<()> {
-        wait_applied(&self.dir, cluster_id, revision, self.settings.write_timeout).await
+        let mut client = self.client.clone();
+        wait_applied(&mut client, &self.settings, &self.dir, cluster_id, revision).await
     }
 }
 
 /// Waits until the replica of `dir` holds `revision` of the etcd cluster
-/// `cluster_id` (0: any), at most `timeout`. A replica of another cluster
-/// (endpoints pointed at another or a restored etcd, its replicator not yet
-/// restarted on them) holds none of it, whatever its revision.
+/// `cluster_id` (0: any), at most the write timeout of `settings`. A
+/// replica's word is taken only when its state was written for this store
+/// ([`crate::state::Binding`]: not a copy's) and etcd's history still holds
+/// the last change it applied ([`crate::anchor`]: not a history that etcd,
+/// restored from a backup, left): a replica of another cluster, or of
+/// another history, holds none of `revision`, whatever its number.
 pub async fn wait_applied(
+    client: &mut Client,
+    settings: &Settings,
     dir: &Path,
     cluster_id: u64,
     revision: i64,
-    timeout: Duration,
 ) -> Result<()> {
     let start = Instant::now();
+    let timeout = settings.write_timeout;
     let mut pause = Duration::from_micros(200);
+    // The anchor last checked, and what etcd said of it.
+    let mut checked: Option<(i64, Option<crate::state::Anchor>, Verdict)> = None;
+    let mut why = "is the replicator running for this store, on these endpoints?".to_owned();
     loop {
-        let holds = ReplicaState::read(dir)?
-            .filter(|s| cluster_id == 0 || s.cluster_id == cluster_id)
-            .map_or(0, |s| s.revision);
-        if holds >= revision {
-            return Ok(());
+        let state =
+            ReplicaState::read(dir)?.filter(|s| cluster_id == 0 || s.cluster_id == cluster_id);
+        let holds = state.as_ref().map_or(0, |s| s.revision);
+        if let Some(s) = state.filter(|s| s.revision >= revision) {
+            if !s.belongs_to(dir) {
+                why = format!(
+                    "{} was not written for this store (a copy or a restore of the directory?): \
+                     its replicator lists etcd again when it runs",
+                    crate::state::path(dir).display()
+                );
+            } else {
+                let fresh =
+                    !matches!(&checked, Some((r, a, _)) if *r == s.revision && *a == s.anchor);
+                if fresh {
+                    let v = crate::anchor::verify(client, settings, s.anchor.as_ref(), s.revision)
+                        .await?;
+                    checked = Some((s.revision, s.anchor.clone(), v));
+                }
+                match checked.as_ref().map(|c| &c.2) {
+                    Some(Verdict::Same) => return Ok(()),
+                    Some(Verdict::Forked(w)) | Some(Verdict::Unknown(w)) => {
+                        why = format!("{w}; its replicator lists etcd again when it runs")
+                    }
+                    None => {}
+                }
+            }
         }
         if start.elapsed() >= timeout {
             return Err(Error::NotApplied {
@@ -373,6 +404,7 @@ pub async fn wait_applied(
                 revision,
                 holds,
                 waited_ms: start.elapsed().as_millis() as u64,
+                why,
             });
         }
         tokio::time::sleep(pause).await;

@@ -271,7 +271,17 @@ fn a_write_fails_cleanly_when_no_replica_applies_it_and_a_stale_driver_write_is_
         matches!(e, keycache_etcd::Error::NotApplied { holds: 0, .. }),
         "{e}"
     );
+    // A state of this cluster naming a revision past the commit, but not
+    // written for this store (a copy's, or a forged one) and naming no
+    // change etcd's history holds, proves nothing either.
     replica_of(cluster);
+    let e = put_new("w").expect_err("a state that belongs to no replica");
+    assert!(matches!(e, keycache_etcd::Error::NotApplied { .. }), "{e}");
+    assert!(e.to_string().contains("not written for this store"), "{e}");
+    // A replicator of this cluster applying the commit does.
+    std::fs::remove_file(dir.path().join(".keycache-etcd")).expect("rm state");
+    let _r = Running::start(&st, dir.path());
+    wait_for(dir.path(), c.revision());
     put_new("z").expect("this cluster's replica holds it");
 }
 
@@ -576,6 +586,14 @@ fn a_replay_after_a_crash_never_accepts_a_revoked_key_again_for_a_moment() {
         .expect("read")
         .expect("state");
     state.revision = accepted_at - 1;
+    // The record names the last change applied with the revision: `other`,
+    // written just before the victim's accept.
+    let other = rt
+        .block_on(cl.get("/keycache/t10/keys/other", None))
+        .expect("get");
+    let other = &other.kvs()[0];
+    assert_eq!(other.mod_revision(), accepted_at - 1);
+    state.anchor = Some(keycache_etcd::state::Anchor::of(other, false));
     state.write(dir.path()).expect("write");
     let (tx, rx) = std::sync::mpsc::channel();
     let _r = Running::reporting(&st, dir.path(), move |rep| {
@@ -593,4 +611,147 @@ fn a_replay_after_a_crash_never_accepts_a_revoked_key_again_for_a_moment() {
     );
     assert_eq!(open(dir.path()).get(&id("victim")).expect("get"), None);
     assert!(!dir.path().join("minions/victim").exists());
+}
+
+/// The anchor of a replica is read back from etcd's history: the same
+/// change is the same history; another value, version or revision at that
+/// key, a revision etcd has not reached (etcd went back), or a deletion
+/// where the key was absent before is another history; a compacted
+/// revision cannot be told.
+#[test]
+fn an_anchor_tells_the_history_a_replica_applied_from_any_other() {
+    use keycache_etcd::anchor::{verify, Verdict};
+    use keycache_etcd::state::Anchor;
+    let c = Cluster::start(1);
+    let st = settings(&c, "/keycache/t11/");
+    let key = "/keycache/t11/keys/a";
+    let (verdicts, empty) = block_on(async {
+        let mut cl = st.connect().await?;
+        let err = |e: etcd_client::Error| keycache_etcd::Error::Config(e.to_string());
+        let empty_at = cl.put("/elsewhere", "x", None).await.map_err(err)?;
+        let empty_at = empty_at.header().expect("header").revision();
+        let empty = verify(&mut cl, &st, None, empty_at).await?;
+        cl.put(key, "\u{1}one", None).await.map_err(err)?;
+        let kv = cl.get(key, None).await.map_err(err)?.kvs()[0].clone();
+        let put = Anchor::of(&kv, false);
+        let at = kv.mod_revision();
+        let del = cl.delete(key, None).await.map_err(err)?;
+        let del_at = del.header().expect("header").revision();
+        let deleted = Anchor {
+            mod_revision: del_at,
+            ..Anchor::of(&kv, true)
+        };
+        let mut out = vec![
+            verify(&mut cl, &st, Some(&put), at).await?,
+            verify(&mut cl, &st, Some(&deleted), del_at).await?,
+            // The prefix held a key at `at`: a replica listed empty there
+            // followed another history.
+            verify(&mut cl, &st, None, at).await?,
+            verify(&mut cl, &st, Some(&put), del_at + 100).await?,
+        ];
+        let other_value = Anchor {
+            value_hash: Some(1),
+            ..put.clone()
+        };
+        out.push(verify(&mut cl, &st, Some(&other_value), at).await?);
+        let other_revision = Anchor {
+            mod_revision: at - 1,
+            ..put.clone()
+        };
+        out.push(verify(&mut cl, &st, Some(&other_revision), at).await?);
+        let never_there = Anchor {
+            mod_revision: at,
+            ..deleted.clone()
+        };
+        out.push(verify(&mut cl, &st, Some(&never_there), at).await?);
+        cl.compact(del_at, None).await.map_err(err)?;
+        out.push(verify(&mut cl, &st, Some(&put), at).await?);
+        Ok((out, empty))
+    })
+    .expect("verify");
+    assert_eq!(empty, Verdict::Same, "an empty prefix where it was listed");
+    assert_eq!(verdicts[0], Verdict::Same, "the put");
+    assert_eq!(verdicts[1], Verdict::Same, "the deletion");
+    for (i, what) in [
+        (2, "a prefix listed empty"),
+        (3, "a revision etcd has not reached"),
+        (4, "another value"),
+        (5, "another revision"),
+        (6, "a deletion of a key that was there"),
+    ] {
+        assert!(
+            matches!(verdicts[i], Verdict::Forked(_)),
+            "{what}: {:?}",
+            verdicts[i]
+        );
+    }
+    assert!(
+        matches!(&verdicts[7], Verdict::Unknown(w) if w.contains("compacted")),
+        "{:?}",
+        verdicts[7]
+    );
+}
+
+/// A replica changed behind its replicator's back (here: a key accepted
+/// in the store alone) is found by the consistency check, reported, and
+/// listed again, so the key etcd holds pending is pending again; the
+/// state records the check.
+#[test]
+fn the_consistency_check_finds_a_replica_changed_behind_its_back_and_lists_again() {
+    let c = Cluster::start(1);
+    let mut st = settings(&c, "/keycache/t12/");
+    st.check_every = Duration::from_secs(1);
+    let dir = tempfile::tempdir().expect("dir");
+    let mut v = vec![2u8];
+    v.extend_from_slice(pem("p", 100).as_bytes());
+    c.etcdctl(&[
+        "put",
+        "/keycache/t12/keys/p",
+        std::str::from_utf8(&v).expect("utf8"),
+    ])
+    .expect("put");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let _r = Running::reporting(&st, dir.path(), move |rep| {
+        if let Report::Checked { result, .. } = rep {
+            let _ = tx.send(*result);
+        }
+    });
+    wait_for(dir.path(), c.revision());
+    assert_eq!(
+        rx.recv_timeout(Duration::from_secs(10)).expect("a check"),
+        "equal"
+    );
+    // Behind the replicator's back: the store alone accepts `p`.
+    open(dir.path())
+        .set_state(&id("p"), KeyState::Accepted)
+        .expect("accept locally");
+    assert!(dir.path().join("minions/p").exists());
+    let start = Instant::now();
+    let result = loop {
+        let r = rx.recv_timeout(Duration::from_secs(10)).expect("a check");
+        if r != "equal" || start.elapsed() > Duration::from_secs(10) {
+            break r;
+        }
+    };
+    assert_eq!(result, "differed");
+    let start = Instant::now();
+    while open(dir.path())
+        .get(&id("p"))
+        .expect("get")
+        .map(|e| e.state)
+        != Some(KeyState::Pending)
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "not listed again"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!dir.path().join("minions/p").exists());
+    let check = ReplicaState::read(dir.path())
+        .expect("read")
+        .expect("state")
+        .check
+        .expect("a check recorded");
+    assert!(check.runs >= 2 && check.differed >= 1, "{check:?}");
 }

@@ -71,6 +71,11 @@ pub const REPLICA_FILE: &str = ".keycache-etcd";
 /// 8 bytes, little-endian, written in place before each batch.
 pub const APPLYING_FILE: &str = ".keycache-etcd-applying";
 
+/// The etcd replicator's lock, beside [`REPLICA_FILE`]: held (`flock`,
+/// exclusive) for the replicator's lifetime, so that one replicator at a
+/// time writes a store; it holds the holder's pid, for the message.
+pub const REPLICATOR_LOCK_FILE: &str = ".keycache-etcd.lock";
+
 /// Width of a slot's status byte.
 pub const STATUS_LEN: usize = 1;
 /// Width of a slot's packed heap offset.

@@ -36,7 +36,8 @@ impl std::fmt::Debug for EtcdOptions {
     }
 }
 
-const KNOWN: &str = "endpoints, prefix, ca, cert, key, user, password, write_timeout, stale_after";
+const KNOWN: &str =
+    "endpoints, prefix, ca, cert, key, user, password, write_timeout, stale_after, check_every";
 
 /// What a value is, for an error (never the value of `password`).
 fn shown(v: &Bound<'_, PyAny>) -> String {
@@ -131,6 +132,7 @@ impl EtcdOptions {
                 "password" => o.password = Some(text(name, &v)?),
                 "write_timeout" => o.write_timeout = seconds(name, &v)?,
                 "stale_after" => o.stale_after = seconds(name, &v)?,
+                "check_every" => o.check_every = seconds(name, &v)?,
                 other => {
                     return Err(format!(
                         "keycache: unknown option keycache_etcd.{other} (expected one of {KNOWN})"
@@ -199,8 +201,8 @@ pub(crate) fn local_value(
 
 /// Refuses a write before anything goes to etcd when this master's replica
 /// could not apply it: no replica in `dir` yet, another prefix, or no
-/// contact with etcd for longer than `stale_after` (the replicator stopped,
-/// or etcd lost).
+/// proof of currency for longer than `stale_after` (the replicator stopped,
+/// or etcd lost), or a state written for another store (a copy).
 pub(crate) fn check_replica(settings: &Settings, dir: &Path) -> Result<(), String> {
     let state = ReplicaState::read(dir).map_err(|e| format!("keycache: {e}"))?;
     let Some(s) = state else {
@@ -221,14 +223,12 @@ pub(crate) fn check_replica(settings: &Settings, dir: &Path) -> Result<(), Strin
             settings.layout.prefix()
         ));
     }
-    let age = Duration::from_millis(keycache_etcd::state::now_ms().saturating_sub(s.contact_ms));
-    if age > settings.stale_after {
+    if let Some(why) = s.stale(dir, settings.stale_after) {
         return Err(format!(
-            "keycache: the replica in {} last heard from etcd {} s ago (keycache_etcd.stale_after \
-             is {} s): writes need etcd and a running replicator; nothing was written (reads \
-             go on from the replica)",
+            "keycache: the replica in {} is stale ({why}; keycache_etcd.stale_after is {} s): \
+             writes need etcd and a running replicator; nothing was written (reads go on from \
+             the replica)",
             dir.display(),
-            age.as_secs(),
             settings.stale_after.as_secs()
         ));
     }

@@ -61,6 +61,12 @@ struct Line<'a> {
     retry_in_ms: Option<u128>,
     #[serde(skip_serializing_if = "Option::is_none")]
     took_ms: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    result: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    endpoint: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    version: Option<&'a str>,
 }
 
 /// An etcd key the replica does not hold, and why.
@@ -84,6 +90,9 @@ impl<'a> Line<'a> {
             why: None,
             retry_in_ms: None,
             took_ms: None,
+            result: None,
+            endpoint: None,
+            version: None,
         }
     }
 
@@ -141,6 +150,25 @@ fn print(r: &Report, json: bool) {
                 why: Some(why),
                 retry_in_ms: Some(retry_in.as_millis()),
                 ..Line::new("lost")
+            },
+            Report::Relist { why } => Line {
+                why: Some(why),
+                ..Line::new("relist")
+            },
+            Report::Checked {
+                revision,
+                entries,
+                result,
+            } => Line {
+                revision: Some(*revision),
+                entries: Some(*entries as usize),
+                result: Some(result),
+                ..Line::new("checked")
+            },
+            Report::OldEtcd { endpoint, version } => Line {
+                endpoint: Some(endpoint),
+                version: Some(version),
+                ..Line::new("old_etcd")
             },
             _ => Line::new("other"),
         };

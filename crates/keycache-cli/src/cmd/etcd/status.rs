@@ -71,20 +71,43 @@ pub(crate) fn run(a: super::Plain) -> CmdResult {
     }
     match (st.last_contact_ms, st.since_contact_ms) {
         (Some(at), Some(since)) => outln!(
-            "last contact:     {} ({:.1} s ago)",
+            "proven current:   through revision {}, {:.1} s ago ({})",
+            st.current_through,
+            since as f64 / 1000.0,
             fmt_time(at.saturating_mul(1_000_000)),
-            since as f64 / 1000.0
         ),
-        _ => outln!("last contact:     never"),
+        _ => outln!("proven current:   never (since this host booted)"),
     }
     outln!(
-        "stale:            {} (after {} s without etcd)",
-        if st.stale {
-            paint("yes", AnsiColor::Red.on_default())
-        } else {
-            paint("no", AnsiColor::Green.on_default())
-        },
-        settings.stale_after.as_secs()
+        "replicator:       {}",
+        match st.replicator_running {
+            Some(true) => "running (holds the store's lock)",
+            Some(false) => "none running",
+            None => "unknown (the lock file cannot be read here)",
+        }
+    );
+    if let Some(c) = &st.check {
+        outln!(
+            "last check:       {} at revision {} ({} entries; {} run, {} differed)",
+            c.result,
+            c.revision,
+            c.entries,
+            c.runs,
+            c.differed
+        );
+    }
+    outln!(
+        "stale:            {}",
+        match &st.stale_reason {
+            Some(why) => paint(&format!("yes: {}", esc(why)), AnsiColor::Red.on_default()),
+            None => paint(
+                &format!(
+                    "no (proven current within {} s)",
+                    settings.stale_after.as_secs()
+                ),
+                AnsiColor::Green.on_default()
+            ),
+        }
     );
     Ok(if ok { ExitCode::SUCCESS } else { exit(false) })
 }
