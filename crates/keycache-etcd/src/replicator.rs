@@ -188,7 +188,7 @@ impl Report {
                 format!("the watch's catch-up is more than it takes ({why}): listing again"),
                 None,
             ),
-            Report::Relist { why } => (Level::Warning, format!("{why}: listing etcd again"), None),
+            Report::Relist { why } => (Level::Warning, format!("{why}: listing again"), None),
             Report::Checked {
                 revision,
                 entries,
@@ -655,6 +655,19 @@ impl Replicator {
                         if let Some(n) = self.check(client).await? {
                             return Ok(n);
                         }
+                    }
+                    // The store's files replaced behind the replicator's
+                    // back (a restore of the directory's files in place):
+                    // its record no longer describes them.
+                    if catch_up.is_none() && self.state.store.as_ref() != Some(&Binding::of(self.store.dir())?) {
+                        (self.report)(Report::Relist {
+                            why: format!(
+                                "the store's files in {} were replaced since this replicator \
+                                 last wrote them",
+                                self.store.dir().display()
+                            ),
+                        });
+                        return Ok(Next::List);
                     }
                     let at = boot_ms();
                     match self.read_current(client).await {

@@ -755,3 +755,49 @@ fn the_consistency_check_finds_a_replica_changed_behind_its_back_and_lists_again
         .expect("a check recorded");
     assert!(check.runs >= 2 && check.differed >= 1, "{check:?}");
 }
+
+/// A bank's files replaced behind a running replicator (a restore of the
+/// directory in place) are noticed within a proof's period: the record no
+/// longer describes those files, and the replicator lists again.
+#[test]
+fn bank_files_replaced_behind_a_running_replicator_are_listed_again() {
+    let c = Cluster::start(1);
+    let st = settings(&c, "/keycache/t13/");
+    let dir = tempfile::tempdir().expect("dir");
+    let mut v = vec![1u8];
+    v.extend_from_slice(pem("a", 100).as_bytes());
+    c.etcdctl(&[
+        "put",
+        "/keycache/t13/keys/a",
+        std::str::from_utf8(&v).expect("utf8"),
+    ])
+    .expect("put");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let _r = Running::reporting(&st, dir.path(), move |rep| {
+        if matches!(rep, Report::Relist { .. } | Report::Listed { .. }) {
+            let _ = tx.send(rep.lines()[0].1.clone());
+        }
+    });
+    wait_for(dir.path(), c.revision());
+    assert!(rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("listed")
+        .starts_with("listed"));
+    let index = dir.path().join(keycache::format::KEYS_INDEX);
+    let copy = dir.path().join("restored");
+    std::fs::copy(&index, &copy).expect("copy");
+    std::fs::rename(&copy, &index).expect("replace");
+    let why = rx.recv_timeout(Duration::from_secs(10)).expect("a relist");
+    assert!(why.contains("were replaced"), "{why}");
+    assert!(rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("listed")
+        .starts_with("listed"));
+    assert_eq!(
+        open(dir.path())
+            .get(&id("a"))
+            .expect("get")
+            .map(|e| e.state),
+        Some(KeyState::Accepted)
+    );
+}
