@@ -54,8 +54,9 @@ state in etcd v3, shared by every master of the cluster:
       key: /etc/salt/etcd/client-key.pem
       user: salt
       password: secret
-      write_timeout: 10         # seconds
-      stale_after: 30           # seconds
+      write_timeout: 10         # seconds a write waits for etcd and this replica
+      stale_after: 30           # seconds without a proof of currency: stale
+      check_every: 300          # seconds between consistency checks
     engines:
       - keycache: {}
 
@@ -65,13 +66,19 @@ once the replica has applied the commit (key tree included); the driver
 writes nothing locally. They raise ``SaltCacheError`` with the reason when
 etcd is unreachable, when the entry was changed elsewhere after this replica
 last saw it (nothing is written), or when the replica does not apply the
-commit within ``write_timeout``. ``flush`` of a whole bank (``salt-key
+commit within ``write_timeout`` (a replica whose recorded revision belongs to
+another etcd history, etcd having been restored from a backup, waits for its
+replicator to list etcd again). One replicator per store: the engine or
+``keycache replicate``, not both (a second one is refused). ``flush`` of a whole bank (``salt-key
 --delete-den``) removes each entry through etcd. ``master_keys`` and every
 read stay local and take no lock. A bad ``keycache_etcd`` value raises
 ``SaltCacheError`` naming the option.
 
-Staleness: when the replica has not heard from etcd for longer than
-``stale_after`` (etcd lost, or the replicator stopped), the master keeps
+Staleness: when the replicator has not proven the replica current (a
+linearizable read of etcd, then its watch's progress up to that read) for
+longer than ``stale_after``, timed on the host's boot clock (etcd lost, or
+the replicator stopped), or when the replica's state file was not written
+for this store's files (a copied or restored directory), the master keeps
 serving reads from it (minions it accepted keep working: Salt's
 ``validate_token`` reads ``minions/<id>``), and every write (a new key
 signing in, an accept, a delete) raises ``SaltCacheError``, as it needs
