@@ -35,6 +35,16 @@ pub struct Digest {
 }
 
 impl Digest {
+    /// What `other` holds beyond `self`, as a digest's difference: the
+    /// same entries missing on one side give the same difference whatever
+    /// else both sides hold (the sum is of per-entry hashes).
+    pub fn minus(&self, other: &Digest) -> (u64, u128) {
+        (
+            self.entries.wrapping_sub(other.entries),
+            self.sum.wrapping_sub(other.sum),
+        )
+    }
+
     fn add(&mut self, bank: Bank, id: &str, value: &Value) {
         let mut b = Vec::with_capacity(bank.name().len() + id.len() + 2 + 512);
         b.extend_from_slice(bank.name().as_bytes());

@@ -257,13 +257,18 @@ pub struct Replicator {
     /// The endpoint to connect to first (the one last used, or the next
     /// one after a member that could not prove itself current).
     member: usize,
-    /// Whether the version of etcd was looked at.
-    version_checked: bool,
     /// When the next consistency check is due (`None`: at the first
     /// chance).
     next_check: Option<tokio::time::Instant>,
-    /// Whether the last list was made because a check differed.
+    /// Whether the last list was made because a check differed (the next
+    /// check then runs at once, to see whether the list mended it).
     listed_for_check: bool,
+    /// etcd's digest minus the replica's at a check that still differed
+    /// right after such a list: entries this store cannot hold. A later
+    /// check with the same difference does not list again.
+    not_held: Option<(u64, u128)>,
+    /// The endpoints whose etcd version was looked at.
+    versions_checked: std::collections::HashSet<usize>,
     report: Box<dyn FnMut(Report) + Send>,
 }
 
@@ -306,9 +311,10 @@ impl Replicator {
             applying: None,
             lock: None,
             member: std::process::id() as usize,
-            version_checked: false,
+            versions_checked: Default::default(),
             next_check: None,
             listed_for_check: false,
+            not_held: None,
             report: Box::new(report),
         }
     }
@@ -358,8 +364,7 @@ impl Replicator {
     async fn session(&mut self, backoff: &mut Duration) -> Result<std::convert::Infallible> {
         let (mut client, at) = self.settings.connect_from(self.member).await?;
         self.member = at;
-        if !self.version_checked {
-            self.version_checked = true;
+        if self.versions_checked.insert(at) {
             self.check_version(&mut client, at).await;
         }
         let mut must_list = !self.resumable(&mut client).await?;
@@ -419,12 +424,29 @@ impl Replicator {
             && s.revision <= h.revision();
         let bound = s.belongs_to(self.store.dir());
         let (anchor, revision) = (s.anchor.clone(), s.revision);
+        let (s_prefix, s_cluster) = (s.prefix.clone(), s.cluster_id);
         // The state this replicator writes names its own pid.
         self.state = ReplicaState {
             pid: std::process::id(),
             ..s
         };
         if !fits {
+            let why = if s_prefix != self.settings.layout.prefix() {
+                format!("the replica holds etcd prefix {s_prefix}, not this one")
+            } else if s_cluster != h.cluster_id() {
+                format!(
+                    "the replica holds etcd cluster {s_cluster:x}, not {:x} (etcd replaced, or \
+                     restored with a new token)",
+                    h.cluster_id()
+                )
+            } else {
+                format!(
+                    "the replica holds revision {revision}, which etcd has not reached (at {}): \
+                     etcd went back (restored from a backup?)",
+                    h.revision()
+                )
+            };
+            (self.report)(Report::Relist { why });
             return Ok(false);
         }
         if !bound {
@@ -445,6 +467,23 @@ impl Replicator {
                 Ok(false)
             }
         }
+    }
+
+    /// Whether the store's files are not those the state was last written
+    /// for (a restore of the directory's files in place, behind this
+    /// replicator's back): then its record no longer describes them, and it
+    /// reports that it lists again.
+    fn files_replaced(&mut self) -> Result<bool> {
+        if self.state.store.as_ref() == Some(&Binding::of(self.store.dir())?) {
+            return Ok(false);
+        }
+        (self.report)(Report::Relist {
+            why: format!(
+                "the store's files in {} were replaced since this replicator last wrote them",
+                self.store.dir().display()
+            ),
+        });
+        Ok(true)
     }
 
     /// Writes the state, bound to the store's files as they are now.
@@ -476,6 +515,7 @@ impl Replicator {
             // the store now holds it.
             contact_ms: now_ms(),
             contact_boot_ms: read_at,
+            boot_id: crate::state::boot_id(),
             current_through: l.revision,
             anchor: l.anchor,
             store: None,
@@ -483,8 +523,11 @@ impl Replicator {
             pid: std::process::id(),
         };
         self.write_state()?;
-        // Equal to etcd at that revision: the next check after a period.
-        self.next_check = Some(tokio::time::Instant::now() + self.settings.check_every);
+        // Equal to etcd at that revision: the next check after a period,
+        // or at once after a list made because a check differed (did the
+        // list mend it?).
+        self.next_check = (!self.listed_for_check)
+            .then(|| tokio::time::Instant::now() + self.settings.check_every);
         (self.report)(Report::Listed {
             revision: l.revision,
             entries: l.keys,
@@ -563,9 +606,15 @@ impl Replicator {
         let (result, entries) = match remote {
             None => ("skipped", 0),
             Some(d) if d == local => ("equal", d.entries),
-            Some(d) if self.listed_for_check => ("not_held", d.entries),
+            Some(d) if self.listed_for_check || self.not_held == Some(d.minus(&local)) => {
+                self.not_held = Some(d.minus(&local));
+                ("not_held", d.entries)
+            }
             Some(d) => ("differed", d.entries),
         };
+        if result == "equal" {
+            self.not_held = None;
+        }
         if result == "differed" || result == "not_held" {
             differed += 1;
         }
@@ -584,9 +633,6 @@ impl Replicator {
             result,
         });
         self.listed_for_check = result == "differed";
-        if result == "equal" {
-            self.listed_for_check = false;
-        }
         Ok((result == "differed").then_some(Next::List))
     }
 
@@ -659,14 +705,7 @@ impl Replicator {
                     // The store's files replaced behind the replicator's
                     // back (a restore of the directory's files in place):
                     // its record no longer describes them.
-                    if catch_up.is_none() && self.state.store.as_ref() != Some(&Binding::of(self.store.dir())?) {
-                        (self.report)(Report::Relist {
-                            why: format!(
-                                "the store's files in {} were replaced since this replicator \
-                                 last wrote them",
-                                self.store.dir().display()
-                            ),
-                        });
+                    if catch_up.is_none() && self.files_replaced()? {
                         return Ok(Next::List);
                     }
                     let at = boot_ms();
@@ -714,6 +753,10 @@ impl Replicator {
                     Ok(Ok(None)) | Err(_) => break,
                 }
             }
+            // A batch that ends a catch-up is applied over a store that may be
+            // ahead of its record; any other is checked against the files
+            // first.
+            let catch_up_done = catch_up.is_none();
             let batch = match &mut catch_up {
                 None => batch,
                 Some(c) => match c.take(batch) {
@@ -784,6 +827,9 @@ impl Replicator {
                     }
                 }
             }
+            if catch_up_done && self.files_replaced()? {
+                return Ok(Next::List);
+            }
             let t = std::time::Instant::now();
             if !changes.is_empty() {
                 // Recorded before the store changes (see `catch_up`).
@@ -801,6 +847,7 @@ impl Replicator {
             self.state.etcd_revision = etcd_revision;
             if let Some(p) = proven {
                 self.state.contact_boot_ms = p.boot_ms;
+                self.state.boot_id = crate::state::boot_id();
                 self.state.contact_ms = now_ms();
                 self.state.current_through = p.revision;
             }

@@ -52,6 +52,11 @@ pub struct ReplicaState {
     /// it ([`ReplicaState::stale`]).
     #[serde(default)]
     pub contact_boot_ms: u64,
+    /// The host's boot id (`/proc/sys/kernel/random/boot_id`) when the
+    /// proof was taken: a proof of another boot is stale, whatever the
+    /// boot clock says.
+    #[serde(default)]
+    pub boot_id: String,
     /// The etcd revision that contact proved the replica current through:
     /// a linearizable read answered it, and the watch reported progress
     /// up to it afterwards.
@@ -196,6 +201,14 @@ pub struct CheckResult {
     pub differed: u64,
 }
 
+/// The host's boot id (empty where the kernel does not say): it changes at
+/// every boot.
+pub fn boot_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default()
+}
+
 /// Milliseconds of the host's boot clock (`CLOCK_BOOTTIME`): monotonic,
 /// counting suspend, shared by every process of the host, moved by no
 /// wall-clock step and read through the vDSO (so a time faker preloaded
@@ -282,8 +295,14 @@ impl ReplicaState {
         if self.contact_boot_ms == 0 {
             return Some("the replicator has not proven this replica current yet".into());
         }
+        if crate::lock::ReplicatorLock::held(dir) == Some(false) {
+            return Some(format!(
+                "no replicator runs for this store (none holds {})",
+                dir.join(keycache::format::REPLICATOR_LOCK_FILE).display()
+            ));
+        }
         let now = boot_ms();
-        if self.contact_boot_ms > now {
+        if self.contact_boot_ms > now || self.boot_id != boot_id() {
             return Some("the last proof of currency was taken before this host booted".to_owned());
         }
         let age = Duration::from_millis(now - self.contact_boot_ms);
@@ -423,7 +442,12 @@ mod tests {
         let why = s.stale(dir.path(), after).expect("never proven");
         assert!(why.contains("not proven"), "{why}");
         s.contact_boot_ms = boot_ms();
+        s.boot_id = boot_id();
         assert_eq!(s.stale(dir.path(), after), None);
+        s.boot_id = "another boot".into();
+        let why = s.stale(dir.path(), after).expect("another boot");
+        assert!(why.contains("before this host booted"), "{why}");
+        s.boot_id = boot_id();
         assert!(s.contact_age().expect("age") < after);
         s.contact_boot_ms = boot_ms().saturating_sub(6_000);
         let why = s.stale(dir.path(), after).expect("too old");

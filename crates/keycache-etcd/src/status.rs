@@ -75,10 +75,6 @@ pub async fn status(
     let running = ReplicatorLock::held(dir);
     let stale_reason = match &s {
         None => Some("never listed etcd: is keycache replicate running?".to_owned()),
-        Some(_) if running == Some(false) => Some(format!(
-            "no replicator runs for this store (none holds {})",
-            dir.join(keycache::format::REPLICATOR_LOCK_FILE).display()
-        )),
         Some(s) if s.prefix != settings.layout.prefix() => Some(format!(
             "the replica holds etcd prefix {}, not {}",
             s.prefix,

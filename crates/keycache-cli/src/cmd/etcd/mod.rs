@@ -44,9 +44,11 @@ enum Command {
     /// unless --replace. Never the master_keys bank.
     Seed(seed::Args),
     /// This master's replica against etcd: the revision it holds, etcd's,
-    /// the keys under the prefix, the lag, the last contact with etcd.
-    /// Exits 1 when the replica is stale (no contact for longer than
-    /// keycache_etcd's stale_after) or etcd cannot be reached.
+    /// the keys under the prefix, the lag, the last proof of currency, the
+    /// replicator, the last consistency check. Exits 1 when the replica is
+    /// stale (not proven current within keycache_etcd's stale_after on the
+    /// host's boot clock, no replicator running, or a state written for
+    /// another store) or etcd cannot be reached.
     Status(Plain),
     /// Compare the master's store with the key state in etcd, entry by
     /// entry; exits 1 when they differ.

@@ -261,8 +261,8 @@ def status():
     """
     This master's key store: with ``keycache_etcd`` configured, what
     ``keycache etcd status`` says (the replica's revision, etcd's, the lag,
-    the last contact; fails when the replica is stale or etcd cannot be
-    reached); else what ``keycache stats`` says (counts per state, and each
+    the last proof of currency, the replicator, the last consistency check;
+    fails when the replica is stale or etcd cannot be reached); else what ``keycache stats`` says (counts per state, and each
     bank's slots, probe lengths and heap).
 
     CLI Example:
