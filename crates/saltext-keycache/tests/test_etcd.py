@@ -148,12 +148,14 @@ def test_last_etcd_revision_is_the_revision_a_write_took_effect_at(opts, etcd, e
     assert native.last_etcd_revision() == 0
     cache.store("keys", "r1", {"state": "rejected", "pub": pem})
     assert native.last_etcd_revision() == mod_revision(f"{PREFIX}keys/r1")
-    # A write refused (etcd changed since the replica read it): 0.
-    engine.stop()
+    # A write refused (etcd changed since the replica read it, its
+    # replicator paused): 0.
+    engine.pause()
     etcd.put(f"{PREFIX}keys/r1", key_value("accepted", pem).decode())
     with pytest.raises(SaltCacheError, match="changed elsewhere"):
         cache.store("keys", "r1", {"state": "pending", "pub": pem})
     assert native.last_etcd_revision() == 0
+    engine.resume()
 
 
 def test_denied_keys_and_a_whole_bank_flush_go_through_etcd(opts, etcd, engine):
@@ -175,8 +177,9 @@ def test_a_store_decided_on_a_replica_behind_etcd_is_refused_and_changes_nothing
     cache = salt.cache.Cache(opts, driver="keycache")
     pem = pub("m3")
     cache.store("keys", "m3", {"state": "accepted", "pub": pem})
-    engine.stop()
-    # Rejected elsewhere while this master's replicator is down.
+    engine.pause()
+    # Rejected elsewhere while this master's replicator is paused (it holds
+    # the store and its last proof: not stale yet).
     etcd.put(f"{PREFIX}keys/m3", key_value("rejected", pem))
     with pytest.raises(SaltCacheError, match="changed elsewhere"):
         cache.store("keys", "m3", {"state": "pending", "pub": pem})
@@ -185,7 +188,7 @@ def test_a_store_decided_on_a_replica_behind_etcd_is_refused_and_changes_nothing
     assert etcd.get(f"{PREFIX}keys/m3") == key_value("rejected", pem)
     assert cache.fetch("keys", "m3") == {"state": "accepted", "pub": pem}
     # The replicator back: the change made elsewhere arrives, tree included.
-    engine.start()
+    engine.resume()
     wait_until("the rejection to arrive", lambda: os.path.isfile(tree(opts, "minions_rejected", "m3")), 30)
     assert not os.path.exists(tree(opts, "minions", "m3"))
     assert cache.fetch("keys", "m3") == {"state": "rejected", "pub": pem}

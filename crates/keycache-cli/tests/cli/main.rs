@@ -35,6 +35,7 @@ mod damage;
 mod deny;
 mod edges;
 mod etcd;
+mod etcd_faults;
 mod etcd_model;
 mod generate;
 mod hostile;
