@@ -55,6 +55,9 @@ const ASK_AGAIN_AFTER: Duration = Duration::from_millis(100);
 /// How long a writer waits for a running replicator's next proof before it
 /// takes a stale replica for stale: a proof's period and its read, twice.
 pub const PROOF_GRACE: Duration = Duration::from_secs(3);
+/// The first etcd 3.5 release whose progress notifications never run
+/// ahead of the events of their revision (etcd issue 15220).
+const PROGRESS_EXACT: (u32, u32, u32) = (3, 5, 8);
 /// The first etcd 3.5 release with the watch fixes Kubernetes requires
 /// (progress notifications no longer ahead of events; no event lost on a
 /// slow watcher): older ones are warned of.
@@ -273,8 +276,9 @@ pub struct Replicator {
     /// right after such a list: entries this store cannot hold. A later
     /// check with the same difference does not list again.
     not_held: Option<(u64, u128)>,
-    /// The endpoints whose etcd version was looked at.
-    versions_checked: std::collections::HashSet<usize>,
+    /// The etcd version of each endpoint looked at (`None`: it did not
+    /// say).
+    versions: std::collections::HashMap<usize, Option<(u32, u32, u32)>>,
     report: Box<dyn FnMut(Report) + Send>,
 }
 
@@ -317,7 +321,7 @@ impl Replicator {
             applying: None,
             lock: None,
             member: std::process::id() as usize,
-            versions_checked: Default::default(),
+            versions: Default::default(),
             next_check: None,
             listed_for_check: false,
             not_held: None,
@@ -370,8 +374,9 @@ impl Replicator {
     async fn session(&mut self, backoff: &mut Duration) -> Result<std::convert::Infallible> {
         let (mut client, at) = self.settings.connect_from(self.member).await?;
         self.member = at;
-        if self.versions_checked.insert(at) {
-            self.check_version(&mut client, at).await;
+        if !self.versions.contains_key(&at) {
+            let v = self.check_version(&mut client, at).await;
+            self.versions.insert(at, v);
         }
         let mut must_list = !self.resumable(&mut client).await?;
         loop {
@@ -387,8 +392,10 @@ impl Replicator {
 
     /// Reports a member older than [`WATCH_FIXED`] (a member that does not
     /// say is not reported).
-    async fn check_version(&mut self, client: &mut Client, at: usize) {
-        let Ok(r) = client.status().await else { return };
+    async fn check_version(&mut self, client: &mut Client, at: usize) -> Option<(u32, u32, u32)> {
+        let Ok(r) = client.status().await else {
+            return None;
+        };
         let version = r.version().to_owned();
         let parsed: Vec<u32> = version
             .split(|c: char| !c.is_ascii_digit())
@@ -402,7 +409,9 @@ impl Replicator {
                     version,
                 });
             }
+            return Some((a, b, c));
         }
+        None
     }
 
     /// Whether the recorded state lets the watch resume: the same prefix,
@@ -603,7 +612,19 @@ impl Replicator {
     /// The consistency check at the revision the store holds: `Some(List)`
     /// when the replica differs from etcd and a list should mend it.
     async fn check(&mut self, client: &mut Client) -> Result<Option<Next>> {
-        let revision = self.state.revision;
+        // The store holds etcd's prefix as of the last proof too, when the
+        // member's progress notifications come after the events of their
+        // revision (3.5.8 and later): checked there, a quiet prefix is not
+        // skipped for a revision etcd compacted long ago.
+        let exact = self
+            .versions
+            .get(&self.member)
+            .is_some_and(|v| v.is_some_and(|v| v >= PROGRESS_EXACT));
+        let revision = if exact {
+            self.state.revision.max(self.state.current_through)
+        } else {
+            self.state.revision
+        };
         let local = crate::check::local(&self.store)?;
         let remote = crate::check::remote(client, &self.settings, &self.store, revision).await?;
         let last = self.state.check.clone();

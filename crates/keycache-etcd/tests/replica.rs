@@ -39,10 +39,19 @@ impl Running {
     fn reporting(
         settings: &Settings,
         dir: &Path,
+        sink: impl FnMut(&Report) + Send + 'static,
+    ) -> Running {
+        Running::of(settings, open(dir), sink)
+    }
+
+    /// [`Running::reporting`] of a store opened by the caller.
+    fn of(
+        settings: &Settings,
+        store: Store,
         mut sink: impl FnMut(&Report) + Send + 'static,
     ) -> Running {
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let (settings, store) = (settings.clone(), open(dir));
+        let settings = settings.clone();
         let thread = std::thread::spawn(move || {
             let mut r = Replicator::new(settings, store, move |rep| {
                 eprintln!("replicator: {rep:?}");
@@ -799,5 +808,124 @@ fn bank_files_replaced_behind_a_running_replicator_are_listed_again() {
             .expect("get")
             .map(|e| e.state),
         Some(KeyState::Accepted)
+    );
+}
+
+/// etcd holds more entries than the bank has slots for: the check that
+/// follows a list differs, lists again, checks again at once and finds the
+/// same difference: `not_held`, and no more lists while it stays the same.
+#[test]
+fn entries_a_full_bank_cannot_hold_are_listed_once_more_not_for_ever() {
+    let c = Cluster::start(1);
+    let mut st = settings(&c, "/keycache/t14/");
+    st.check_every = Duration::from_secs(1);
+    let dir = tempfile::tempdir().expect("dir");
+    for i in 0..12 {
+        let mut v = vec![2u8];
+        v.extend_from_slice(pem(&format!("n{i}"), 100).as_bytes());
+        c.etcdctl(&[
+            "put",
+            &format!("/keycache/t14/keys/n{i:02}"),
+            std::str::from_utf8(&v).expect("utf8"),
+        ])
+        .expect("put");
+    }
+    // 10 data slots.
+    let opts = keycache::OpenOptions {
+        params: keycache::Params {
+            size: 11,
+            ..keycache::Params::default()
+        },
+        ..keycache::OpenOptions::default()
+    };
+    let store = Store::open_with(dir.path(), &opts)
+        .expect("store")
+        .with_tree(TreeSync::On);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let _r = Running::of(&st, store, move |rep| match rep {
+        Report::Checked { result, .. } => {
+            let _ = tx.send(*result);
+        }
+        Report::Listed { .. } => {
+            let _ = tx.send("listed");
+        }
+        _ => {}
+    });
+    let mut seen = Vec::new();
+    let start = Instant::now();
+    while seen.iter().filter(|r| **r == "not_held").count() < 3 {
+        assert!(start.elapsed() < Duration::from_secs(20), "{seen:?}");
+        if let Ok(r) = rx.recv_timeout(Duration::from_secs(5)) {
+            seen.push(r);
+        }
+    }
+    assert_eq!(
+        &seen[..4],
+        &["listed", "differed", "listed", "not_held"],
+        "{seen:?}"
+    );
+    assert!(
+        seen[4..].iter().all(|r| *r == "not_held"),
+        "no list while the difference stays: {seen:?}"
+    );
+}
+
+/// A prefix with no change since etcd's last compaction is checked at the
+/// replicator's last proof of currency where the member's progress
+/// notifications are exact (etcd 3.5.8 and later), not skipped.
+#[test]
+fn a_quiet_prefix_is_checked_at_the_last_proof_where_progress_is_exact() {
+    let c = Cluster::start(1);
+    let mut st = settings(&c, "/keycache/t15/");
+    st.check_every = Duration::from_secs(1);
+    let dir = tempfile::tempdir().expect("dir");
+    let mut v = vec![1u8];
+    v.extend_from_slice(pem("q", 100).as_bytes());
+    c.etcdctl(&[
+        "put",
+        "/keycache/t15/keys/q",
+        std::str::from_utf8(&v).expect("utf8"),
+    ])
+    .expect("put");
+    let version = c.etcdctl(&["version"]).expect("version");
+    let exact = version
+        .lines()
+        .find_map(|l| l.strip_prefix("etcdctl version: "))
+        .and_then(|v| {
+            let p: Vec<u32> = v.trim().split('.').filter_map(|x| x.parse().ok()).collect();
+            (p.len() == 3).then(|| (p[0], p[1], p[2]) >= (3, 5, 8))
+        })
+        .expect("etcdctl's version");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let _r = Running::reporting(&st, dir.path(), move |rep| {
+        if let Report::Checked { result, .. } = rep {
+            let _ = tx.send(*result);
+        }
+    });
+    wait_for(dir.path(), c.revision());
+    assert_eq!(
+        rx.recv_timeout(Duration::from_secs(10)).expect("check"),
+        "equal"
+    );
+    // Changes elsewhere, then a compaction past the prefix's last change.
+    for i in 0..5 {
+        c.etcdctl(&["put", &format!("/elsewhere/{i}"), "x"])
+            .expect("put");
+    }
+    // A proof past the compaction revision first.
+    std::thread::sleep(Duration::from_millis(2_500));
+    c.compact(c.revision());
+    let start = Instant::now();
+    let after = loop {
+        let r = rx.recv_timeout(Duration::from_secs(10)).expect("check");
+        // A check already under way may still say equal.
+        if r != "equal" || start.elapsed() > Duration::from_secs(3) {
+            break r;
+        }
+    };
+    assert_eq!(
+        after,
+        if exact { "equal" } else { "skipped" },
+        "etcd {version}"
     );
 }

@@ -250,8 +250,47 @@ impl Cluster {
     /// Starts `n` members whose client URLs are https with `tls`, client
     /// certificates required.
     pub fn start_with(n: usize, tls: Option<Tls>) -> Cluster {
+        // A port picked here can be taken by another test's process before
+        // etcd binds it (the picking listener is closed at once): a member
+        // that exits at start is started again, with other ports, twice.
+        for _ in 0..2 {
+            let specs = (0..n).map(|_| MemberSpec::local()).collect();
+            if let Some(c) = Cluster::try_start_all(specs, tls.clone(), Vec::new()) {
+                return c;
+            }
+        }
         let specs = (0..n).map(|_| MemberSpec::local()).collect();
         Cluster::start_all(specs, tls, Vec::new())
+    }
+
+    /// [`Cluster::start_all`], or `None` when a member exited before the
+    /// cluster answered (its ports taken: see [`Cluster::start_with`]).
+    fn try_start_all(
+        specs: Vec<MemberSpec>,
+        tls: Option<Tls>,
+        ctl_wrap: Vec<String>,
+    ) -> Option<Cluster> {
+        let mut c = Cluster::unstarted(specs, tls, ctl_wrap);
+        for i in 0..c.members.len() {
+            c.start_member(i);
+        }
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(30) {
+            if c.etcdctl(&["put", "/keycache-test-health", "ok"]).is_ok() {
+                return Some(c);
+            }
+            let exited = c.members.iter_mut().any(|m| {
+                m.child
+                    .as_mut()
+                    .is_some_and(|ch| matches!(ch.try_wait(), Ok(Some(_))))
+            });
+            if exited {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        c.wait_healthy(Duration::ZERO);
+        Some(c)
     }
 
     /// Starts one member on 127.0.0.1 per directory of `data`, each
@@ -276,8 +315,17 @@ impl Cluster {
     }
 
     fn start_all(specs: Vec<MemberSpec>, tls: Option<Tls>, ctl_wrap: Vec<String>) -> Cluster {
+        let mut c = Cluster::unstarted(specs, tls, ctl_wrap);
+        for i in 0..c.members.len() {
+            c.start_member(i);
+        }
+        c.wait_healthy(Duration::from_secs(30));
+        c
+    }
+
+    /// The cluster of `specs`, no member started.
+    fn unstarted(specs: Vec<MemberSpec>, tls: Option<Tls>, ctl_wrap: Vec<String>) -> Cluster {
         let dir = tempfile::tempdir().expect("scratch directory");
-        let n = specs.len();
         let members: Vec<Member> = specs
             .into_iter()
             .enumerate()
@@ -293,7 +341,7 @@ impl Cluster {
             })
             .collect();
         let initial = Cluster::initial_cluster(&members);
-        let mut c = Cluster {
+        Cluster {
             members,
             dir,
             bin: bin_dir(),
@@ -301,12 +349,7 @@ impl Cluster {
             tls,
             user: None,
             ctl_wrap,
-        };
-        for i in 0..n {
-            c.start_member(i);
         }
-        c.wait_healthy(Duration::from_secs(30));
-        c
     }
 
     /// `--initial-cluster`: `name=peer URL`, each member.
