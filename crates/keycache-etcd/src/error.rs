@@ -107,6 +107,16 @@ fn holder(pid: Option<u32>) -> String {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
+    /// The store error of a file operation `op` on `path` that failed.
+    pub(crate) fn io(path: &std::path::Path, op: &'static str, source: std::io::Error) -> Error {
+        keycache::Error::Io {
+            path: path.to_path_buf(),
+            op,
+            source,
+        }
+        .into()
+    }
+
     pub(crate) fn etcd(endpoints: &[String], op: &'static str, e: impl std::fmt::Display) -> Error {
         Error::Etcd {
             endpoints: endpoints.join(","),

@@ -45,6 +45,7 @@ pub mod list;
 pub mod lock;
 pub mod replica;
 pub mod replicator;
+pub mod report;
 pub mod seed;
 pub mod state;
 pub mod status;

@@ -31,15 +31,6 @@ fn path(dir: &Path) -> PathBuf {
     dir.join(keycache::format::REPLICATOR_LOCK_FILE)
 }
 
-fn io(path: &Path, op: &'static str, source: std::io::Error) -> Error {
-    keycache::Error::Io {
-        path: path.to_path_buf(),
-        op,
-        source,
-    }
-    .into()
-}
-
 impl ReplicatorLock {
     /// Takes the lock of the store in `dir`, waiting up to [`WAIT`]; a
     /// lock another replicator holds is refused with its pid.
@@ -62,14 +53,14 @@ impl ReplicatorLock {
                         pid: s.trim().parse().ok(),
                     });
                 }
-                Err(TryLockError::Error(e)) => return Err(io(&p, "lock", e)),
+                Err(TryLockError::Error(e)) => return Err(Error::io(&p, "lock", e)),
             }
         }
         let pid = std::process::id().to_string();
         file.set_len(0)
             .and_then(|()| file.rewind())
             .and_then(|()| file.write_all(pid.as_bytes()))
-            .map_err(|e| io(&p, "write", e))?;
+            .map_err(|e| Error::io(&p, "write", e))?;
         Ok(ReplicatorLock { _file: file })
     }
 

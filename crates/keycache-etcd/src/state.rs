@@ -122,15 +122,6 @@ impl Anchor {
     }
 }
 
-fn io(path: &Path, source: std::io::Error) -> Error {
-    keycache::Error::Io {
-        path: path.to_path_buf(),
-        op: "stat",
-        source,
-    }
-    .into()
-}
-
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
@@ -157,7 +148,7 @@ impl Binding {
     /// The binding of the store in `dir` as it is now.
     pub fn of(dir: &Path) -> Result<Binding> {
         use std::os::unix::fs::MetadataExt;
-        let d = std::fs::metadata(dir).map_err(|e| io(dir, e))?;
+        let d = std::fs::metadata(dir).map_err(|e| Error::io(dir, "stat", e))?;
         let file = |name: &str| -> Result<Option<(u64, Option<u128>)>> {
             let p = dir.join(name);
             match std::fs::symlink_metadata(&p) {
@@ -170,7 +161,7 @@ impl Binding {
                     Ok(Some((m.ino(), born)))
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-                Err(e) => Err(io(&p, e)),
+                Err(e) => Err(Error::io(&p, "stat", e)),
             }
         };
         Ok(Binding {
