@@ -184,6 +184,8 @@ fn advice(e: &keycache::Error) -> Option<String> {
             format!("give keycache the same sizes (--id-size {len} --slot-size {slot} or more)")
         }
         E::TableFull { .. } => "keycache compact --to-size N does it".into(),
+        E::UnknownCluster { .. } => "--allow-unknown-cluster allows it".into(),
+        E::StaleTreeFiles { .. } => "--replace-states takes them".into(),
         E::Overfull { suggested, .. } => format!("use --size {suggested}"),
         E::MasterKeysDiffer { .. } => {
             "keep the bank's keys with --no-master-keys, or replace them with \

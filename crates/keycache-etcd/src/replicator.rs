@@ -148,6 +148,18 @@ impl Replicator {
         tokio::pin!(stop);
         if self.lock.is_none() {
             self.lock = Some(ReplicatorLock::acquire(self.store.dir()).await?);
+            // A tree write that a killed writer (this replicator's last run,
+            // say) left unfinished, before anything else. A failure here is
+            // the first batch's to meet again.
+            match self.store.resume_tree() {
+                Ok(Some(r)) => (self.report)(Report::TreeResumed {
+                    what: r.to_string(),
+                }),
+                Ok(None) => {}
+                Err(e) => (self.report)(Report::TreeResumed {
+                    what: format!("could not finish an interrupted write of the key tree: {e}"),
+                }),
+            }
         }
         let mut backoff = Duration::from_millis(100);
         loop {
@@ -456,6 +468,13 @@ impl Replicator {
         if result == "differed" || result == "not_held" {
             differed += 1;
         }
+        // The key tree against the store (after the replicator's own
+        // writes, which keep it in step): what is left was done by hand.
+        let tree = if self.store.tree().is_on() {
+            Some(keycache::tree::check(&self.store)?)
+        } else {
+            None
+        };
         self.state.check = Some(CheckResult {
             revision,
             result: result.to_owned(),
@@ -463,6 +482,8 @@ impl Replicator {
             boot_ms: boot_ms(),
             runs,
             differed,
+            tree: tree.as_ref().map(|t| t.len() as u64),
+            tree_first: tree.as_ref().and_then(|t| t.first()).map(|d| d.to_string()),
         });
         self.write_state()?;
         (self.report)(Report::Checked {
@@ -470,6 +491,12 @@ impl Replicator {
             entries,
             result,
         });
+        if let Some(t) = tree.filter(|t| !t.is_empty()) {
+            (self.report)(Report::TreeDisagrees {
+                count: t.len() as u64,
+                first: t[0].to_string(),
+            });
+        }
         self.listed_for_check = result == "differed";
         Ok((result == "differed").then_some(Next::List))
     }

@@ -63,6 +63,20 @@ pub enum Report {
         /// right after a list: not listing again) or `skipped`.
         result: &'static str,
     },
+    /// At the start, a write of the key tree that a killed writer left
+    /// unfinished was finished ([`keycache::Store::resume_tree`]).
+    TreeResumed {
+        /// What was done, or why it could not be.
+        what: String,
+    },
+    /// The key tree disagrees with the store (found by a consistency
+    /// check): changed by hand, never mended by the replicator.
+    TreeDisagrees {
+        /// How many entries disagree.
+        count: u64,
+        /// The first, as `keycache verify` says it.
+        first: String,
+    },
     /// The etcd member is older than [`WATCH_FIXED`].
     OldEtcd {
         /// The member's endpoint.
@@ -142,6 +156,17 @@ impl Report {
                 None,
             ),
             Report::Relist { why } => (Level::Warning, format!("{why}: listing again"), None),
+            Report::TreeResumed { what } => (Level::Warning, what.clone(), None),
+            Report::TreeDisagrees { count, first } => (
+                Level::Warning,
+                format!(
+                    "the key tree disagrees with the store in {count} entr{} (changed by hand; \
+                     not mended by the replicator: `keycache verify --repair` mends it once \
+                     looked at), first: {first}",
+                    if *count == 1 { "y" } else { "ies" }
+                ),
+                None,
+            ),
             Report::Checked {
                 revision,
                 entries,

@@ -190,6 +190,17 @@ pub struct CheckResult {
     pub runs: u64,
     /// Checks that differed.
     pub differed: u64,
+    /// With the key tree kept: how many entries of the tree disagree with
+    /// the store ([`keycache::tree::check`]: a `minions/<id>` removed or
+    /// planted by hand, a key file changed), looked at with the check;
+    /// never mended by the replicator (a file removed by hand may be a
+    /// revocation): `keycache verify --repair` does, once an operator has
+    /// looked.
+    #[serde(default)]
+    pub tree: Option<u64>,
+    /// The first of those disagreements, said as `keycache verify` says it.
+    #[serde(default)]
+    pub tree_first: Option<String>,
 }
 
 /// The host's boot id (empty where the kernel does not say): it changes at

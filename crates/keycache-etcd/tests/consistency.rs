@@ -297,3 +297,40 @@ fn a_quiet_prefix_is_checked_at_the_last_proof_where_progress_is_exact() {
         "etcd {version}"
     );
 }
+
+/// A `minions/<id>` removed by hand from a replica's key tree is reported
+/// by the next consistency check (the report, and the state `keycache etcd
+/// status` reads), and never written back by the replicator: a file
+/// removed by hand may be a revocation, which an operator looks at.
+#[test]
+fn a_key_file_removed_by_hand_is_reported_and_not_written_back() {
+    let c = Cluster::start(1);
+    let mut st = settings(&c, "/keycache/t16/");
+    st.check_every = Duration::from_secs(1);
+    let dir = tempfile::tempdir().expect("dir");
+    put_key(&c, "/keycache/t16/keys/a", 1, "a");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let _r = Running::reporting(&st, dir.path(), move |rep| {
+        if let Report::TreeDisagrees { count, first } = rep {
+            let _ = tx.send((*count, first.clone()));
+        }
+    });
+    wait_for(dir.path(), c.revision());
+    let file = dir.path().join("minions/a");
+    assert!(file.exists(), "the replica writes the accepted key's file");
+    std::fs::remove_file(&file).expect("remove by hand");
+    let (count, first) = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("a report of the tree");
+    assert_eq!(count, 1);
+    assert!(first.contains("minions/a"), "{first}");
+    let check = ReplicaState::read(dir.path())
+        .expect("read")
+        .expect("state")
+        .check
+        .expect("a check recorded");
+    assert_eq!(check.tree, Some(1), "{check:?}");
+    // Checks go on; the file stays removed.
+    let _ = rx.recv_timeout(Duration::from_secs(3));
+    assert!(!file.exists(), "written back without an operator");
+}

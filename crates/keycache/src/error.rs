@@ -213,6 +213,42 @@ pub enum Error {
         why: String,
     },
 
+    /// A merge ([`crate::merge`]) refused because this store or the
+    /// snapshot names no cluster: neither `cluster.pub` nor `master.pub`
+    /// where it was looked for, so a snapshot of another cluster could not
+    /// be told from a peer's (a real master always has its key pair).
+    /// Nothing was written.
+    #[error("merge refused: {side} names no cluster: {why}; nothing was written")]
+    UnknownCluster {
+        /// The side without a key: this store's directory, or the snapshot.
+        side: String,
+        /// Whether that side is the snapshot (a caller may name its file).
+        snapshot: bool,
+        /// The files that are missing, and the way out.
+        why: String,
+    },
+
+    /// A migration into an existing store ([`crate::migrate`]) whose tree
+    /// holds key files older than the store's entries that would take keys
+    /// out of accepted or rejected: files left from before an earlier
+    /// migration (the tree not kept whole since), which would undo a later
+    /// accept or rejection. Nothing was written.
+    #[error(
+        "{dir}: {count} key file(s) of the tree are older than the store's entries and would \
+         take them out of accepted or rejected: {entries}; nothing was written. Remove those \
+         stale files from the tree, or, once sure the tree holds the states wanted, have the \
+         migration replace the store's states"
+    )]
+    StaleTreeFiles {
+        /// The tree migrated.
+        dir: PathBuf,
+        /// How many entries.
+        count: usize,
+        /// Each as `id: store <state>, <file> <state>`, comma-separated
+        /// (the first few).
+        entries: String,
+    },
+
     /// The `master_keys` bank holds other bytes under a name than the file
     /// a migration would store there (a key pair Salt wrote into the bank
     /// since, or generated when it found the bank empty): replacing it

@@ -291,6 +291,12 @@ pub fn export(store: &Store, pki_dir: &Path, opts: &ExportOptions) -> Result<Exp
     for dir in dirs.iter().flatten() {
         dir.sync()?;
     }
+    // What an export killed before its renames left.
+    for dir in dirs.iter().flatten() {
+        for p in dir.remove_dead_temporaries(R)? {
+            out.removed.push(p.display().to_string());
+        }
+    }
     for (d, id) in &removes {
         if let Some(dir) = &dirs[*d] {
             dir.remove(id, R)?;

@@ -76,6 +76,12 @@ pub const APPLYING_FILE: &str = ".keycache-etcd-applying";
 /// time writes a store; it holds the holder's pid, for the message.
 pub const REPLICATOR_LOCK_FILE: &str = ".keycache-etcd.lock";
 
+/// The intent record of the key tree's writes, in the store directory
+/// (`crate::tree`'s `intent` module): the ids a write is about to change in
+/// the tree, durable before the banks are written, cleared once the tree
+/// is in step; the next writer finishes what a killed one left.
+pub const TREE_INTENT_FILE: &str = ".keycache-tree-intent";
+
 /// Width of a slot's status byte.
 pub const STATUS_LEN: usize = 1;
 /// Width of a slot's packed heap offset.

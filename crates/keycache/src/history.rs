@@ -36,6 +36,22 @@
 //! master while another revoked the key is undone, and an operator accepts
 //! again.
 //!
+//! # When the history begins
+//!
+//! When the store is made ([`begin_if_missing`]: a migration, the Salt
+//! driver's write that creates the banks, a compaction of a store without
+//! one), else at the first snapshot or merge. The values a store is made
+//! with are as old as can be (accepted and pending at [`FRESH_PENDING`]);
+//! its revocations are stamped no earlier than they may have happened. So
+//! two stores made from the same contents (a copy, a tree migrated twice)
+//! keep every change an operator makes on either after that.
+//!
+//! # Copies
+//!
+//! The identity is bound to the store directory (`st_dev`, `st_ino`): read
+//! in another directory (a `cp -a`, a restore), it is a copy's, which takes
+//! a new store id and keeps the rest ([`History::load`]).
+//!
 //! # Files
 //!
 //! `.keycache-history` holds the versions (rewritten when a version
@@ -72,6 +88,7 @@ mod file;
 mod observe;
 mod versions;
 
+use observe::Stamping;
 use versions::Versions;
 
 /// The kind of value a version records.
@@ -243,6 +260,13 @@ pub struct Identity {
     pub scanned: u64,
     /// What was last merged from each peer, by store.
     pub peers: BTreeMap<Ident, Peer>,
+    /// The store directory the identity belongs to: its (birth time in
+    /// ns, or `st_dev` where the filesystem records no birth time,
+    /// `st_ino`) when the identity was last saved; `None` in a file of an
+    /// older keycache (bound by the next save). A copy of the store (`cp
+    /// -a`, tar, rsync, a restore) lies in another directory inode, so it
+    /// is told apart from its original (see [`History::load`]).
+    pub binding: Option<(u64, u64)>,
 }
 
 /// How long tombstones are kept, and the wall clock.
@@ -316,12 +340,113 @@ pub fn horizon_cutoff(opts: &HistoryOptions) -> u64 {
         .saturating_sub(opts.horizon.as_nanos().min(u64::MAX as u128) as u64)
 }
 
+/// The (`st_dev`, `st_ino`) of the store directory `dir`: what binds an
+/// identity to its store.
+fn binding_of(dir: &Path) -> Result<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(dir).map_err(|e| Error::io(dir, "stat", e))?;
+    // The directory's birth time (statx) rather than its device number
+    // where the filesystem records one: a device number can change across
+    // reboots (device-mapper minors, network filesystems), a birth time
+    // only with a new directory.
+    let born = m
+        .created()
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map(|d| d.as_nanos() as u64)
+        .filter(|&ns| ns > 0);
+    Ok((born.unwrap_or(m.dev()), m.ino()))
+}
+
+/// How long [`begin_if_missing`] waits for each bank's lock.
+const BEGIN_LOCK_WAIT: Duration = Duration::from_secs(10);
+
+/// When the caller knows it, the time (unix ns) a rejected or denied entry
+/// found at a store's creation was written (its file's ctime, say).
+pub type Since<'a> = &'a dyn Fn(Bank, &str) -> Option<u64>;
+
+/// Begins the history of `store` where it has none: the store is being
+/// made (`keycache migrate`, the Salt driver's first write, a
+/// compaction of a store without one). Returns whether it began one.
+///
+/// The **creation observation** stamps every entry found as a value the
+/// store was made with: accepted and pending at the first stamp there is
+/// ([`FRESH_PENDING`]): they are as old as can be, so any change an
+/// operator makes afterwards, on any master, wins over them; rejected and
+/// denied at `since` of the entry (clamped to now) or else at the creation
+/// time: a revocation present at creation is never stamped earlier than it
+/// may have happened. The last observation is then the creation, so every
+/// accept made later (stamped at the earliest at the last observation)
+/// beats a peer's creation-time pending value of the same id. Two stores
+/// made from the same contents (a tree migrated twice) hold the same
+/// creation values: ties go to the more restrictive kind as always.
+///
+/// Takes both banks' locks (`keys` first, as a snapshot does); cheap (one
+/// stat) when the store has a history.
+pub fn begin_if_missing(
+    store: &Store,
+    opts: &HistoryOptions,
+    since: Option<Since<'_>>,
+) -> Result<bool> {
+    let dir = store.dir();
+    let ident = dir.join(crate::format::IDENTITY_FILE);
+    let missing = || match std::fs::symlink_metadata(&ident) {
+        Ok(_) => Ok(false),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(true),
+        Err(e) => Err(Error::io(&ident, "stat", e)),
+    };
+    if !missing()? {
+        return Ok(false);
+    }
+    let (k, d) = (store.keys_table(), store.denied_table());
+    k.read_locked(BEGIN_LOCK_WAIT, || {
+        d.read_locked(BEGIN_LOCK_WAIT, || {
+            // Another process may have begun it while we waited.
+            if !missing()? {
+                return Ok(false);
+            }
+            let mut h = History::begin(dir, opts)?;
+            h.observe_as(
+                store,
+                opts,
+                false,
+                Stamping::Creation(since),
+                |_, _, _, _, _| Ok(()),
+            )?;
+            h.save(dir, opts)?;
+            Ok(true)
+        })
+    })
+}
+
+/// The ctime (unix ns) of the `localfs_key` tree file under `pki_dir` of a
+/// rejected key (`minions_rejected/<id>`) or a denied one
+/// (`minions_denied/<id>`): the latest the revocation can have been
+/// written, a `since` for [`begin_if_missing`] after a migration.
+pub fn tree_ctime(pki_dir: &Path, bank: Bank, id: &str) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let sub = match bank {
+        Bank::Keys => "minions_rejected",
+        Bank::Denied => "minions_denied",
+    };
+    let m = std::fs::symlink_metadata(pki_dir.join(sub).join(id)).ok()?;
+    let s = u64::try_from(m.ctime()).ok()?;
+    let ns = u64::try_from(m.ctime_nsec()).ok()?;
+    s.checked_mul(1_000_000_000)?.checked_add(ns)
+}
+
 impl History {
     /// Loads the history of the store in `dir`, or begins one (a new
     /// identity) when it has none. A history whose banks are gone (the
     /// store was wiped: no `keys` index while versions are recorded) is
     /// begun anew too: a wiped store is a new store, never a deletion of
     /// every key.
+    ///
+    /// An identity bound to another directory than `dir` belongs to the
+    /// store this one was copied from: the copy gets a new store id (kept
+    /// from the next save on), so that peers tell the two apart, and keeps
+    /// the versions, the clock and the peers (its values came from the
+    /// original at those stamps).
     pub fn load(dir: &Path, opts: &HistoryOptions) -> Result<History> {
         let wiped = !dir.join(crate::format::KEYS_INDEX).exists()
             && !dir.join(crate::format::DENIED_INDEX).exists();
@@ -330,6 +455,11 @@ impl History {
                 if !(wiped && h.entries.iter().any(|(_, _, r)| r.cur.kind != Kind::Absent)) =>
             {
                 h.existed = true;
+                let here = binding_of(dir)?;
+                if h.identity.binding.is_some_and(|b| b != here) {
+                    h.identity.store = random_ident();
+                }
+                h.identity.binding = Some(here);
                 let max = h
                     .entries
                     .iter()
@@ -345,20 +475,21 @@ impl History {
                 }
                 Ok(h)
             }
-            _ => Ok(History::begin(opts)),
+            _ => History::begin(dir, opts),
         }
     }
 
-    fn begin(opts: &HistoryOptions) -> History {
+    fn begin(dir: &Path, opts: &HistoryOptions) -> Result<History> {
         let mut clock = Hlc::default();
         let created = clock.tick(&opts.wall);
-        History {
+        Ok(History {
             identity: Identity {
                 store: random_ident(),
                 created,
                 clock,
                 scanned: 0,
                 peers: BTreeMap::new(),
+                binding: Some(binding_of(dir)?),
             },
             entries: Versions::default(),
             dirty: true,
@@ -367,7 +498,7 @@ impl History {
             removals_read: 0,
             mark: 0,
             saved_at: 0,
-        }
+        })
     }
 
     /// Writes the history files of `dir` atomically: the versions when they

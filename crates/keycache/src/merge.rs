@@ -24,6 +24,10 @@
 //! let opts = OpenOptions { params, ..OpenOptions::default() };
 //! let a = Store::open_with(da.path(), &opts)?;
 //! let b = Store::open_with(db.path(), &opts)?;
+//! // Both masters of the cluster hold its public key.
+//! # let master_pub = b"-----BEGIN PUBLIC KEY-----\nMIIC\n-----END PUBLIC KEY-----\n";
+//! std::fs::write(da.path().join("master.pub"), master_pub).expect("key");
+//! std::fs::write(db.path().join("master.pub"), master_pub).expect("key");
 //! let pem = b"-----BEGIN PUBLIC KEY-----\nMIIB\n-----END PUBLIC KEY-----\n";
 //! b.put(&MinionId::new("web-1")?, KeyState::Accepted, pem)?; // salt-key -a on b
 //!
@@ -47,8 +51,12 @@
 //! - the snapshot is this store's own;
 //! - it comes from another cluster: both name their cluster
 //!   ([`crate::history::cluster_of`], a hash of the cluster's or master's
-//!   public key) and the names differ. A store without such a key cannot
-//!   tell clusters apart, and merges any peer's snapshot;
+//!   public key) and the names differ;
+//! - this store or the snapshot names no cluster (neither `cluster.pub`
+//!   nor `master.pub`: [`Error::UnknownCluster`]), unless
+//!   [`MergeOptions::allow_unknown_cluster`]: such a side cannot tell
+//!   another cluster's keys from a peer's, and a real master always has
+//!   its key pair;
 //! - it is older than the last snapshot merged from the same store (a
 //!   replay), taken more than the tombstone horizon ago, or stamped by a
 //!   clock more than [`MergeOptions::max_skew`] ahead of ours;
@@ -71,6 +79,7 @@
 //! been forgotten), is taken pending ([`Action::Held`]).
 
 use std::io::Read;
+use std::path::Path;
 use std::time::Duration;
 
 use crate::error::{Error, Result};
@@ -101,6 +110,10 @@ pub struct MergeOptions {
     pub max_revoke_percent: u32,
     /// Take a merge past that share all the same.
     pub allow_mass_revoke: bool,
+    /// Merge even when this store or the snapshot names no cluster
+    /// ([`Error::UnknownCluster`]): the merge then cannot refuse another
+    /// cluster's snapshot. Default false.
+    pub allow_unknown_cluster: bool,
 }
 
 impl Default for MergeOptions {
@@ -111,6 +124,7 @@ impl Default for MergeOptions {
             max_skew: Duration::from_secs(600),
             max_revoke_percent: 50,
             allow_mass_revoke: false,
+            allow_unknown_cluster: false,
         }
     }
 }
@@ -239,9 +253,65 @@ fn refused(why: String) -> Error {
     Error::MergeRefused { why }
 }
 
+/// Refuses, unless [`MergeOptions::allow_unknown_cluster`], a merge into
+/// a store of cluster `cluster` (its directory `dir`, when known) when
+/// that store or `theirs` names no cluster ([`Error::UnknownCluster`]).
+pub fn check_cluster_known(
+    dir: Option<&Path>,
+    cluster: Option<Ident>,
+    theirs: &Snapshot,
+    opts: &MergeOptions,
+) -> Result<()> {
+    if opts.allow_unknown_cluster {
+        return Ok(());
+    }
+    let [cluster_pub, master_pub] = crate::history::CLUSTER_KEYS;
+    let allow = "or allow the merge of an unknown cluster";
+    if cluster.is_none() {
+        let (side, missing) = match dir {
+            Some(d) => (
+                format!("this store's directory {}", d.display()),
+                format!(
+                    "neither {} nor {} exists (nor is in its master_keys bank)",
+                    d.join(cluster_pub).display(),
+                    d.join(master_pub).display()
+                ),
+            ),
+            None => (
+                "this store".to_owned(),
+                format!(
+                    "its directory holds neither {cluster_pub} nor {master_pub} (nor its \
+                     master_keys bank)"
+                ),
+            ),
+        };
+        return Err(Error::UnknownCluster {
+            side,
+            snapshot: false,
+            why: format!(
+                "{missing}. Copy the master's public key ({master_pub}) into the store's \
+                 directory, {allow}"
+            ),
+        });
+    }
+    if theirs.cluster.is_none() {
+        return Err(Error::UnknownCluster {
+            side: format!("the snapshot (of store {})", show_ident(&theirs.store)),
+            snapshot: true,
+            why: format!(
+                "the directory of the store it was taken from held neither {cluster_pub} nor \
+                 {master_pub} (nor its master_keys bank). Copy the master's public key \
+                 ({master_pub}) into that store's directory and take the snapshot again, {allow}"
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// Checks that `theirs` may be merged into a store of cluster `cluster`
-/// with history `h`: not its own, of its cluster, not a replay, not too
-/// old, not from a clock too far ahead.
+/// with history `h`: not its own, both naming a cluster (unless allowed)
+/// and the same one, not a replay, not too old, not from a clock too far
+/// ahead.
 pub fn check_identity(
     h: &History,
     cluster: Option<Ident>,
@@ -255,6 +325,7 @@ pub fn check_identity(
             "the snapshot is this store's own (store {ts}): merge a peer's snapshot"
         )));
     }
+    check_cluster_known(None, cluster, theirs, opts)?;
     if let (Some(ours), Some(t)) = (cluster, theirs.cluster) {
         if ours != t {
             return Err(refused(format!(
@@ -427,8 +498,10 @@ pub fn dry_run_with(
     theirs: &Snapshot,
     opts: &MergeOptions,
 ) -> Result<MergePlan> {
+    let cluster = crate::history::cluster_of(store)?;
+    check_cluster_known(Some(store.dir()), cluster, theirs, opts)?;
     h.observe(store, &opts.history, false, |_, _, _, _, _| Ok(()))?;
-    plan(&h, crate::history::cluster_of(store)?, theirs, opts)
+    plan(&h, cluster, theirs, opts)
 }
 
 /// Merges `theirs` into `store`: observes the store, plans ([`plan`]) and
@@ -455,6 +528,7 @@ pub fn merge_with(
     opts: &MergeOptions,
 ) -> Result<(MergePlan, MergeReport)> {
     let cluster = crate::history::cluster_of(store)?;
+    check_cluster_known(Some(store.dir()), cluster, theirs, opts)?;
     let mut tries = 0;
     let mut loaded = Some(h);
     loop {

@@ -60,6 +60,9 @@ impl Driver {
     fn ready(&self, py: Python<'_>, writing: bool) -> PyResult<Arc<Open>> {
         let open = self.current(writing);
         open.vet().map_err(|why| error(py, why))?;
+        if let Some(m) = open.resume_once() {
+            warn(py, &m);
+        }
         Ok(open)
     }
 
@@ -258,6 +261,15 @@ impl Driver {
     }
 }
 
+/// Logs `msg` as a warning through Salt's logging (the logger
+/// `saltext.keycache`); a failure to log is not the caller's.
+fn warn(py: Python<'_>, msg: &str) {
+    let _ = py
+        .import("logging")
+        .and_then(|l| l.call_method1("getLogger", ("saltext.keycache",)))
+        .and_then(|l| l.call_method1("warning", ("%s", msg)));
+}
+
 /// keycache's error as the driver's exception, with the driver's advice
 /// where the library's words leave the front end's part out.
 fn fail(py: Python<'_>, e: keycache::Error) -> PyErr {
@@ -299,6 +311,11 @@ impl Driver {
             // What the caller decides on guards its store ([`crate::seen`]).
             let value = raw.and_then(|raw| Value::decode(rb, raw).ok());
             self.seen.fetched(rb, &name, value);
+        }
+        if b == Bank::Keys && raw.and_then(|r| r.first()) == Some(&KeyState::Accepted.byte()) {
+            if let Some(m) = open.missing_key_file(&name) {
+                warn(py, &m);
+            }
         }
         match raw {
             Some(raw) => values::fetched(py, b, raw),
@@ -401,6 +418,14 @@ impl Driver {
         }
         self.refuse_around_etcd(py, &open, b)?;
         py.detach(|| -> keycache::Result<()> {
+            // The write that makes the store (its banks) begins its history
+            // (see keycache::history::begin_if_missing).
+            if !matches!(put, Put::Master(_)) {
+                let s = open.store()?;
+                if !s.keys_table().path().exists() && !s.denied_table().path().exists() {
+                    keycache::history::begin_if_missing(&s, &Default::default(), None)?;
+                }
+            }
             match put {
                 // Salt stores an empty key too (it then reads as absent); the
                 // library's batches refuse one, so the id leaves the bank and
@@ -423,7 +448,11 @@ impl Driver {
                 }
             }
         })
-        .map_err(|e| fail(py, e))
+        .map_err(|e| fail(py, e))?;
+        for m in open.resumed() {
+            warn(py, &m);
+        }
+        Ok(())
     }
 
     /// Salt's `flush(bank, key=None)`: removes `key`, or the whole bank.

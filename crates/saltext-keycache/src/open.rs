@@ -34,6 +34,9 @@ pub(crate) struct Open {
     master_pub: Option<MasterPub>,
     /// A bank file was seen, or no legacy key tree (see `crate::legacy`).
     vetted: AtomicBool,
+    /// A tree write left unfinished by a killed writer was looked for
+    /// ([`Open::resume_once`]).
+    resume_checked: AtomicBool,
 }
 
 /// Open options of the layout Salt's options give: (`mmap_key_size`,
@@ -71,6 +74,70 @@ impl Open {
                 .as_ref()
                 .map(|d| MasterPub::new(Path::new(d), &key.master_id)),
             vetted: AtomicBool::new(false),
+            resume_checked: AtomicBool::new(false),
+        }
+    }
+
+    /// Once per process, on first use: finishes the key tree of a write
+    /// that a killed writer left unfinished ([`Store::resume_tree`]), when
+    /// there is a store. What was done, or why it could not be, for the
+    /// master's log (a failure here fails no call: the next write of the
+    /// store tries again).
+    pub(crate) fn resume_once(&self) -> Option<String> {
+        if self.resume_checked.swap(true, Ordering::AcqRel)
+            || !self.dir.join(keycache::format::KEYS_INDEX).exists()
+        {
+            return None;
+        }
+        match self.store().and_then(|s| s.resume_tree()) {
+            Ok(Some(r)) => Some(format!("keycache: {}: {r}", self.dir.display())),
+            Ok(None) => None,
+            Err(e) => Some(format!(
+                "keycache: {}: could not finish an interrupted write of the key tree: {e}",
+                self.dir.display()
+            )),
+        }
+    }
+
+    /// What this process's writes finished of interrupted tree writes
+    /// ([`Store::take_resumed`]), for the master's log.
+    pub(crate) fn resumed(&self) -> Vec<String> {
+        match self.store.load_full() {
+            Some(s) => s
+                .take_resumed()
+                .iter()
+                .map(|r| format!("keycache: {}: {r}", self.dir.display()))
+                .collect(),
+            None => Vec::new(),
+        }
+    }
+
+    /// A `minions/<id>` missing for an id the store holds accepted, with
+    /// the key tree kept: Salt's `validate_token` refuses that minion's
+    /// every request. Never written back here (a file removed by hand may
+    /// be a revocation in `localfs_key` habits): said, for the master's
+    /// log, at the minion's next sign-in (its fetch of the key).
+    pub(crate) fn missing_key_file(&self, id: &[u8]) -> Option<String> {
+        if !self.tree.is_on() {
+            return None;
+        }
+        let name = std::str::from_utf8(id).ok()?;
+        keycache::id::validate(name).ok()?;
+        let path = self
+            .dir
+            .join(keycache::tree::TreeDir::Minions.name())
+            .join(name);
+        match std::fs::symlink_metadata(&path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some(format!(
+                "keycache: {}: the store holds {name:?} accepted but {} is missing: Salt's \
+                 validate_token refuses every request of that minion. If the file was removed \
+                 to revoke the key, delete or reject the key (salt-key -d/-r); else \
+                 `keycache verify --repair -c {}` writes it back",
+                self.dir.display(),
+                path.display(),
+                self.dir.display()
+            )),
+            _ => None,
         }
     }
 

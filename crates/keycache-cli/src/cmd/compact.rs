@@ -4,6 +4,7 @@
 
 use std::process::ExitCode;
 
+use keycache::history::HistoryOptions;
 use keycache::report;
 use keycache::table::OpenOptions;
 
@@ -70,6 +71,28 @@ pub(crate) fn run(a: Args) -> CmdResult {
     }
     announce_lock_wait(dir);
     let r = report::compact_report(dir, &opts, a.to_size).map_err(compact_error)?;
+    // A store without a history (made by an older keycache, or by Salt's
+    // own writer) begins one here, as one being made does; an etcd replica
+    // never merges with peers: it keeps none.
+    if !dir.join(keycache::format::REPLICA_FILE).exists() {
+        // In the size the compaction left (`--to-size`).
+        let mut now = opts.clone();
+        now.params = keycache::Params::from_files(dir, now.params);
+        let store = keycache::Store::open_with(dir, &now)?;
+        let begun = keycache::history::begin_if_missing(&store, &HistoryOptions::default(), None)?;
+        // The removal log (`.keycache-removed`, which a history makes every
+        // removal append to) folded into the history, as a snapshot folds
+        // it: a master that never merges does not grow it for ever.
+        if !begun {
+            if let Err(e) = keycache::snapshot::take(&store, &Default::default()) {
+                crate::output::errln!(
+                    "keycache: {}: the removal log was not folded into the history (a snapshot \
+                     or merge will): {e}",
+                    esc_path(dir)
+                );
+            }
+        }
+    }
     if a.json.json {
         print_json(&r);
     } else {

@@ -50,6 +50,11 @@ pub(crate) struct Args {
     /// take out of accepted (10 keys always may).
     #[arg(long, value_name = "PERCENT", default_value_t = 50)]
     max_revoke_percent: u32,
+    /// Merge even when this store's directory or the snapshot's store has
+    /// no cluster key (neither cluster.pub nor master.pub): the merge then
+    /// cannot refuse a snapshot of another cluster.
+    #[arg(long)]
+    allow_unknown_cluster: bool,
     /// How long tombstones (deletions) are kept, in days; snapshots older
     /// than that are refused. Give every peer the same.
     #[arg(long, value_name = "DAYS", default_value_t = 30)]
@@ -90,6 +95,7 @@ impl Args {
             max_skew: Duration::from_secs(self.max_clock_skew),
             max_revoke_percent: self.max_revoke_percent,
             allow_mass_revoke: self.allow_mass_revoke,
+            allow_unknown_cluster: self.allow_unknown_cluster,
         })
     }
 }
@@ -116,6 +122,29 @@ fn read(h: &History, path: &Path) -> Result<Snapshot, CmdError> {
             source: e,
         })?;
         Ok(merge::read_snapshot(h, &mut f, &path.to_string_lossy())?)
+    }
+}
+
+/// `e`, naming the snapshot's file (`path`) when it is about the snapshot.
+fn name_snapshot(e: keycache::Error, path: &Path) -> keycache::Error {
+    match e {
+        keycache::Error::UnknownCluster {
+            side,
+            snapshot: true,
+            why,
+        } => {
+            let file = if path == Path::new("-") {
+                "from stdin".to_owned()
+            } else {
+                esc_path(path)
+            };
+            keycache::Error::UnknownCluster {
+                side: side.replacen("the snapshot", &format!("the snapshot {file}"), 1),
+                snapshot: true,
+                why,
+            }
+        }
+        e => e,
     }
 }
 
@@ -246,12 +275,16 @@ pub(crate) fn run(a: Args) -> CmdResult {
             BaseFile::Base(b) => Some(b),
         },
     };
-    let (store, _) = TreeMode::open(a.tree, &a.layout, &store_dir, TreeMode::Auto)?;
+    let (store, _) = TreeMode::open_writer(a.tree, &a.layout, &store_dir, TreeMode::Auto)?;
     if !a.dry_run {
         super::etcd::refuse_local_write(store.dir(), "merge")?;
     }
     let history = History::load(store.dir(), &opts.history)?;
     let theirs = read(&history, &theirs_path)?;
+    // Before the base is prepared: a refusal leaves no file behind.
+    let cluster = keycache::history::cluster_of(&store)?;
+    merge::check_cluster_known(Some(store.dir()), cluster, &theirs, &opts)
+        .map_err(|e| name_snapshot(e, &theirs_path))?;
     if let Some(b) = &base {
         b.check(&theirs)?;
     }

@@ -48,6 +48,12 @@ pub(crate) struct Args {
     /// tree, with --out) that the tree does not have.
     #[arg(long)]
     replace: bool,
+    /// Into an existing store: take the changes out of accepted or rejected
+    /// that tree files older than the store's entries make (files left
+    /// from before an earlier migration); by default the migration
+    /// refuses them, writing nothing.
+    #[arg(long)]
+    replace_states: bool,
     /// Skip ids longer than --id-size instead of refusing the tree.
     #[arg(long)]
     skip_long_ids: bool,
@@ -158,6 +164,7 @@ pub(crate) fn run(a: Args) -> CmdResult {
         out: cluster_dir.clone(),
         dry_run: a.dry_run,
         replace: a.replace,
+        replace_states: a.replace_states,
         skip_long_ids: a.skip_long_ids,
         ownership,
     };
@@ -191,6 +198,14 @@ pub(crate) fn run(a: Args) -> CmdResult {
         if let (Some(r), Some(m)) = (&master_keys, &master) {
             print_master_keys(r, &m.id);
         }
+    }
+    let stale = report.changes.iter().filter(|c| c.stale).count();
+    if report.dry_run && stale > 0 && !a.replace_states {
+        errln!(
+            "keycache: {stale} change(s) out of accepted or rejected come from key files older \
+             than the store's entries: the migration will refuse them, writing nothing, unless \
+             --replace-states"
+        );
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -386,6 +401,39 @@ fn print_text(report: &MigrateReport) {
         outln!(
             "dropped from the existing banks (--replace): {}",
             report.dropped
+        );
+    }
+    for c in &report.changes {
+        let to = c.to.map_or("absent", |s| s.name());
+        let by = match &c.file {
+            Some(f) => format!("by {}", esc_path(f)),
+            None => "(--replace: not in the tree)".to_owned(),
+        };
+        outln!(
+            "{}: {} {} -> {to} {by}{}",
+            if report.dry_run {
+                "would change"
+            } else {
+                "changed"
+            },
+            esc(&c.id),
+            c.from,
+            if c.stale {
+                ", a file older than the store's entry (--replace-states)"
+            } else {
+                ""
+            }
+        );
+    }
+    for p in &report.minions_removed {
+        outln!(
+            "{} {}: the store does not hold it accepted",
+            if report.dry_run {
+                "would remove"
+            } else {
+                "removed"
+            },
+            esc_path(p)
         );
     }
     for d in &report.duplicates {

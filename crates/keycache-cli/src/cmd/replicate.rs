@@ -184,7 +184,7 @@ fn print(r: &Report, json: bool) {
 /// retrying cannot mend.
 pub(crate) fn run(a: Args) -> CmdResult {
     let settings = super::etcd::required(&a.layout, "replicate")?;
-    let (store, _) = TreeMode::open(a.tree, &a.layout, Path::new(""), TreeMode::Always)?;
+    let (store, _) = TreeMode::open_writer(a.tree, &a.layout, Path::new(""), TreeMode::Always)?;
     errln!(
         "keycache: replicate: {} from etcd {} into {} (key tree {})",
         esc(settings.layout.prefix()),

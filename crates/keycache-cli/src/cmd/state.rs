@@ -91,6 +91,22 @@ impl TreeMode {
         Ok((store, mode))
     }
 
+    /// [`TreeMode::open`] for a command that writes the store: a tree
+    /// write that a killed writer left unfinished is finished first
+    /// ([`keycache::Store::resume_tree`]), and said on stderr.
+    pub(crate) fn open_writer(
+        given: Option<TreeMode>,
+        layout: &Layout,
+        dir: &std::path::Path,
+        default: TreeMode,
+    ) -> Result<(keycache::Store, TreeMode), CmdError> {
+        let (store, mode) = TreeMode::open(given, layout, dir, default)?;
+        // It takes the banks' locks.
+        announce_lock_wait(store.dir());
+        say_resumed(&store, store.resume_tree()?.as_slice());
+        Ok((store, mode))
+    }
+
     /// The store's setting in `dir` for this mode.
     pub(crate) fn sync(self, dir: &std::path::Path) -> TreeSync {
         match self {
@@ -99,6 +115,18 @@ impl TreeMode {
             TreeMode::Auto => TreeSync::auto(dir),
             TreeMode::Accepted => TreeSync::Accepted,
         }
+    }
+}
+
+/// Says on stderr what was finished of interrupted tree writes of `store`
+/// (by [`keycache::Store::resume_tree`], or by a write:
+/// [`keycache::Store::take_resumed`]).
+pub(crate) fn say_resumed(store: &keycache::Store, done: &[keycache::tree::Resumed]) {
+    for r in done {
+        crate::output::errln!(
+            "keycache: {}: {r}",
+            crate::output::esc(&store.dir().display().to_string())
+        );
     }
 }
 
@@ -286,7 +314,7 @@ pub(crate) fn run(c: Args, action: Action) -> CmdResult {
         (true, false) => return Err(CmdError::usage("give minion ids or --all, not both")),
         _ => {}
     }
-    let (store, _) = TreeMode::open(c.tree, &c.layout, &dir, TreeMode::Auto)?;
+    let (store, _) = TreeMode::open_writer(c.tree, &c.layout, &dir, TreeMode::Auto)?;
     let mut ids: Vec<MinionId> = given
         .iter()
         .map(|s| minion_id(s))

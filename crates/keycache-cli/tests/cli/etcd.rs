@@ -497,8 +497,17 @@ fn accept_fails_cleanly_when_etcd_is_down_and_the_store_is_unchanged() {
         assert_eq!(tree_files(&m.pki), tree, "{args:?}");
     }
     // A dry run writes nothing, and is not refused.
-    kc().args(["merge", s(&m.pki), s(&snap), "--size", "1009", "--dry-run"])
-        .ok();
+    // (Neither store has a cluster key: the merge is asked to go on.)
+    kc().args([
+        "merge",
+        s(&m.pki),
+        s(&snap),
+        "--size",
+        "1009",
+        "--dry-run",
+        "--allow-unknown-cluster",
+    ])
+    .ok();
 }
 
 #[test]

@@ -309,6 +309,8 @@ pub fn migrate_tree(data: &[u8]) {
         out: Some(out.clone()),
         dry_run,
         replace,
+        // The model lets the tree win over the target's entries, stale or not.
+        replace_states: true,
         skip_long_ids: skip_long,
         ownership: None,
         rebuild_settle: Duration::ZERO,
@@ -380,8 +382,14 @@ pub fn migrate_tree(data: &[u8]) {
             assert!(e.file_type().expect("stat").is_dir(), "{name}");
             continue;
         }
+        // The banks, and keycache's own files: the history a migration
+        // begins, the key tree's intent record.
+        use keycache::format::{HISTORY_FILE, IDENTITY_FILE, REMOVALS_FILE, TREE_INTENT_FILE};
         assert!(
-            name.starts_with(".mmap_keys.idx") || name.starts_with(".mmap_denied.idx"),
+            name.starts_with(".mmap_keys.idx")
+                || name.starts_with(".mmap_denied.idx")
+                || [HISTORY_FILE, IDENTITY_FILE, REMOVALS_FILE, TREE_INTENT_FILE]
+                    .contains(&name.as_str()),
             "unexpected file {name} in the target"
         );
         let m = std::fs::symlink_metadata(e.path()).expect("stat");

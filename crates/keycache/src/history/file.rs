@@ -13,8 +13,12 @@
 //!   trailer: xxh3-64 of every byte before it, u64
 //!
 //! .keycache-identity
-//!   magic "KCIDENT\n" (8) | version u32 = 1 | flags u32 = 0
+//!   magic "KCIDENT\n" (8) | version u32 = 2 (1 is read too)
+//!   | flags u32 (bit 0: bound)
 //!   | store [16] | created u64 | clock u64 | scanned u64
+//!   | [born u64 | ino u64, version 2 only: the store directory's birth
+//!      time in ns (st_dev where the filesystem records none) and
+//!      st_ino when bound, else 0]
 //!   | peer count u32 | peers: store [16] | generation u64 | merged_at u64
 //!   | xxh3-64 of every byte before it, u64
 //! ```
@@ -35,8 +39,11 @@ use crate::format::{HISTORY_FILE, IDENTITY_FILE};
 
 const HIST_MAGIC: [u8; 8] = *b"KCHIST\r\n";
 const IDENT_MAGIC: [u8; 8] = *b"KCIDENT\n";
-/// The identity file's format version.
-const IDENT_VERSION: u32 = 1;
+/// The identity file's format version: 2 adds the binding to the store
+/// directory (see [`Identity::binding`]); 1 is still read (unbound).
+const IDENT_VERSION: u32 = 2;
+/// Identity flag: the binding is set.
+const IDENT_BOUND: u32 = 1;
 /// The versions file's format version: 2 adds each entry's bank slot (a
 /// hint for observations); 1 is still read.
 const HIST_VERSION: u32 = 2;
@@ -159,17 +166,24 @@ pub(super) fn load(dir: &Path) -> Result<Option<History>> {
     let Some(ib) = read(&ipath)? else {
         return Ok(None);
     };
-    let (body, _) = checked(&ib, &ipath, &IDENT_MAGIC, &[IDENT_VERSION])?;
+    let (body, version) = checked(&ib, &ipath, &IDENT_MAGIC, &[1, IDENT_VERSION])?;
     let mut c = Cursor {
         b: body,
         o: 12,
         path: &ipath,
     };
-    let _flags = c.u32("flags")?;
+    let flags = c.u32("flags")?;
     let store = c.ident("store")?;
     let created = c.u64("created")?;
     let clock = c.u64("clock")?;
     let scanned = c.u64("scanned")?;
+    let binding = if version >= 2 {
+        let dev = c.u64("dev")?;
+        let ino = c.u64("ino")?;
+        (flags & IDENT_BOUND != 0).then_some((dev, ino))
+    } else {
+        None
+    };
     let n = c.u32("peer count")?;
     let mut peers = BTreeMap::new();
     for _ in 0..n {
@@ -196,6 +210,7 @@ pub(super) fn load(dir: &Path) -> Result<Option<History>> {
         clock: Hlc { last: clock },
         scanned,
         peers,
+        binding,
     };
     let hpath = dir.join(HISTORY_FILE);
     let (entries, seq) = match read(&hpath)? {
@@ -337,14 +352,18 @@ pub(super) fn save_versions(dir: &Path, h: &History, own: &Ownership) -> Result<
 
 pub(super) fn save_identity(dir: &Path, h: &History, own: &Ownership) -> Result<()> {
     let i = &h.identity;
-    let mut b = Vec::with_capacity(96 + i.peers.len() * 32);
+    let mut b = Vec::with_capacity(112 + i.peers.len() * 32);
     b.extend_from_slice(&IDENT_MAGIC);
     b.extend_from_slice(&IDENT_VERSION.to_le_bytes());
-    b.extend_from_slice(&0u32.to_le_bytes());
+    let flags = if i.binding.is_some() { IDENT_BOUND } else { 0 };
+    b.extend_from_slice(&flags.to_le_bytes());
     b.extend_from_slice(&i.store);
     b.extend_from_slice(&i.created.to_le_bytes());
     b.extend_from_slice(&i.clock.last.to_le_bytes());
     b.extend_from_slice(&i.scanned.to_le_bytes());
+    let (dev, ino) = i.binding.unwrap_or((0, 0));
+    b.extend_from_slice(&dev.to_le_bytes());
+    b.extend_from_slice(&ino.to_le_bytes());
     b.extend_from_slice(&(i.peers.len() as u32).to_le_bytes());
     for (id, p) in &i.peers {
         b.extend_from_slice(id);

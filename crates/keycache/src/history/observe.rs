@@ -4,6 +4,16 @@
 
 use super::*;
 
+/// How an observation stamps what it finds.
+#[derive(Clone, Copy)]
+pub(super) enum Stamping<'a> {
+    /// As changes made since the last observation.
+    Changes,
+    /// As the values the store was made with ([`begin_if_missing`]), with
+    /// the times the caller knows of its revocations.
+    Creation(Option<Since<'a>>),
+}
+
 impl History {
     /// Observes `store`: every entry whose value is not the one its version
     /// records gets a new version (see the module's documentation), every
@@ -19,6 +29,18 @@ impl History {
         store: &Store,
         opts: &HistoryOptions,
         settle: bool,
+        each: impl FnMut(Bank, &str, Option<KeyState>, &[u8], Version) -> Result<()>,
+    ) -> Result<Observed> {
+        self.observe_as(store, opts, settle, Stamping::Changes, each)
+    }
+
+    /// [`History::observe`], stamping new entries as `stamping` says.
+    pub(super) fn observe_as(
+        &mut self,
+        store: &Store,
+        opts: &HistoryOptions,
+        settle: bool,
+        stamping: Stamping<'_>,
         mut each: impl FnMut(Bank, &str, Option<KeyState>, &[u8], Version) -> Result<()>,
     ) -> Result<Observed> {
         let now = self.identity.clock.tick(&opts.wall);
@@ -111,7 +133,18 @@ impl History {
                                 && rec.cur == Version::absent(0)
                                 && rec.prev.is_none()
                                 && !back;
-                            let stamp = if fresh {
+                            let stamp = if let (Stamping::Creation(since), true) =
+                                (stamping, rec.cur == Version::absent(0))
+                            {
+                                // A value the store was made with (see
+                                // `begin_if_missing`).
+                                match kind {
+                                    Kind::Accepted | Kind::Pending => FRESH_PENDING,
+                                    _ => since
+                                        .and_then(|f| f(bank, id))
+                                        .map_or(now, |t| t.clamp(FRESH_PENDING, now)),
+                                }
+                            } else if fresh {
                                 FRESH_PENDING
                             } else if kind == Kind::Accepted {
                                 lower.max(rec.cur.stamp.saturating_add(1))

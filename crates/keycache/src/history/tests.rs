@@ -431,3 +431,119 @@ fn slots_are_kept_and_a_version_1_file_is_still_read() {
     assert_eq!(observe(&mut old, &store, &o).changed, 0);
     assert!(old.dirty, "the slots are new: written again");
 }
+
+/// Every regular file of `from` copied into `to` (a new directory): a
+/// store copied as an operator copies a pki dir (`cp -a`).
+fn copy_store_files(from: &std::path::Path, to: &std::path::Path) {
+    for f in std::fs::read_dir(from).expect("ls") {
+        let f = f.expect("entry");
+        if f.file_type().expect("type").is_file() {
+            std::fs::copy(f.path(), to.join(f.file_name())).expect("copy");
+        }
+    }
+}
+
+#[test]
+fn a_store_made_begins_its_history_with_creation_stamps() {
+    let (dir, store, t, o) = fresh();
+    put(&store, "acc", KeyState::Accepted, "k1");
+    put(&store, "pend", KeyState::Pending, "k2");
+    put(&store, "rej", KeyState::Rejected, "k3");
+    store.deny(&id("den"), &pem("k4")).expect("deny");
+    store.deny(&id("late"), &pem("k5")).expect("deny");
+    t.store(50_000, Ordering::SeqCst);
+    let since = |bank: Bank, mid: &str| match (bank, mid) {
+        (Bank::Denied, "den") => Some(700),
+        // A time after the creation is clamped to it.
+        (Bank::Denied, "late") => Some(90_000),
+        _ => None,
+    };
+    assert!(begin_if_missing(&store, &o, Some(&since)).expect("begin"));
+    let h = History::load(dir.path(), &o).expect("load");
+    let at = |bank, mid| h.get(bank, mid).expect("recorded");
+    assert_eq!(at(Bank::Keys, "acc").stamp, FRESH_PENDING);
+    assert_eq!(at(Bank::Keys, "pend").stamp, FRESH_PENDING);
+    assert_eq!(at(Bank::Keys, "rej").stamp, h.identity.scanned);
+    assert_eq!(at(Bank::Denied, "den").stamp, 700);
+    assert_eq!(at(Bank::Denied, "late").stamp, h.identity.scanned);
+    assert!(h.identity.scanned >= 50_000, "{:?}", h.identity);
+    // Begun once: the second call only looks.
+    let before = std::fs::read(dir.path().join(IDENTITY_FILE)).expect("identity");
+    assert!(!begin_if_missing(&store, &o, None).expect("again"));
+    assert_eq!(
+        std::fs::read(dir.path().join(IDENTITY_FILE)).expect("identity"),
+        before
+    );
+    // An accept made after the creation is stamped after every creation
+    // value: it wins over a peer's creation-time pending key.
+    store
+        .set_state(&id("pend"), KeyState::Accepted)
+        .expect("accept");
+    t.store(60_000, Ordering::SeqCst);
+    let h = observed(dir.path(), &store, &o);
+    assert!(h.get(Bank::Keys, "pend").expect("recorded").stamp >= 50_000);
+}
+
+#[test]
+fn a_copied_store_gets_a_new_id_and_an_unbound_identity_keeps_its_own() {
+    let (dir, store, _t, o) = fresh();
+    put(&store, "m1", KeyState::Accepted, "k1");
+    assert!(begin_if_missing(&store, &o, None).expect("begin"));
+    let orig = History::load(dir.path(), &o).expect("load");
+    let copy_dir = tempfile::tempdir().expect("tempdir");
+    copy_store_files(dir.path(), copy_dir.path());
+    let mut copy = History::load(copy_dir.path(), &o).expect("load the copy");
+    assert_ne!(
+        copy.identity.store, orig.identity.store,
+        "a copy is a new store"
+    );
+    assert_eq!(
+        (
+            copy.identity.clock,
+            copy.identity.scanned,
+            copy.identity.created
+        ),
+        (
+            orig.identity.clock,
+            orig.identity.scanned,
+            orig.identity.created
+        ),
+        "the copy keeps the clock"
+    );
+    assert_eq!(copy.get(Bank::Keys, "m1"), orig.get(Bank::Keys, "m1"));
+    // The copy's new id is kept from its first save; the original keeps its.
+    copy.save(copy_dir.path(), &o).expect("save");
+    let again = History::load(copy_dir.path(), &o).expect("load");
+    assert_eq!(again.identity.store, copy.identity.store);
+    assert_eq!(
+        History::load(dir.path(), &o).expect("load").identity.store,
+        orig.identity.store
+    );
+    // An identity file of an older keycache (version 1, no binding) keeps
+    // its id, and is bound by the next save.
+    let p = dir.path().join(IDENTITY_FILE);
+    std::fs::write(&p, as_identity_version_1(&std::fs::read(&p).expect("read"))).expect("write");
+    let mut old = History::load(dir.path(), &o).expect("a version 1 identity");
+    assert_eq!(old.identity.store, orig.identity.store);
+    old.save(dir.path(), &o).expect("save");
+    let bound = std::fs::read(&p).expect("read");
+    assert_eq!(u32::from_le_bytes(bound[8..12].try_into().expect("4")), 2);
+    assert_eq!(
+        History::load(dir.path(), &o).expect("load").identity.store,
+        orig.identity.store
+    );
+}
+
+/// A version 2 identity file written back as version 1 (no binding).
+fn as_identity_version_1(v2: &[u8]) -> Vec<u8> {
+    let body = &v2[..v2.len() - 8];
+    // magic, version, flags, store, created, clock, scanned: 56 bytes;
+    // then the binding (16), left out.
+    let mut out = body[..56].to_vec();
+    out[8..12].copy_from_slice(&1u32.to_le_bytes());
+    out[12..16].copy_from_slice(&0u32.to_le_bytes());
+    out.extend_from_slice(&body[72..]);
+    let sum = crate::format::hash(&out);
+    out.extend_from_slice(&sum.to_le_bytes());
+    out
+}

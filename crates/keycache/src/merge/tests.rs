@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::*;
+use crate::history::cluster_of;
 use crate::hlc::WallClock;
 use crate::key::KeyState;
 use crate::snapshot::{self, SnapshotOptions};
@@ -49,12 +50,18 @@ fn put(store: &Store, mid: &str, state: KeyState, tag: &str) {
     store.put(&id(mid), state, &pem(tag)).expect("put");
 }
 
+/// A small store in `dir` of the tests' one cluster (its `master.pub`).
+fn member(dir: &std::path::Path) -> Store {
+    std::fs::write(dir.join("master.pub"), pem("cluster")).expect("master.pub");
+    small_store(dir)
+}
+
 fn two() -> Two {
     let (da, db) = (
         tempfile::tempdir().expect("dir"),
         tempfile::tempdir().expect("dir"),
     );
-    let (a, b) = (small_store(da.path()), small_store(db.path()));
+    let (a, b) = (member(da.path()), member(db.path()));
     let (t, mo, so) = clocked();
     Two {
         _d: [da, db],
@@ -244,7 +251,7 @@ fn tombstones_of_absent_entries_are_recorded_for_later_merges() {
     // A and B hold m1; A deletes it; C (new) merges A first, then B.
     let t = two();
     let dc = tempfile::tempdir().expect("dir");
-    let c = small_store(dc.path());
+    let c = member(dc.path());
     put(&t.a, "m1", KeyState::Accepted, "k1");
     t.pull_b_from_a().expect("merge");
     t.a.remove(&id("m1")).expect("delete");
@@ -278,6 +285,89 @@ fn own_and_foreign_snapshots_are_refused_and_write_nothing() {
     std::fs::write(t.b.dir().join("master.pub"), pem("clusterA")).expect("key");
     t.pull_a_from_b().expect("same cluster");
     assert_eq!(state(&t.a, "x1"), Some(KeyState::Accepted));
+}
+
+/// Bytes of every file under `dir`, by path.
+fn files(dir: &std::path::Path) -> Vec<(std::path::PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).expect("read_dir") {
+        let p = e.expect("entry").path();
+        if p.is_dir() {
+            out.extend(files(&p));
+        } else {
+            out.push((p.clone(), std::fs::read(&p).expect("read")));
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn a_side_without_a_cluster_key_is_refused_unless_allowed() {
+    let t = two();
+    put(&t.b, "x1", KeyState::Accepted, "x1");
+    // This store's directory has no key: refused, naming the files looked for.
+    std::fs::remove_file(t.a.dir().join("master.pub")).expect("rm");
+    let before = files(t.a.dir());
+    let e = t.pull_a_from_b().expect_err("no key here");
+    let dir = t.a.dir().display().to_string();
+    assert!(
+        matches!(
+            &e,
+            Error::UnknownCluster {
+                snapshot: false,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let msg = e.to_string();
+    assert!(
+        msg.contains(&format!("this store's directory {dir}")),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("master.pub") && msg.contains("cluster.pub"),
+        "{msg}"
+    );
+    let s = t.snap(&t.b);
+    let e = dry_run(&t.a, &s, &t.mo).expect_err("dry run too");
+    assert!(
+        matches!(
+            &e,
+            Error::UnknownCluster {
+                snapshot: false,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert_eq!(files(t.a.dir()), before, "nothing written");
+    assert_eq!(state(&t.a, "x1"), None);
+    // The snapshot names none: refused the same, naming its side.
+    std::fs::write(t.a.dir().join("master.pub"), pem("cluster")).expect("key");
+    std::fs::remove_file(t.b.dir().join("master.pub")).expect("rm");
+    let before = files(t.a.dir());
+    let e = t.pull_a_from_b().expect_err("no key there");
+    assert!(
+        matches!(&e, Error::UnknownCluster { snapshot: true, .. }),
+        "{e}"
+    );
+    assert!(e.to_string().contains("the snapshot"), "{e}");
+    assert!(e.to_string().contains("master.pub"), "{e}");
+    assert_eq!(files(t.a.dir()), before, "nothing written");
+    assert_eq!(state(&t.a, "x1"), None);
+    // Allowed: both ways merge.
+    let allowed = MergeOptions {
+        allow_unknown_cluster: true,
+        ..t.mo.clone()
+    };
+    merge(&t.a, &t.snap(&t.b), &allowed).expect("allowed");
+    assert_eq!(state(&t.a, "x1"), Some(KeyState::Accepted));
+    std::fs::remove_file(t.a.dir().join("master.pub")).expect("rm");
+    put(&t.b, "x2", KeyState::Accepted, "x2");
+    merge(&t.a, &t.snap(&t.b), &allowed).expect("allowed");
+    assert_eq!(state(&t.a, "x2"), Some(KeyState::Accepted));
 }
 
 #[test]
@@ -404,7 +494,7 @@ fn a_writer_in_between_makes_the_plan_stale_and_merge_plans_again() {
     let mut h = History::load(t.b.dir(), &t.mo.history).expect("load");
     h.observe(&t.b, &t.mo.history, true, |_, _, _, _, _| Ok(()))
         .expect("observe");
-    let p = plan(&h, None, &s, &t.mo).expect("plan");
+    let p = plan(&h, cluster_of(&t.b).expect("cluster"), &s, &t.mo).expect("plan");
     // Salt rejects m1 on b before the commit.
     t.b.set_state(&id("m1"), KeyState::Rejected)
         .expect("reject");
@@ -427,7 +517,7 @@ fn merges_commute_over_random_histories() {
         let mut rng = Rng::new(seed);
         let t = two();
         let dc = tempfile::tempdir().expect("dir");
-        let c = small_store(dc.path());
+        let c = member(dc.path());
         let stores = [&t.a, &t.b, &c];
         for _ in 0..30 {
             let s = stores[rng.below(3) as usize];
@@ -471,4 +561,107 @@ fn merges_commute_over_random_histories() {
         assert_eq!(view(&t.a), view(&t.b), "seed {seed}");
         assert_eq!(view(&t.a), view(&c), "seed {seed}");
     }
+}
+
+/// Every regular file of `from` copied into `to`: a store copied as an
+/// operator copies a pki dir (`cp -a`).
+fn copy_store_files(from: &std::path::Path, to: &std::path::Path) {
+    for f in std::fs::read_dir(from).expect("ls") {
+        let f = f.expect("entry");
+        if f.file_type().expect("type").is_file() {
+            std::fs::copy(f.path(), to.join(f.file_name())).expect("copy");
+        }
+    }
+}
+
+/// Both ways, twice: every merge of the first round.
+fn merge_rounds(t: &Two) {
+    for _ in 0..2 {
+        t.pull_a_from_b().expect("merge");
+        t.pull_b_from_a().expect("merge");
+    }
+}
+
+#[test]
+fn a_copied_store_and_its_original_keep_every_operator_action() {
+    // A second master set up as a copy of the first's store: each accepts,
+    // rejects and deletes before the first merge round. Without a history
+    // begun when A's store was made, both stamp at their first observation
+    // and the peer's pending value ties with (and undoes) every accept.
+    let t = two();
+    for n in 1..=6 {
+        put(&t.a, &format!("p{n}"), KeyState::Pending, &format!("kp{n}"));
+    }
+    put(&t.a, "a1", KeyState::Accepted, "ka1");
+    put(&t.a, "a2", KeyState::Accepted, "ka2");
+    crate::history::begin_if_missing(&t.a, &t.mo.history, None).expect("begin");
+    copy_store_files(t.a.dir(), t.b.dir());
+    let b = small_store(t.b.dir());
+    let t = Two { b, ..t };
+    // A: accept p1, reject p2, delete a1. B: accept p3, reject p4, delete a2.
+    t.a.set_state(&id("p1"), KeyState::Accepted)
+        .expect("accept");
+    t.a.set_state(&id("p2"), KeyState::Rejected)
+        .expect("reject");
+    t.a.remove(&id("a1")).expect("delete");
+    t.b.set_state(&id("p3"), KeyState::Accepted)
+        .expect("accept");
+    t.b.set_state(&id("p4"), KeyState::Rejected)
+        .expect("reject");
+    t.b.remove(&id("a2")).expect("delete");
+    // An accept on both sides of one id, and a deletion of a pending key.
+    t.a.set_state(&id("p5"), KeyState::Accepted)
+        .expect("accept");
+    t.b.remove(&id("p6")).expect("delete");
+    merge_rounds(&t);
+    for s in [&t.a, &t.b] {
+        let on = s.dir().display().to_string();
+        assert_eq!(state(s, "p1"), Some(KeyState::Accepted), "{on}");
+        assert_eq!(state(s, "p3"), Some(KeyState::Accepted), "{on}");
+        assert_eq!(state(s, "p5"), Some(KeyState::Accepted), "{on}");
+        assert_eq!(state(s, "p2"), Some(KeyState::Rejected), "{on}");
+        assert_eq!(state(s, "p4"), Some(KeyState::Rejected), "{on}");
+        assert_eq!(state(s, "a1"), None, "{on}");
+        assert_eq!(state(s, "a2"), None, "{on}");
+        assert_eq!(state(s, "p6"), None, "{on}");
+    }
+    // Two stores, told apart: their snapshots name different stores.
+    assert_ne!(t.snap(&t.a).store, t.snap(&t.b).store);
+}
+
+#[test]
+fn accepts_on_a_tree_migrated_twice_survive_the_first_merge() {
+    // Two stores made from the same contents (a tree migrated twice): A
+    // first, B later. An accept on A before B was made, one after, and one
+    // on B, all beat the other store's creation-time pending key.
+    let t = two();
+    for s in [&t.a, &t.b] {
+        for n in 1..=4 {
+            put(s, &format!("p{n}"), KeyState::Pending, &format!("kp{n}"));
+        }
+        put(s, "r1", KeyState::Rejected, "kr1");
+    }
+    crate::history::begin_if_missing(&t.a, &t.mo.history, None).expect("begin");
+    t.a.set_state(&id("p1"), KeyState::Accepted)
+        .expect("accept before B");
+    // A is observed (a snapshot, say) before B is made.
+    t.snap(&t.a);
+    t.t.fetch_add(1_000_000, Ordering::SeqCst);
+    crate::history::begin_if_missing(&t.b, &t.mo.history, None).expect("begin");
+    t.t.fetch_add(1_000_000, Ordering::SeqCst);
+    t.a.set_state(&id("p2"), KeyState::Accepted)
+        .expect("accept after B");
+    t.b.set_state(&id("p3"), KeyState::Accepted)
+        .expect("accept on B");
+    t.b.remove(&id("p4")).expect("delete on B");
+    merge_rounds(&t);
+    for s in [&t.a, &t.b] {
+        let on = s.dir().display().to_string();
+        for p in ["p1", "p2", "p3"] {
+            assert_eq!(state(s, p), Some(KeyState::Accepted), "{p} on {on}");
+        }
+        assert_eq!(state(s, "p4"), None, "{on}");
+        assert_eq!(state(s, "r1"), Some(KeyState::Rejected), "{on}");
+    }
+    assert_ne!(t.snap(&t.a).store, t.snap(&t.b).store);
 }

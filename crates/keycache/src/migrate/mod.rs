@@ -10,6 +10,22 @@
 //! the banks' locks. When the banks go to another directory than the tree
 //! (`out`), the tree is written there too, in the same commit (see
 //! `tree.rs`): Salt's `validate_token` reads it there.
+//!
+//! # Into an existing store
+//!
+//! The tree wins over the store for every id it holds. A tree read again
+//! after an earlier migration may hold files left from before it (a store
+//! whose tree is kept in `minions/` alone, or not at all, never removes
+//! `minions_pre/<id>` when Salt accepts or rejects the key): every entry
+//! whose state the migration changes is listed in the report
+//! ([`Report::changes`]), and a change out of accepted or rejected made by
+//! a file older than the store's entry is refused
+//! ([`Error::StaleTreeFiles`]) unless [`MigrateOptions::replace_states`].
+//! No migration leaves `minions/<id>` (what Salt's `validate_token` admits
+//! a minion by) for a key it takes out of accepted: in the tree migrated
+//! into its own directory, those files are removed with the banks' commit,
+//! with the tree writer of [`crate::tree`] (a first migration leaves the
+//! tree as it is, as Salt's own does).
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
@@ -56,6 +72,10 @@ pub struct MigrateOptions {
     pub dry_run: bool,
     /// Drop entries of the target banks that the tree does not have.
     pub replace: bool,
+    /// Take changes out of accepted or rejected that tree files older than
+    /// the store's entries make, instead of refusing them
+    /// ([`Error::StaleTreeFiles`]).
+    pub replace_states: bool,
     /// Skip ids longer than the id size instead of refusing the tree.
     pub skip_long_ids: bool,
     /// Owner and mode of new files (default: those of the target directory, 0600).
@@ -71,6 +91,7 @@ impl Default for MigrateOptions {
             out: None,
             dry_run: false,
             replace: false,
+            replace_states: false,
             skip_long_ids: false,
             ownership: None,
             rebuild_settle: crate::rebuild::DEFAULT_SETTLE,
@@ -132,6 +153,29 @@ pub struct Duplicate {
     pub state: KeyState,
 }
 
+/// An entry of the target's `keys` bank whose state the migration changes
+/// (or, dry, would change).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct StateChange {
+    /// The id.
+    pub id: String,
+    /// Its state in the store.
+    pub from: KeyState,
+    /// Its state afterwards: the file's; `None` when dropped (`replace`).
+    pub to: Option<KeyState>,
+    /// The tree's file that makes the change (the one Salt's precedence
+    /// picks); `None` for a drop.
+    pub file: Option<PathBuf>,
+    /// The file's mtime, Unix nanoseconds.
+    pub file_mtime: Option<u64>,
+    /// When the store's entry was last written, Unix nanoseconds.
+    pub store_mtime: u64,
+    /// A change out of accepted or rejected by a file older than the
+    /// store's entry: refused unless [`MigrateOptions::replace_states`].
+    pub stale: bool,
+}
+
 /// What a migration did (or, dry, would do).
 #[derive(Debug, Clone)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
@@ -170,6 +214,13 @@ pub struct Report {
     pub tree_written: u64,
     /// Key files removed from it.
     pub tree_removed: u64,
+    /// Entries of the target's `keys` bank whose state changes, in bank
+    /// order.
+    pub changes: Vec<StateChange>,
+    /// `minions/<id>` files of the tree migrated into its own directory
+    /// removed (or, dry, to remove): the keys the migration takes out of
+    /// accepted ([`Report::changes`]).
+    pub minions_removed: Vec<PathBuf>,
 }
 
 /// A key of the tree that is migrated.
@@ -192,6 +243,16 @@ enum Src {
     Kept(usize),
 }
 
+/// An entry of the target's `keys` bank whose state the plan changes.
+struct PlanChange {
+    id: String,
+    from: KeyState,
+    /// The tree's entry (index in `found`) that replaces it; `None` when
+    /// dropped.
+    tree: Option<usize>,
+    store_mtime: u64,
+}
+
 /// An entry of a target bank that is kept: id, value, mtime.
 type KeptEntry = (String, Vec<u8>, u64);
 
@@ -209,6 +270,8 @@ struct MigrationPlan {
     dropped_denied: Vec<String>,
     total: Counts,
     load_factor: f64,
+    /// Entries of the `keys` bank whose state changes.
+    changes: Vec<PlanChange>,
 }
 
 /// What was read from the tree, after Salt's precedence.
@@ -395,6 +458,8 @@ pub fn migrate(
         tree_dir: None,
         tree_written: 0,
         tree_removed: 0,
+        changes: Vec::new(),
+        minions_removed: Vec::new(),
     };
     // The banks go elsewhere than the tree: the tree goes with them.
     let write_tree = !tree::same_dir(pki_dir, &target);
@@ -417,13 +482,24 @@ pub fn migrate(
     // or directory: a refused migration leaves no trace; the images are
     // built once, under the locks.
     let mut plan = tree.plan(store.as_ref(), &target, opts)?;
+    // A dry run lists the changes it would refuse ([`StateChange::stale`]).
+    if !opts.dry_run {
+        tree.check_stale(&plan, pki_dir, opts)?;
+    }
+    if opts.dry_run && !write_tree {
+        report.minions_removed = unaccepted(&plan)
+            .iter()
+            .map(|(id, _)| pki_dir.join(TreeDir::Minions.name()).join(id.as_str()))
+            .filter(|p| std::fs::symlink_metadata(p).is_ok())
+            .collect();
+    }
     if write_tree {
         if store.is_some() {
             tree.wants(&plan, &target, opts.replace)?;
         }
         report.tree_dir = Some(target.clone());
     }
-    let store = match (store, opts.dry_run) {
+    let mut store = match (store, opts.dry_run) {
         (Some(s), _) => Some(s),
         (None, true) => None,
         (None, false) => {
@@ -431,6 +507,10 @@ pub fn migrate(
             Some(Store::open_with(&target, &topts)?)
         }
     };
+    if let (Some(s), false) = (store.as_mut(), write_tree) {
+        // The tree writer then looks at `minions/` alone.
+        s.set_tree(crate::tree::TreeSync::Accepted);
+    }
     if let (Some(store), false) = (&store, opts.dry_run) {
         let kt = store.keys_table();
         let dt = store.denied_table();
@@ -440,9 +520,19 @@ pub fn migrate(
             &[kt, dt],
             || {
                 plan = tree.plan(Some(store), &target, opts)?;
+                tree.check_stale(&plan, pki_dir, opts)?;
                 if write_tree {
                     let wants = tree.wants(&plan, &target, opts.replace)?;
                     *sync.borrow_mut() = Some((tree::before(store, &wants)?, wants));
+                } else {
+                    // Migrated into its own directory, the tree is not
+                    // rewritten; but the `minions/<id>` files of the keys
+                    // taken out of accepted go, so that Salt's
+                    // validate_token no longer admits those minions.
+                    let wants = unaccepted(&plan);
+                    if !wants.is_empty() {
+                        *sync.borrow_mut() = Some((tree::before(store, &wants)?, wants));
+                    }
                 }
                 let (kimg, dimg) = tree.images(&plan, &target, opts.params)?;
                 Ok(vec![kimg, dimg])
@@ -461,15 +551,36 @@ pub fn migrate(
             return Err(e);
         }
         let changes = changes.into_inner();
-        report.tree_written = changes.written.len() as u64;
-        report.tree_removed = changes.removed.len() as u64;
+        if write_tree {
+            report.tree_written = changes.written.len() as u64;
+            report.tree_removed = changes.removed.len() as u64;
+        } else {
+            report.minions_removed = changes.removed;
+        }
+        // The store is made: its history begins, a revocation stamped no
+        // earlier than its tree file's ctime.
+        let since = |bank, id: &str| crate::history::tree_ctime(pki_dir, bank, id);
+        crate::history::begin_if_missing(store, &Default::default(), Some(&since))?;
     }
+    report.changes = tree.changes(&plan, pki_dir);
     report.kept = plan.kept;
     report.dropped = plan.dropped;
     report.total = plan.total;
     report.load_factor = plan.load_factor;
     report.seconds = start.elapsed().as_secs_f64();
     Ok(report)
+}
+
+/// The ids `plan` takes out of accepted, each wanting no `minions/` file
+/// (the tree writer of a store that keeps `minions/` alone in step then
+/// removes it).
+fn unaccepted(plan: &MigrationPlan) -> tree::Wants {
+    plan.changes
+        .iter()
+        .filter(|c| c.from == KeyState::Accepted)
+        .filter_map(|c| crate::id::MinionId::new(c.id.as_str()).ok())
+        .map(|id| (id, Default::default()))
+        .collect()
 }
 
 /// Creates the target directory (and missing parents) with mode 0700, as

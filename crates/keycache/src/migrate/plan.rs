@@ -36,8 +36,28 @@ impl Tree {
                     .map(|x| sorted[x]);
                 if let Some(p) = hit {
                     placed[p] = true;
-                    plan.keys.push(Src::Tree(self.keys[p]));
+                    let i = self.keys[p];
+                    plan.keys.push(Src::Tree(i));
+                    // A value that does not decode is replaced, as before.
+                    if let Some((from, _)) = crate::store::decode_key_value(&r.value) {
+                        if from != self.state(i) {
+                            plan.changes.push(PlanChange {
+                                id,
+                                from,
+                                tree: Some(i),
+                                store_mtime: r.mtime,
+                            });
+                        }
+                    }
                 } else if opts.replace {
+                    if let Some((from, _)) = crate::store::decode_key_value(&r.value) {
+                        plan.changes.push(PlanChange {
+                            id: id.clone(),
+                            from,
+                            tree: None,
+                            store_mtime: r.mtime,
+                        });
+                    }
                     plan.dropped += 1;
                     plan.dropped_keys.push(id);
                 } else {
@@ -112,6 +132,85 @@ impl Tree {
         plan.total = total;
         plan.load_factor = plan.keys.len() as f64 / opts.params.capacity() as f64;
         Ok(plan)
+    }
+
+    /// The changes of state of `plan`, with the files that make them
+    /// (read from the tree at `pki_dir`).
+    pub(super) fn changes(&self, plan: &MigrationPlan, pki_dir: &Path) -> Vec<StateChange> {
+        plan.changes
+            .iter()
+            .map(|c| {
+                let (to, file, file_mtime) = match c.tree {
+                    Some(i) => {
+                        let k = &self.found[i];
+                        (
+                            Some(self.state(i)),
+                            Some(pki_dir.join(k.dir.name()).join(&c.id)),
+                            Some(k.span.mtime),
+                        )
+                    }
+                    None => (None, None, None),
+                };
+                let stale = matches!(c.from, KeyState::Accepted | KeyState::Rejected)
+                    && file_mtime.is_some_and(|m| m < c.store_mtime);
+                StateChange {
+                    id: c.id.clone(),
+                    from: c.from,
+                    to,
+                    file,
+                    file_mtime,
+                    store_mtime: c.store_mtime,
+                    stale,
+                }
+            })
+            .collect()
+    }
+
+    /// Refuses, unless `opts.replace_states`, the changes of `plan` out of
+    /// accepted or rejected that files older than the store's entries make
+    /// ([`Error::StaleTreeFiles`]).
+    pub(super) fn check_stale(
+        &self,
+        plan: &MigrationPlan,
+        pki_dir: &Path,
+        opts: &MigrateOptions,
+    ) -> Result<()> {
+        if opts.replace_states {
+            return Ok(());
+        }
+        let stale: Vec<StateChange> = self
+            .changes(plan, pki_dir)
+            .into_iter()
+            .filter(|c| c.stale)
+            .collect();
+        if stale.is_empty() {
+            return Ok(());
+        }
+        const SHOWN: usize = 20;
+        let mut entries: Vec<String> = stale
+            .iter()
+            .take(SHOWN)
+            .map(|c| {
+                format!(
+                    "{:?}: store {}, {} {}",
+                    c.id,
+                    c.from,
+                    c.file
+                        .as_deref()
+                        .map(|f| f.display().to_string())
+                        .unwrap_or_default(),
+                    c.to.map_or("absent", KeyState::name)
+                )
+            })
+            .collect();
+        if stale.len() > SHOWN {
+            entries.push(format!("and {} more", stale.len() - SHOWN));
+        }
+        Err(Error::StaleTreeFiles {
+            dir: pki_dir.into(),
+            count: stale.len(),
+            entries: entries.join(", "),
+        })
     }
 
     /// Both bank images of `plan`.

@@ -245,6 +245,8 @@ impl Store {
         after: impl FnOnce() -> Result<()>,
     ) -> Result<(T, Applied, TreeChanges)> {
         self.keys.with_writer(|kix| {
+            // A tree write that a killed writer left unfinished first.
+            self.resume_before_write()?;
             let mut keys = Txn::new(&self.keys);
             let mut denied_ops: Vec<(Vec<u8>, Option<Vec<u8>>)> = Vec::new();
             // Both banks planned before either is written (a batch that

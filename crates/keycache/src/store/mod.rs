@@ -19,6 +19,7 @@ use crate::tree::{TreeChanges, TreeSync};
 mod batch;
 mod reader;
 mod replace;
+mod resume;
 mod tree_source;
 
 pub use batch::Batch;
@@ -116,6 +117,9 @@ pub struct Store {
     keys: Table,
     denied: Table,
     tree: TreeSync,
+    /// What this handle's writes finished of interrupted tree writes
+    /// ([`Store::take_resumed`]).
+    resumed: std::sync::Mutex<Vec<crate::tree::Resumed>>,
 }
 
 impl Store {
@@ -167,6 +171,7 @@ impl Store {
             denied: Table::open(dir.join(DENIED_INDEX), opts)?,
             dir,
             tree: TreeSync::Off,
+            resumed: Default::default(),
         })
     }
 

@@ -45,6 +45,7 @@ impl Store {
         let done = crate::rebuild::replace_then(
             &[kt, dt],
             || {
+                self.resume_before_write()?;
                 let mut kimg = Image::new(*kt.params())?;
                 let mut dimg = Image::new(*dt.params())?;
                 let now = crate::files::now_ns();

@@ -294,6 +294,19 @@ impl Dir {
             .map_err(|e| Error::io(&self.path, "fsync", e))
     }
 
+    /// Removes the temporaries of tree writers that were killed
+    /// ([`is_dead_temporary`]) from the directory; returns their paths.
+    pub(crate) fn remove_dead_temporaries(&self, op: &'static str) -> Result<Vec<PathBuf>> {
+        let mut out = Vec::new();
+        for name in self.names()? {
+            let Some(n) = name.to_str() else { continue };
+            if is_dead_temporary(n) && self.remove(n, op)? {
+                out.push(self.shown(n));
+            }
+        }
+        Ok(out)
+    }
+
     /// The names in the directory (`.` and `..` left out).
     pub(crate) fn names(&self) -> Result<Vec<std::ffi::OsString>> {
         let err = |e: rustix::io::Errno| Error::io(&self.path, "read directory", e.into());
@@ -403,4 +416,18 @@ pub(crate) fn write_many(
 
 fn not_found() -> std::io::Error {
     std::io::ErrorKind::NotFound.into()
+}
+
+/// Whether `name` is the temporary of a tree write (`.keycache-tree.<pid>.<id>`,
+/// [`TEMP_PREFIX`]) whose writer is gone: no process `<pid>` runs (a
+/// writer killed between the temporary's creation and its rename). A
+/// temporary of a running writer is its own.
+pub(crate) fn is_dead_temporary(name: &str) -> bool {
+    let Some(rest) = name.strip_prefix(TEMP_PREFIX) else {
+        return false;
+    };
+    let Some(pid) = rest.split('.').next().and_then(|p| p.parse::<u32>().ok()) else {
+        return false;
+    };
+    pid != std::process::id() && !Path::new("/proc").join(pid.to_string()).exists()
 }

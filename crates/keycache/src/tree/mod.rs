@@ -443,6 +443,7 @@ impl Writer {
 
 mod check;
 mod dir;
+mod intent;
 mod listing;
 mod sync;
 #[cfg(test)]
@@ -450,6 +451,9 @@ mod tests;
 
 pub use check::{check, mend, no_store, require_store};
 pub(crate) use dir::{write_many, Dir, Node};
+pub(crate) use intent::Record as IntentRecord;
+pub use intent::{Resumed, INTENT_FILE};
 pub(crate) use listing::{create_state_dirs, ids_with_key_files};
+pub(crate) use sync::remove_dead_temporaries;
 use sync::{held, ownership};
 pub(crate) use sync::{want_of, Sync, Want};

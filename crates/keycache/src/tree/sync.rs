@@ -62,6 +62,10 @@ pub(crate) struct Sync {
     /// that must not be there is always looked for.
     found: std::collections::HashMap<String, u8>,
     changes: TreeChanges,
+    /// The store's directory, where the intent record of the batch's ids
+    /// is kept ([`super::intent`]) from [`Sync::before`] to the end of
+    /// [`Sync::after`].
+    store_dir: PathBuf,
 }
 
 /// The bit of `minions/` in [`Sync`]'s `found` masks.
@@ -119,12 +123,22 @@ impl Sync {
             kept,
             found,
             changes: TreeChanges::default(),
+            store_dir: store.dir().to_path_buf(),
         })
     }
 
-    /// Step 1: removes the `minions/<id>` files that the store will not
-    /// vouch for once the batch is written, durably.
+    /// Step 1: records the batch's ids ([`super::intent`]), then removes
+    /// the `minions/<id>` files that the store will not vouch for once the
+    /// batch is written, both durably.
     pub(crate) fn before(&mut self) -> Result<()> {
+        if !self.found.is_empty() {
+            super::intent::begin(
+                &self.store_dir,
+                &self.own,
+                self.scope,
+                self.found.keys().map(String::as_str),
+            )?;
+        }
         if self.early.is_empty() {
             return Ok(());
         }
@@ -272,6 +286,24 @@ impl Sync {
                 dir.sync()?;
             }
         }
+        super::intent::clear(&self.store_dir)?;
         Ok(self.changes)
     }
+}
+
+/// Removes the temporaries that killed tree writers left in the state
+/// directories of `store` that it keeps in step; returns their paths.
+pub(crate) fn remove_dead_temporaries(store: &dyn KeySource) -> Result<Vec<PathBuf>> {
+    let root = Dir::open_root(store.dir(), Writer::Tree)?;
+    let mut out = Vec::new();
+    for td in store.tree_dirs() {
+        if let Some(dir) = root.sub(td.name())? {
+            let gone = dir.remove_dead_temporaries(super::AFTER_REMOVE)?;
+            if !gone.is_empty() {
+                dir.sync()?;
+            }
+            out.extend(gone);
+        }
+    }
+    Ok(out)
 }

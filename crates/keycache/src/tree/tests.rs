@@ -327,7 +327,10 @@ fn a_minions_file_planted_after_the_plan_is_still_removed() -> Result<()> {
     s.before()?;
     std::fs::write(t.path().join("minions/a"), pem("a")).unwrap();
     // The banks written as a batch writes them between the two halves.
-    small_store(t.path()).set_state(&a, KeyState::Rejected)?;
+    st.keys_table().put(
+        b"a",
+        &crate::key::encode_key_value(KeyState::Rejected, &pem("a")),
+    )?;
     let ch = s.after(&wants)?;
     assert!(ch.removed.contains(&t.path().join("minions/a")));
     assert_eq!(files(t.path()), ["minions_rejected/a"]);
@@ -412,5 +415,159 @@ fn the_accepted_tree_keeps_minions_alone_in_step() -> Result<()> {
     assert_eq!(r.written, [t.path().join("minions/a")]);
     assert_eq!(files(t.path()), ["minions/a", "minions_pre/c"]);
     assert_eq!(check(&st)?, vec![]);
+    Ok(())
+}
+
+/// A writer killed after the banks were written and before its tree
+/// writes: the next writer of the store, whatever its own tree setting,
+/// brings the interrupted batch's ids (and only those) in step first, and
+/// says so ([`Store::take_resumed`]); a `minions/<id>` removed by hand is
+/// not written back.
+#[test]
+fn the_next_writer_finishes_a_killed_writers_tree() -> Result<()> {
+    let t = tempfile::tempdir().unwrap();
+    let st = store(t.path());
+    let ids: Vec<MinionId> = ["a", "b", "c", "d"]
+        .iter()
+        .map(|i| MinionId::new(*i))
+        .collect::<Result<_>>()?;
+    for id in &ids {
+        st.put(id, KeyState::Pending, &pem(id.as_str()))?;
+    }
+    // c accepted, then its file removed by hand.
+    st.set_state(&ids[2], KeyState::Accepted)?;
+    std::fs::remove_file(t.path().join("minions/c")).unwrap();
+    // An accept of a and b (and a rejection of d) killed after the banks.
+    let wants: Vec<(MinionId, Want)> = [
+        (0, KeyState::Accepted),
+        (1, KeyState::Accepted),
+        (3, KeyState::Rejected),
+    ]
+    .iter()
+    .map(|&(i, s)| {
+        (
+            ids[i].clone(),
+            sync::want_of(Some((s, pem(ids[i].as_str()))), None),
+        )
+    })
+    .collect();
+    let mut s = sync::Sync::plan(&st, &wants)?;
+    s.before()?;
+    for (i, state) in [
+        (0, KeyState::Accepted),
+        (1, KeyState::Accepted),
+        (3, KeyState::Rejected),
+    ] {
+        st.keys_table().put(
+            ids[i].as_str().as_bytes(),
+            &crate::key::encode_key_value(state, &pem(ids[i].as_str())),
+        )?;
+    }
+    drop(s);
+    assert_eq!(
+        files(t.path()),
+        ["minions_pre/a", "minions_pre/b", "minions_pre/d"],
+        "the kill's tree"
+    );
+    assert!(!IntentRecord::absent(t.path()));
+    // The next writer: another handle, the tree off, writing another id.
+    let next = small_store(t.path());
+    next.put(&MinionId::new("e")?, KeyState::Pending, &pem("e"))?;
+    assert_eq!(
+        files(t.path()),
+        ["minions/a", "minions/b", "minions_rejected/d"],
+        "a and b accepted, d rejected; c's file not written back; e not written (tree off)"
+    );
+    assert_eq!(std::fs::read(t.path().join("minions/a")).unwrap(), pem("a"));
+    let done = next.take_resumed();
+    assert_eq!(done.len(), 1);
+    let mut got = done[0].ids.clone();
+    got.sort();
+    assert_eq!(got, ["a", "b", "d"]);
+    assert_eq!(done[0].changes.written.len(), 3);
+    assert!(IntentRecord::absent(t.path()), "the record is cleared");
+    assert!(next.take_resumed().is_empty());
+    // Nothing left to finish: the next write finishes nothing.
+    next.put(&MinionId::new("f")?, KeyState::Pending, &pem("f"))?;
+    assert!(next.take_resumed().is_empty());
+    Ok(())
+}
+
+/// The scope of the interrupted write is the record's: a killed writer
+/// that kept `minions/` alone ([`TreeSync::Accepted`]) is finished in
+/// `minions/` alone, by a writer with the whole tree on; and a record
+/// whose own write was cut short (its checksum does not match: the banks
+/// were not written after it) finishes nothing.
+#[test]
+fn a_resumed_tree_write_keeps_its_scope_and_a_torn_record_is_none() -> Result<()> {
+    let t = tempfile::tempdir().unwrap();
+    let acc = small_store(t.path()).with_tree(TreeSync::Accepted);
+    let a = MinionId::new("a")?;
+    acc.put(&a, KeyState::Pending, &pem("a"))?;
+    let wants = vec![(
+        a.clone(),
+        sync::want_of(Some((KeyState::Accepted, pem("a"))), None),
+    )];
+    let mut s = sync::Sync::plan(&acc, &wants)?;
+    s.before()?;
+    acc.keys_table().put(
+        b"a",
+        &crate::key::encode_key_value(KeyState::Accepted, &pem("a")),
+    )?;
+    drop(s);
+    assert_eq!(files(t.path()), Vec::<String>::new());
+    let rec = IntentRecord::read(t.path())?.expect("a record");
+    assert_eq!(rec.dirs(), TreeSync::Accepted.dirs());
+    // Torn: one byte of the ids changed.
+    let p = t.path().join(INTENT_FILE);
+    let mut b = std::fs::read(&p).unwrap();
+    let last = b.len() - 2;
+    b[last] ^= 1;
+    std::fs::write(&p, &b).unwrap();
+    assert_eq!(IntentRecord::read(t.path())?, None);
+    assert_eq!(small_store(t.path()).resume_tree()?, None);
+    b[last] ^= 1;
+    std::fs::write(&p, &b).unwrap();
+    let on = store(t.path());
+    let done = on.resume_tree()?.expect("finished");
+    assert_eq!(done.ids, ["a"]);
+    assert_eq!(
+        files(t.path()),
+        ["minions/a"],
+        "minions/ alone: the record's scope"
+    );
+    assert!(on.take_resumed().is_empty(), "said by resume_tree itself");
+    Ok(())
+}
+
+/// Killed at the other boundary: after the early removals of a
+/// revocation (`minions/<id>` gone, durably), before the banks: the store
+/// still holds the key accepted (the revocation did not happen), and the
+/// next writer writes the file back from the store, so the minion is not
+/// locked out by a revocation that never was.
+#[test]
+fn a_writer_killed_before_its_banks_leaves_the_next_writer_the_old_files() -> Result<()> {
+    let t = tempfile::tempdir().unwrap();
+    let st = store(t.path());
+    let a = MinionId::new("a")?;
+    st.put(&a, KeyState::Accepted, &pem("a"))?;
+    assert_eq!(files(t.path()), ["minions/a"]);
+    let wants = vec![(
+        a.clone(),
+        sync::want_of(Some((KeyState::Rejected, pem("a"))), None),
+    )];
+    let mut s = sync::Sync::plan(&st, &wants)?;
+    s.before()?;
+    drop(s);
+    assert_eq!(
+        files(t.path()),
+        Vec::<String>::new(),
+        "removed before the banks"
+    );
+    let next = small_store(t.path());
+    let done = next.resume_tree()?.expect("finished");
+    assert_eq!(done.ids, ["a"]);
+    assert_eq!(files(t.path()), ["minions/a"]);
+    assert_eq!(std::fs::read(t.path().join("minions/a")).unwrap(), pem("a"));
     Ok(())
 }

@@ -95,6 +95,21 @@ pub(crate) fn run(a: super::Plain) -> CmdResult {
             c.runs,
             c.differed
         );
+        match (c.tree, &c.tree_first) {
+            (Some(0), _) => outln!("key tree:         in step with the store"),
+            (Some(n), first) => outln!(
+                "key tree:         {} (changed by hand; `keycache verify --repair` mends it){}",
+                paint(
+                    &format!("{n} entries disagree with the store"),
+                    AnsiColor::Red.on_default()
+                ),
+                first
+                    .as_deref()
+                    .map(|f| format!(", first: {}", esc(f)))
+                    .unwrap_or_default()
+            ),
+            (None, _) => {}
+        }
     }
     outln!(
         "stale:            {}",

@@ -89,7 +89,13 @@ fn make_store(kc: &Cli, root: &Path) -> PathBuf {
         ],
     );
     run_ok(kc, &pki, &["migrate", "--no-master-keys"], "migrate");
+    std::fs::write(pki.join("master.pub"), cluster_key()).unwrap();
     pki
+}
+
+/// The master public key both stores hold: they are of one cluster.
+fn cluster_key() -> String {
+    common::pem("the-cluster", 451)
 }
 
 /// The peer at `root/peer`, in step with `ours` (merges both ways, until
@@ -99,6 +105,7 @@ fn make_store(kc: &Cli, root: &Path) -> PathBuf {
 fn make_peer(kc: &Cli, root: &Path, ours: &Path) -> PathBuf {
     let peer = root.join("peer");
     std::fs::create_dir(&peer).unwrap();
+    std::fs::write(peer.join("master.pub"), cluster_key()).unwrap();
     for (into, from) in [(&peer, ours), (&ours.to_path_buf(), &peer), (&peer, ours)] {
         let snap = root.join("sync.snap");
         run_ok(

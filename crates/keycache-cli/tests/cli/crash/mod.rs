@@ -6,6 +6,7 @@ mod kill;
 mod merge;
 mod ownership;
 mod power_loss;
+mod resume;
 mod syscall;
 mod tree;
 

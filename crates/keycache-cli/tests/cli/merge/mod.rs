@@ -5,3 +5,4 @@ mod safety;
 mod snapshot_consistency;
 mod snapshot_damage;
 mod tree;
+mod unknown_cluster;

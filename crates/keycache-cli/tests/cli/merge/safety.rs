@@ -318,12 +318,13 @@ fn another_clusters_snapshot_and_the_stores_own_are_refused() {
 
 /// Empties master `k`'s directory (`banks_only`: only the banks' files,
 /// the history and the tree kept), then recreates the tree's state
-/// directories, as the master's start does.
+/// directories, as the master's start does. The cluster key stays: a
+/// master has its key pair (a merge refuses a store without one).
 fn wipe(c: &Cluster, k: usize, banks_only: bool) {
     for e in std::fs::read_dir(&c.m[k]).unwrap() {
         let p = e.unwrap().path();
         let name = p.file_name().unwrap().to_string_lossy().into_owned();
-        if banks_only && !name.starts_with(".mmap_") {
+        if name == "cluster.pub" || (banks_only && !name.starts_with(".mmap_")) {
             continue;
         }
         if p.is_dir() {

@@ -65,7 +65,13 @@ fn make_store(root: &Path) -> PathBuf {
         .layout(&layout())
         .ok();
     assert!(pki.join("minions").is_dir() && pki.join(".mmap_keys.idx").is_file());
+    std::fs::write(pki.join("master.pub"), cluster_key()).unwrap();
     pki
+}
+
+/// The master public key both stores hold: they are of one cluster.
+fn cluster_key() -> String {
+    common::pem("the-cluster", 451)
 }
 
 /// A snapshot (through `keycache snapshot`) of a store holding only new ids:
@@ -74,6 +80,7 @@ fn make_store(root: &Path) -> PathBuf {
 fn theirs_snapshot(root: &Path) -> Vec<u8> {
     let dir = root.join("theirs");
     std::fs::create_dir(&dir).unwrap();
+    std::fs::write(dir.join("master.pub"), cluster_key()).unwrap();
     {
         let st = Store::open_with(&dir, &layout().options()).unwrap();
         for i in 0..12 {

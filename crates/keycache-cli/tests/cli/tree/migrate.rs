@@ -107,9 +107,20 @@ fn migrate_out_writes_the_tree_where_salt_reads_it() {
     assert_eq!(passing(&keys, &pki, &cluster, &ids), ["web-1", "web-3"]);
     ok(&keycache_1009(&["verify", s(&cluster)]));
 
-    // Migrated again: the tree migrated wins (web-2 accepted, web-3 pending
-    // there), in the banks and in the key tree alike.
-    ok(&keycache_1009(&["migrate", s(&pki), "--out", s(&cluster)]));
+    // Migrated again: its files are older than the store's accept and
+    // rejection, refused (nothing written) unless asked; then the tree
+    // migrated wins (web-2 accepted, web-3 pending there), in the banks and
+    // in the key tree alike.
+    let o = keycache_1009(&["migrate", s(&pki), "--out", s(&cluster)]);
+    assert_eq!(exit_code(&o), Some(2), "{}", common::stderr(&o));
+    assert_eq!(passing(&keys, &pki, &cluster, &ids), ["web-1", "web-3"]);
+    ok(&keycache_1009(&[
+        "migrate",
+        s(&pki),
+        "--out",
+        s(&cluster),
+        "--replace-states",
+    ]));
     assert_eq!(passing(&keys, &pki, &cluster, &ids), ["web-1", "web-2"]);
     ok(&keycache_1009(&["verify", s(&cluster)]));
 }

@@ -3,6 +3,7 @@
 
 mod export;
 mod migrate;
+mod stale_migrate;
 mod sync;
 
 use std::path::PathBuf;

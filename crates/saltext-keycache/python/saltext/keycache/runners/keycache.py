@@ -196,6 +196,15 @@ def _migrate_text(doc):
     if kept:
         lines.append(f"  Kept:     {kept:,} entries of the store that the tree lacks")
     lines.extend(_master_keys_lines(doc))
+    verb = "Would change" if doc.get("dry_run") else "Changed"
+    for change in doc.get("changes") or []:
+        by = f"by {change.get('file')}" if change.get("file") else "(not in the tree)"
+        stale = ", a file older than the store's entry" if change.get("stale") else ""
+        lines.append(
+            f"  {verb}: {change.get('id')} {change.get('from')} -> {change.get('to') or 'absent'} {by}{stale}"
+        )
+    for path in doc.get("minions_removed") or []:
+        lines.append(f"  {'Would remove' if doc.get('dry_run') else 'Removed'}: {path} (taken out of accepted)")
     for dup in doc.get("duplicates") or []:
         found_in = ", ".join(map(str, dup.get("found_in") or []))
         lines.append(f"  Duplicate: {dup.get('id')} (found {found_in}): {dup.get('state')}")
@@ -222,7 +231,7 @@ def _master_keys_lines(doc):
     return lines
 
 
-def migrate(dry_run=False):
+def migrate(dry_run=False, replace_states=False):
     """
     Migrate the master's ``localfs_key`` tree (accepted, pending, rejected
     and denied keys) into the ``keys`` and ``denied_keys`` banks, and the
@@ -237,6 +246,11 @@ def migrate(dry_run=False):
     with the reason. With ``dry_run=True``, writes nothing (no bank, no lock
     file, no change to the tree) and says what would be migrated.
 
+    Into an existing store, every key whose state the tree's files change is
+    listed; a change out of accepted or rejected made by a file older than
+    the store's entry (a file left from before an earlier migration) is
+    refused, writing nothing, unless ``replace_states=True``.
+
     CLI Examples:
 
     .. code-block:: bash
@@ -248,7 +262,10 @@ def migrate(dry_run=False):
         salt-run keycache.migrate
     """
     dry = salt.utils.data.is_true(dry_run)
-    doc, code, binary, err = _run(["migrate"], ["--dry-run"] if dry else [])
+    options = ["--dry-run"] if dry else []
+    if salt.utils.data.is_true(replace_states):
+        options.append("--replace-states")
+    doc, code, binary, err = _run(["migrate"], options)
     if err is not None:
         return err
     log.debug("keycache runner: migrated with %s", binary)
