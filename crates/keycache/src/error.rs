@@ -249,6 +249,23 @@ pub enum Error {
         entries: String,
     },
 
+    /// A change guarded by a fingerprint (`--finger`) found another key, or
+    /// none: the key was replaced (a new sign-in) or removed since the
+    /// operator looked, so nothing was written.
+    #[error(
+        "{id}: the key held is not the one checked: its fingerprint is {}, not {expected}; \
+         nothing was written (look at the key again)",
+        found.as_deref().unwrap_or("none (no such key)")
+    )]
+    FingerMismatch {
+        /// The minion id.
+        id: String,
+        /// The fingerprint given.
+        expected: String,
+        /// The fingerprint of the key held, if any.
+        found: Option<String>,
+    },
+
     /// The `master_keys` bank holds other bytes under a name than the file
     /// a migration would store there (a key pair Salt wrote into the bank
     /// since, or generated when it found the bank empty): replacing it

@@ -111,9 +111,81 @@ pub fn check_public_key(b: &[u8]) -> Result<(), PemProblem> {
     }
 }
 
+/// The fingerprint of a key as Salt 3008.5 gives it for a key of the key
+/// cache (`salt.utils.crypt.pem_finger(key=pub)`, what `salt-key -f` prints
+/// with the default `hash_type`): the SHA-256 of the key's bytes as stored,
+/// in lowercase hex, a `:` after every second digit (`ab:cd:...:ef`).
+pub fn finger(pem: &[u8]) -> String {
+    use sha2::Digest;
+    let d = sha2::Sha256::digest(pem);
+    let mut out = String::with_capacity(95);
+    for (i, b) in d.iter().enumerate() {
+        if i > 0 {
+            out.push(':');
+        }
+        out.push_str(&format!("{b:02x}"));
+    }
+    out
+}
+
+/// A fingerprint as an operator gives it (`salt-key -f`'s form, or the same
+/// digits without colons, any case), normalized to [`finger`]'s form; None
+/// when it is not 64 hex digits.
+pub fn parse_finger(s: &str) -> Option<String> {
+    let digits: String = s
+        .trim()
+        .chars()
+        .filter(|c| *c != ':')
+        .map(|c| c.to_ascii_lowercase())
+        .collect();
+    if digits.len() != 64 || !digits.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    let pairs: Vec<&str> = (0..32).map(|i| &digits[2 * i..2 * i + 2]).collect();
+    Some(pairs.join(":"))
+}
+
+/// Refuses a change of `id` guarded by the fingerprint `expected` (in
+/// [`finger`]'s form) unless the key held, `held` (None: no key), is the
+/// one whose fingerprint that is: [`crate::Error::FingerMismatch`], naming
+/// both.
+pub fn check_finger(id: &str, held: Option<&[u8]>, expected: &str) -> crate::Result<()> {
+    let found = held.map(finger);
+    if found.as_deref() == Some(expected) {
+        return Ok(());
+    }
+    Err(crate::Error::FingerMismatch {
+        id: id.to_owned(),
+        expected: expected.to_owned(),
+        found,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Salt's `pem_finger`: SHA-256 of the bytes, hex pairs with colons
+    /// (the digest of "abc" is FIPS 180-2's example); given with or
+    /// without colons, in any case, it reads back in that form.
+    #[test]
+    fn fingerprints_are_salts_and_read_back_in_any_form() {
+        let f = finger(b"abc");
+        assert_eq!(
+            f,
+            "ba:78:16:bf:8f:01:cf:ea:41:41:40:de:5d:ae:22:23:b0:03:61:a3:96:17:7a:9c:b4:10:ff:61:\
+             f2:00:15:ad"
+        );
+        assert_eq!(parse_finger(&f).as_deref(), Some(f.as_str()));
+        let plain = f.replace(':', "").to_uppercase();
+        assert_eq!(parse_finger(&plain).as_deref(), Some(f.as_str()));
+        assert_eq!(parse_finger("ba:78"), None);
+        assert_eq!(parse_finger(&format!("{}zz", &plain[..62])), None);
+        assert!(check_finger("m", Some(b"abc"), &f).is_ok());
+        let e = check_finger("m", Some(b"abd"), &f).expect_err("another key");
+        assert!(e.to_string().contains(&f), "{e}");
+        assert!(check_finger("m", None, &f).is_err());
+    }
 
     const PUB: &str = "-----BEGIN PUBLIC KEY-----\nMIIBIjANBgkqhkiG9w0BAQEFAAOCAQ8AMIIBCgKCAQEAu1SU1LfVLPHCozMxH2Mo\n4lgOEePzNm0tRgeLezV6ffAt0gunVTLw7onLRnrq0/IzW7yWR7QkrmBL7jTKEn5u\n+wIDAQAB\n-----END PUBLIC KEY-----\n";
     const PRIV: &str = "-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASC\n-----END PRIVATE KEY-----\n";

@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 
-use keycache::pem::holds_private_key;
+use keycache::pem::{finger, holds_private_key};
 
 use crate::args::{minion_id, Json, Layout, StoreIds};
 use crate::output::{
@@ -28,8 +28,11 @@ struct GetReport<'a> {
     state: Option<&'static str>,
     #[serde(rename = "pub")]
     public_key: Option<String>,
+    /// Salt's `pem_finger` of the key (what `salt-key -f` prints).
+    finger: Option<String>,
     mtime_ns: Option<u64>,
     denied_pub: Option<String>,
+    denied_finger: Option<String>,
 }
 
 /// A stored key as printed: `None` when it holds a private key block,
@@ -75,8 +78,10 @@ pub(crate) fn run(a: Args) -> CmdResult {
             id: id.as_str(),
             state: entry.as_ref().map(|e| e.state.name()),
             public_key: key.clone().flatten(),
+            finger: entry.as_ref().map(|e| finger(&e.public_key)),
             mtime_ns: entry.as_ref().map(|e| e.mtime),
             denied_pub: dkey.clone().flatten(),
+            denied_finger: denied.as_deref().map(finger),
         });
     } else if !found {
         errln!(
@@ -89,6 +94,7 @@ pub(crate) fn run(a: Args) -> CmdResult {
         match &entry {
             Some(e) => {
                 outln!("state: {}", e.state);
+                outln!("finger: {}", finger(&e.public_key));
                 outln!(
                     "mtime: {} ({} ns since the epoch)",
                     fmt_time(e.mtime),
@@ -101,7 +107,8 @@ pub(crate) fn run(a: Args) -> CmdResult {
             }
             None => outln!("state: (not in the keys bank)"),
         }
-        if dkey.is_some() {
+        if let Some(d) = &denied {
+            outln!("denied finger: {}", finger(d));
             out!(
                 "denied key:\n{}",
                 dkey.clone().flatten().as_deref().unwrap_or(WITHHELD)

@@ -47,10 +47,111 @@ pub(crate) struct Args {
     /// never, accepted: accepted), else auto.
     #[arg(long, value_enum, value_name = "WHEN")]
     tree: Option<TreeMode>,
+    /// Change the key only if it is the one whose fingerprint is FP, as
+    /// `salt-key -f ID` prints it (SHA-256, hex pairs with colons; without
+    /// the colons too), checked under the bank's lock (through etcd: in the
+    /// transaction): a key replaced since it was looked at (another
+    /// sign-in) is refused, exit 2, nothing written. One id only. For
+    /// delete: the key of the keys bank, else the denied key (or the one
+    /// --state names).
+    #[arg(long, value_name = "FP")]
+    finger: Option<String>,
+    /// delete only: remove only the id's key in this state (accepted,
+    /// pending, rejected), keeping its denied key, or only its denied key
+    /// (denied), keeping its keys entry.
+    #[arg(long, value_enum, value_name = "STATE")]
+    state: Option<Only>,
     #[command(flatten)]
     json: Json,
     #[command(flatten)]
     layout: Layout,
+}
+
+/// `delete --state`: the one entry of an id a delete removes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Only {
+    /// The keys bank's entry, when accepted.
+    Accepted,
+    /// The keys bank's entry, when pending.
+    Pending,
+    /// The keys bank's entry, when rejected.
+    Rejected,
+    /// The denied key.
+    Denied,
+}
+
+impl Only {
+    /// The `keys` state this names (None: the denied key).
+    fn state(self) -> Option<KeyState> {
+        match self {
+            Only::Accepted => Some(KeyState::Accepted),
+            Only::Pending => Some(KeyState::Pending),
+            Only::Rejected => Some(KeyState::Rejected),
+            Only::Denied => None,
+        }
+    }
+}
+
+/// Why a [`Guard`] does not let a change through.
+#[derive(Debug)]
+pub(crate) enum Refusal {
+    /// The id is left alone (reported, as `decide`'s reasons).
+    Skip(String),
+    /// The whole command is refused, nothing written: the key is not the
+    /// one whose fingerprint was given.
+    Refuse(keycache::Error),
+}
+
+/// What `--finger` and `delete --state` ask of a change: the guard of the
+/// local path and of the path through etcd.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Guard {
+    /// The fingerprint the key acted on must have ([`keycache::pem::finger`]'s form).
+    pub(crate) finger: Option<String>,
+    /// `delete --state`.
+    pub(crate) only: Option<Only>,
+}
+
+impl Guard {
+    /// `change` (decided for an id whose `keys` entry is `key` and denied
+    /// key `denied`) as the guard limits it.
+    pub(crate) fn apply(
+        &self,
+        id: &MinionId,
+        change: Change,
+        key: Option<(KeyState, &[u8])>,
+        denied: Option<&[u8]>,
+    ) -> Result<Change, Refusal> {
+        let mut change = change;
+        if let (Some(only), Change::Remove { .. }) = (self.only, change) {
+            change = match only.state() {
+                None if denied.is_some() => Change::Remove {
+                    key: false,
+                    denied: true,
+                },
+                None => return Err(Refusal::Skip("no denied key".into())),
+                Some(s) => match key {
+                    Some((cur, _)) if cur == s => Change::Remove {
+                        key: true,
+                        denied: false,
+                    },
+                    Some((cur, _)) => return Err(Refusal::Skip(format!("is {cur}, not {s}"))),
+                    None => return Err(Refusal::Skip("no such key".into())),
+                },
+            };
+        }
+        if let Some(fp) = &self.finger {
+            let held = match change {
+                Change::Remove {
+                    key: false,
+                    denied: true,
+                } => denied,
+                _ => key.map(|(_, p)| p),
+            };
+            keycache::pem::check_finger(id.as_str(), held, fp).map_err(Refusal::Refuse)?;
+        }
+        Ok(change)
+    }
 }
 
 /// `--tree`: when the command writes the key tree along with the store.
@@ -314,6 +415,27 @@ pub(crate) fn run(c: Args, action: Action) -> CmdResult {
         (true, false) => return Err(CmdError::usage("give minion ids or --all, not both")),
         _ => {}
     }
+    let guard = Guard {
+        finger: match &c.finger {
+            None => None,
+            Some(_) if c.all || given.len() != 1 => {
+                return Err(CmdError::usage(
+                    "--finger guards the change of one id: give one id",
+                ))
+            }
+            Some(f) => Some(keycache::pem::parse_finger(f).ok_or_else(|| {
+                CmdError::usage(format!(
+                    "--finger {}: not a fingerprint (64 hex digits, in pairs separated by `:` \
+                     as salt-key -f prints them)",
+                    esc(f)
+                ))
+            })?),
+        },
+        only: c.state,
+    };
+    if c.state.is_some() && action != Action::Delete {
+        return Err(CmdError::usage("--state limits delete only"));
+    }
     let (store, _) = TreeMode::open_writer(c.tree, &c.layout, &dir, TreeMode::Auto)?;
     let mut ids: Vec<MinionId> = given
         .iter()
@@ -351,7 +473,8 @@ pub(crate) fn run(c: Args, action: Action) -> CmdResult {
         confirm_delete_all(store.dir(), ids.len())?;
     }
     if let Some(settings) = etcd {
-        let report = super::etcd::write::run(settings, &store, action, &ids, c.include_all)?;
+        let report =
+            super::etcd::write::run(settings, &store, action, &ids, c.include_all, &guard)?;
         return Ok(print(report, c.all, c.json.json));
     }
     announce_lock_wait(store.dir());
@@ -367,8 +490,27 @@ pub(crate) fn run(c: Args, action: Action) -> CmdResult {
         for id in &ids {
             let entry = b.get(id)?;
             let cur = entry.as_ref().map(|(s, _)| *s);
-            let denied = action == Action::Delete && store.is_denied(id)?;
-            match decide(action, cur, denied, c.include_all) {
+            let denied_key = if action == Action::Delete {
+                store.denied(id)?
+            } else {
+                None
+            };
+            let denied = denied_key.is_some();
+            let decided = match decide(action, cur, denied, c.include_all) {
+                Err(why) => Err(why),
+                Ok(ch) => match guard.apply(
+                    id,
+                    ch,
+                    entry.as_ref().map(|(s, p)| (*s, p.as_slice())),
+                    denied_key.as_deref(),
+                ) {
+                    Ok(ch) => Ok(ch),
+                    Err(Refusal::Skip(why)) => Err(why),
+                    // The whole batch: nothing is written.
+                    Err(Refusal::Refuse(e)) => return Err(e),
+                },
+            };
+            match decided {
                 Err(reason) => skip(&mut problems, id, reason),
                 Ok(Change::Remove { key, denied }) => {
                     if key {

@@ -680,3 +680,39 @@ fn replicate_json_prints_one_document_per_line_on_stdout() {
     assert_eq!(lines[1]["revision"].as_i64(), Some(rev), "{lines:?}");
     assert_eq!(lines[1]["written"].as_u64(), Some(1), "{lines:?}");
 }
+
+/// `--finger` through etcd: checked against the key etcd holds, in the
+/// transaction's read. A key replaced in etcd (another master's sign-in)
+/// after the operator looked is refused (exit 2, etcd unchanged, both
+/// fingerprints named); the fingerprint of the key etcd holds accepts it.
+#[test]
+fn accept_through_etcd_guarded_by_a_fingerprint_takes_only_the_key_looked_at() {
+    let c = Cluster::start(1);
+    let (m, _r, before) = replicated(&c, "");
+    let id = first(&before, "minions_pre");
+    let looked = kc().args(["get", "-c", m.c(), &id, "--json"]).json();
+    let fa = looked["finger"].as_str().expect("finger").to_owned();
+    // Another sign-in replaces the key in etcd.
+    let other = keycache_testkit::common::pem("another key of the id", 400);
+    let key = format!("{PREFIX}keys/{id}");
+    etcd_put(&c, &key, &format!("\u{2}{other}"));
+    let o = kc()
+        .args(["accept", "-c", m.c(), &id, "--finger", &fa])
+        .fails_output(2);
+    let err = crate::common::stderr(&o);
+    let fb = keycache::pem::finger(other.as_bytes());
+    assert!(err.contains(&fa) && err.contains(&fb), "{err}");
+    assert_eq!(
+        etcd_value(&c, &key).expect("in etcd"),
+        format!("\u{2}{other}"),
+        "etcd unchanged"
+    );
+    let done = kc()
+        .args(["accept", "-c", m.c(), &id, "--finger", &fb, "--json"])
+        .json();
+    assert_eq!(done["accepted"], serde_json::json!([id]), "{done}");
+    assert_eq!(
+        etcd_value(&c, &key).expect("in etcd"),
+        format!("\u{1}{other}")
+    );
+}

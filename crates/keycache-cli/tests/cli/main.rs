@@ -37,6 +37,7 @@ mod edges;
 mod etcd;
 mod etcd_faults;
 mod etcd_model;
+mod finger;
 mod generate;
 mod hostile;
 mod key_material;

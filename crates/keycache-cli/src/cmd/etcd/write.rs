@@ -12,7 +12,7 @@ use keycache::MinionId;
 use keycache_etcd::write::{Decision, Writer};
 use keycache_etcd::{ReplicaState, Settings, Value};
 
-use crate::cmd::state::{decide, Action, Change, Skipped, StateReport};
+use crate::cmd::state::{decide, Action, Change, Guard, Refusal, Skipped, StateReport};
 use crate::output::{esc, esc_path, CmdError};
 
 /// Writes `action` on `ids` through etcd for the replica `store`; what it
@@ -24,14 +24,38 @@ pub(crate) fn run(
     action: Action,
     ids: &[MinionId],
     include_all: bool,
+    guard: &Guard,
 ) -> Result<StateReport, CmdError> {
     check_replica(&settings, store)?;
     let dir = store.dir().to_path_buf();
+    // A fingerprint that is not the key's, as etcd holds it in the
+    // transaction's read: the whole command is refused.
+    let mut refused: Option<keycache::Error> = None;
     let written = keycache_etcd::block_on(async {
         let mut w = Writer::connect(settings, &dir).await?;
-        w.update(ids, |_, cur| {
+        w.update(ids, |id, cur| {
+            // Decided again on each read (a conflict retries): the last
+            // read's refusal stands.
+            refused = None;
             let state = cur.key.as_ref().map(|(s, _)| *s);
-            match decide(action, state, cur.denied.is_some(), include_all) {
+            let decided = decide(action, state, cur.denied.is_some(), include_all).and_then(|ch| {
+                guard
+                    .apply(
+                        id,
+                        ch,
+                        cur.key.as_ref().map(|(s, p)| (*s, p.as_slice())),
+                        cur.denied.as_deref(),
+                    )
+                    .map_err(|r| match r {
+                        Refusal::Skip(why) => why,
+                        Refusal::Refuse(e) => {
+                            let why = e.to_string();
+                            refused = Some(e);
+                            why
+                        }
+                    })
+            });
+            match decided {
                 Err(why) => Decision::Skip(why),
                 Ok(Change::Remove { key, denied }) => Decision::Write(
                     [(key, Bank::Keys), (denied, Bank::Denied)]
@@ -61,6 +85,9 @@ pub(crate) fn run(
         })
         .await
     })?;
+    if let Some(e) = refused {
+        return Err(e.into());
+    }
     let skipped = written
         .skipped
         .into_iter()
