@@ -106,11 +106,38 @@ fn migrate_matches_salts_own_migration_on_a_generated_tree() {
         keycache_dump(&b, 1009),
         json!({"keys": salt_view["keys"], "denied_keys": salt_view["denied_keys"]})
     );
-    // The tree is untouched: same files as before.
+    // The tree is as before, but for one difference from Salt's
+    // migration: the `minions/<id>` of an id found in `minions/` and in
+    // another state directory, which Salt's precedence makes pending or
+    // rejected, is removed (Salt leaves it, and its validate_token then
+    // admits a minion its store does not hold accepted).
     let count = |p: &Path| walk_count(p);
+    let demoted: Vec<String> = rep["duplicates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|d| {
+            d["state"] != "accepted"
+                && d["found_in"]
+                    .as_array()
+                    .unwrap()
+                    .contains(&json!("accepted"))
+        })
+        .map(|d| d["id"].as_str().unwrap().to_owned())
+        .collect();
+    assert!(!demoted.is_empty(), "the tree has such duplicates: {rep}");
     assert_eq!(
-        count(&a.join("minions")),
+        count(&a.join("minions")) + demoted.len(),
         count(&t.path().join("tree/minions"))
+    );
+    for id in &demoted {
+        assert!(!a.join("minions").join(id).exists(), "{id}");
+        assert!(b.join("minions").join(id).exists(), "Salt leaves {id}");
+    }
+    assert_eq!(
+        rep["minions_removed"].as_array().unwrap().len(),
+        demoted.len(),
+        "{rep}"
     );
 }
 

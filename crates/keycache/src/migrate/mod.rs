@@ -22,10 +22,12 @@
 //! a file older than the store's entry is refused
 //! ([`Error::StaleTreeFiles`]) unless [`MigrateOptions::replace_states`].
 //! No migration leaves `minions/<id>` (what Salt's `validate_token` admits
-//! a minion by) for a key it takes out of accepted: in the tree migrated
-//! into its own directory, those files are removed with the banks' commit,
-//! with the tree writer of [`crate::tree`] (a first migration leaves the
-//! tree as it is, as Salt's own does).
+//! a minion by) for a key it does not hold accepted: one it takes out of
+//! accepted, or an id also found in `minions_pre/` or `minions_rejected/`
+//! (Salt's precedence makes it pending or rejected; Salt's own migration
+//! leaves its `minions/` file). In the tree migrated into its own
+//! directory, those files are removed with the banks' commit, with the
+//! tree writer of [`crate::tree`]; the rest of the tree is left as it is.
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
@@ -487,7 +489,7 @@ pub fn migrate(
         tree.check_stale(&plan, pki_dir, opts)?;
     }
     if opts.dry_run && !write_tree {
-        report.minions_removed = unaccepted(&plan)
+        report.minions_removed = unaccepted(&plan, &report.duplicates)
             .iter()
             .map(|(id, _)| pki_dir.join(TreeDir::Minions.name()).join(id.as_str()))
             .filter(|p| std::fs::symlink_metadata(p).is_ok())
@@ -529,7 +531,7 @@ pub fn migrate(
                     // rewritten; but the `minions/<id>` files of the keys
                     // taken out of accepted go, so that Salt's
                     // validate_token no longer admits those minions.
-                    let wants = unaccepted(&plan);
+                    let wants = unaccepted(&plan, &report.duplicates);
                     if !wants.is_empty() {
                         *sync.borrow_mut() = Some((tree::before(store, &wants)?, wants));
                     }
@@ -574,11 +576,27 @@ pub fn migrate(
 /// The ids `plan` takes out of accepted, each wanting no `minions/` file
 /// (the tree writer of a store that keeps `minions/` alone in step then
 /// removes it).
-fn unaccepted(plan: &MigrationPlan) -> tree::Wants {
-    plan.changes
+///
+/// And the ids found in `minions/` and in another state directory that
+/// Salt's precedence gives a less trusted state (`duplicates`): their
+/// `minions/<id>` would let Salt's `validate_token` admit a minion the
+/// store holds pending or rejected. Salt's own `pki.migrate_to_mmap`
+/// leaves that file; keycache removes it.
+fn unaccepted(plan: &MigrationPlan, duplicates: &[Duplicate]) -> tree::Wants {
+    let mut ids: std::collections::BTreeSet<&str> = plan
+        .changes
         .iter()
         .filter(|c| c.from == KeyState::Accepted)
-        .filter_map(|c| crate::id::MinionId::new(c.id.as_str()).ok())
+        .map(|c| c.id.as_str())
+        .collect();
+    ids.extend(
+        duplicates
+            .iter()
+            .filter(|d| d.state != KeyState::Accepted && d.found_in.contains(&KeyState::Accepted))
+            .map(|d| d.id.as_str()),
+    );
+    ids.into_iter()
+        .filter_map(|id| crate::id::MinionId::new(id).ok())
         .map(|id| (id, Default::default()))
         .collect()
 }

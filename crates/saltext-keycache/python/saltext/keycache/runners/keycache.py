@@ -204,7 +204,9 @@ def _migrate_text(doc):
             f"  {verb}: {change.get('id')} {change.get('from')} -> {change.get('to') or 'absent'} {by}{stale}"
         )
     for path in doc.get("minions_removed") or []:
-        lines.append(f"  {'Would remove' if doc.get('dry_run') else 'Removed'}: {path} (taken out of accepted)")
+        lines.append(
+            f"  {'Would remove' if doc.get('dry_run') else 'Removed'}: {path} (a key the store does not hold accepted)"
+        )
     for dup in doc.get("duplicates") or []:
         found_in = ", ".join(map(str, dup.get("found_in") or []))
         lines.append(f"  Duplicate: {dup.get('id')} (found {found_in}): {dup.get('state')}")
