@@ -27,7 +27,7 @@
 #   4. `keycache snapshot` of a 1M-key store against `keycache list
 #      --include-pub` of the same store (both to /dev/null; the snapshot to a
 #      file too), after a first snapshot that writes the store's history.
-#   5. Versioned merges at 1M keys (issue 19's goals), wall time and peak
+#   5. Versioned merges at 1M keys, wall time and peak
 #      memory (/usr/bin/time): a peer B of the 1M store A (a copy without
 #      its history: a store of its own), the two brought in step by merges
 #      both ways; a no-op merge (A's snapshot into B, nothing differs); a 1%

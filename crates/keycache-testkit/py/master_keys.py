@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Drive the REAL Salt 3008.5 ``MasterKeys`` (salt/crypt.py) and the
 ``master_keys`` bank of its key cache drivers, for keycache's tests of the
-master's own keys (issue 12, part 1).
+master's own keys.
 
 Run it with a venv python that has salt==3008.5 plus what ``MasterKeys``
 imports (``cryptography`` and its ``cffi``).  Every subcommand prints exactly

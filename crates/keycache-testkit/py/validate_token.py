@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Run the REAL Salt 3008.5 ``ReqServerChannel.validate_token``
 (salt/channel/server.py) against a pki dir, for keycache's tests of the key
-tree (issue 12, part 3).
+tree.
 
 On every AES request of a signed-in minion (version 3), the master's request
 server calls ``validate_token(payload)``: it pops ``tok`` from the load,

@@ -1,4 +1,4 @@
-"""Issue 21's proof with real salt-masters: both on one etcd (``keycache_etcd``),
+"""One key state with real salt-masters: both on one etcd (``keycache_etcd``),
 each master's keycache store a live replica kept by the ``keycache`` engine
 (``engines: [keycache: {}]``, run by the master's own process manager, as an
 operator runs it).

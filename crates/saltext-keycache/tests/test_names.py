@@ -1,5 +1,5 @@
 """The driver's refusals of ``master_keys`` names say what is wrong with the
-name (issue 19, item 15c): an empty name is refused as empty, a name with a
+name: an empty name is refused as empty, a name with a
 NUL byte as such, and only a long one as longer than ``mmap_key_id_size``;
 and a ``keys`` value's state is one of Salt's three names, as ``mmap_key``
 takes it."""

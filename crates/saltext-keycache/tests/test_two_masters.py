@@ -1,4 +1,4 @@
-"""Issue 19's merges judged by two real salt-masters and a real salt-minion.
+"""Merges judged by two real salt-masters and a real salt-minion.
 
 Setup (two_masters_support.py): master A on 127.0.0.1 and master B on
 127.0.0.2, each with its own ``pki_dir`` and keycache store

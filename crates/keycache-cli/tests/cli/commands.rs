@@ -521,7 +521,7 @@ fn verify_finds_damage_and_repair_mends_it() {
         .map(|r| r["lost"].as_array().unwrap().len())
         .sum();
     assert_eq!(lost, 1, "{v}");
-    // Issue 15: the lost entry stays reported (the bank's lost-entries
+    // The lost entry stays reported (the bank's lost-entries
     // file), and it is the only finding left.
     let v = keycache_json_exits(&["verify", d, "--json"], 1);
     let left = v["findings"].as_array().unwrap();

@@ -1,4 +1,4 @@
-//! The etcd replica's model test (issue 21's proof): a real 3-member etcd
+//! The etcd replica's model test: a real 3-member etcd
 //! cluster and three masters (three stores, each with its master config
 //! and its own `keycache replicate`); random operations from several
 //! threads at once against random masters while replicators are killed

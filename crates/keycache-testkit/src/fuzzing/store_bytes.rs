@@ -132,7 +132,7 @@ impl RefBank {
                 }
             }
         }
-        // Past a missing segment keycache reads on (issue 15): up to the
+        // Past a missing segment keycache reads on: up to the
         // highest regular segment file below any directory of a segment's
         // name; a missing or non-regular one there is a hole.
         let past = |name: &str| -> Option<(u16, bool, bool)> {
@@ -525,7 +525,7 @@ fn check_store(dir: &Path, store: &Store, p: Params, planted: bool) {
                     match r {
                         Ok(rep) => {
                             let after = verify::verify(t, check).expect("verify after repair");
-                            // Issue 15: what the repair lost stays reported
+                            // What the repair lost stays reported
                             // (its lost-entries file), and nothing else.
                             assert!(
                                 after.iter().all(|f| f.kind == verify::FindingKind::Lost

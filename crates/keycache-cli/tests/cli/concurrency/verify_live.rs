@@ -1,5 +1,5 @@
-//! `keycache verify` and `verify --repair` tell the truth on a live store
-//! (issue 15, class 5): while Salt's own writer (the real `mmap_key.store`,
+//! `keycache verify` and `verify --repair` tell the truth on a live store:
+//! while Salt's own writer (the real `mmap_key.store`,
 //! one process, fsyncs and all) adds keys to both banks and rolls heap
 //! segments, every run must report the clean store as clean, and no repair
 //! may rebuild it (the index and roster files keep their inodes, no

@@ -1,4 +1,4 @@
-//! The master config on the command line (issue 19, items 18 and 19):
+//! The master config on the command line:
 //!
 //! - like `salt-key`, `get`, `accept`, `reject`, `delete` and `verify` take
 //!   `-c DIR` (or `--master-config FILE`) and the ids alone: the store

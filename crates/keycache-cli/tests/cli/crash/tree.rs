@@ -1,4 +1,4 @@
-//! Crash safety of the key tree (issue 12, part 3): `keycache accept`,
+//! Crash safety of the key tree: `keycache accept`,
 //! `reject` and `delete` with the tree on, killed with SIGKILL after a
 //! random delay, many times. After every kill: no minion has a
 //! `minions/<id>` file (which Salt 3008.5's `validate_token` would accept)

@@ -507,7 +507,7 @@ fn check_damaged(dir: &Path, truth: &Truth, d: &Damage, tally: &mut Tally) {
         let again =
             Store::open_with(dir, &layout().options_with(Duration::ZERO, Duration::ZERO)).unwrap();
         let after = findings(&again).unwrap();
-        // Stricter since issue 15: what a repair lost stays reported (from
+        // Stricter now: what a repair lost stays reported (from
         // the bank's lost-entries file), and nothing else is left.
         let lost: HashSet<String> = rk
             .lost

@@ -1,4 +1,4 @@
-//! `keycache verify --repair` keeps every intact entry (issue 15, class 2).
+//! `keycache verify --repair` keeps every intact entry.
 //!
 //! The sample pki tree is migrated with a small segment cap (five heap
 //! segments), then heap segments go missing (first, middle, last, several)
@@ -358,8 +358,8 @@ fn several_damaged_segments_at_once() {
     );
 }
 
-/// A segment file past a gap that no live entry points into (what repairs
-/// before issue 15 left behind): reported, and removed by a repair that
+/// A segment file past a gap that no live entry points into (what older
+/// repairs left behind): reported, and removed by a repair that
 /// loses nothing; the store is clean afterwards, the entries untouched.
 #[test]
 fn stale_segments_past_a_gap_are_removed_and_nothing_is_lost() {

@@ -1,4 +1,4 @@
-//! The CLI's edges (issue 15, classes 1, 4 and 6): layouts that are not the
+//! The CLI's edges: layouts that are not the
 //! files' refused by every command, private key material never printed,
 //! a closed stdout, bench arguments, unreadable stores, compact's load
 //! limit, `--user`, migrate's target directory, accept/delete arguments and

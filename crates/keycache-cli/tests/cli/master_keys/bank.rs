@@ -1,4 +1,4 @@
-//! The master keeps its identity across a migration (issue 12, part 1):
+//! The master keeps its identity across a migration:
 //! `keycache::master_keys` fills the `master_keys` bank from a localfs_key
 //! master, checked through the real Salt 3008.5: Salt's own `MasterKeys`
 //! creates the keys under `localfs_key`, keycache stores them, and then

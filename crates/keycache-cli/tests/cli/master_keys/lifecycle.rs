@@ -1,5 +1,5 @@
-//! The master's own keys across the commands that rebuild or fill a store
-//! (issue 19, items 6 to 8), judged by Salt 3008.5's real `MasterKeys`
+//! The master's own keys across the commands that rebuild or fill a store,
+//! judged by Salt 3008.5's real `MasterKeys`
 //! under `mmap_key` (the test kit's `py/master_keys.py`): a compaction into
 //! another size moves the `master_keys` bank with the key banks; a
 //! migration finds the master's pair by the config's `id` and refuses when

@@ -1,4 +1,4 @@
-//! The model test of issue 19: isolated peers converge on one key state
+//! The merges' model test: isolated peers converge on one key state
 //! through `keycache snapshot` and `keycache merge` (the README's timer
 //! recipe: `--seen`, `--base` and `--write-base` given as the timers give
 //! them), and no revoked key comes back.

@@ -1,4 +1,4 @@
-//! Issue 19, "no revoked key comes back": one test per way the merges of
+//! "No revoked key comes back": one test per way the merges of
 //! keycache 0.1 (unions without a base, three-way merges with one) brought
 //! a revoked key back or took another cluster's state, each asserting the
 //! safety property itself on Salt masters (pki dirs with banks and the

@@ -1,5 +1,5 @@
 //! `keycache export` into a tree exported earlier makes the tree equal to
-//! the store (issue 15, class 3): files of ids no longer in a state are
+//! the store: files of ids no longer in a state are
 //! removed, `--dry-run` shows it first, an entry export can neither replace
 //! nor remove (a symlink, a directory, a FIFO) is an error before anything
 //! is written, Salt's `.key_cache`, keycache's own `.keycache-*` files and

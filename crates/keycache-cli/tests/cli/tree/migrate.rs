@@ -1,6 +1,6 @@
 //! A migration into another directory than the tree (`--out`, a cluster
 //! peer's `cluster_pki_dir`) writes the `localfs_key` tree there too, and
-//! `verify` reports a live store without one (issue 19, item 9), judged by
+//! `verify` reports a live store without one, judged by
 //! Salt 3008.5's real `ReqServerChannel.validate_token`
 //! (salt/channel/server.py, run by the test kit's `py/validate_token.py`),
 //! which reads `<cluster_pki_dir>/minions/<id>` from disk on every request

@@ -1,4 +1,4 @@
-//! The key tree stays in step with the store (issue 12, part 3), checked
+//! The key tree stays in step with the store, checked
 //! with the real Salt 3008.5: `ReqServerChannel.validate_token`
 //! (salt/channel/server.py), which reads `<pki_dir>/minions/<id>` on every
 //! AES request, run by `py/validate_token.py` with tokens made from the
@@ -495,7 +495,7 @@ fn dir_state(dir: &Path) -> Vec<(String, Vec<u8>)> {
     out
 }
 
-/// Issue 19, item 11: `verify --repair` on a pki dir that holds a
+/// `verify --repair` on a pki dir that holds a
 /// `localfs_key` tree but no store is refused (exit 2, naming `keycache
 /// migrate`) and touches nothing, text or JSON: the accepted key keeps
 /// passing Salt's validate_token. Once migrated, repair follows the store.
@@ -536,7 +536,7 @@ fn verify_repair_refuses_a_tree_without_a_store_and_touches_nothing() {
     assert_eq!(passing(&keys, &pki, &ids), vec!["n-acc"]);
 }
 
-/// Issue 19, item 16: an id starting with a dot is an id (Salt's
+/// An id starting with a dot is an id (Salt's
 /// `valid_id` takes it and `validate_token` reads `minions/.m`): an
 /// accepted `.m` is not "missing" for `verify`; once deleted behind the
 /// tree's back, its file is a stray that `verify` names and `verify
@@ -630,7 +630,7 @@ fn a_dot_id_is_an_id_for_verify_repair_and_export() {
     assert!(ok(&keycache_1009(&["verify", s(&pki)])).contains("clean"));
 }
 
-/// Issue 19, item 17: `export` without `--force` replaces the key file of
+/// `export` without `--force` replaces the key file of
 /// a re-keyed accepted minion with the store's key (the old key no longer
 /// passes Salt's validate_token, the new one does), and says so; a
 /// differing file of another state directory is still left alone and
