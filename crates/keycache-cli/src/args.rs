@@ -95,6 +95,32 @@ pub(crate) struct Json {
     pub(crate) json: bool,
 }
 
+/// `--reason`: why a change is made, for the audit trail.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct Reason {
+    /// Why the change is made (a ticket, a sentence): recorded with each
+    /// change in the store's audit trail (see `keycache history`; through
+    /// etcd, in the cluster's).
+    #[arg(long, value_name = "TEXT")]
+    pub(crate) reason: Option<String>,
+}
+
+/// Who a command that writes the key state records its changes as (see
+/// `keycache::audit`): program `keycache`, the OS user, the user behind
+/// `sudo` (`SUDO_USER`), the `id` of the master config the command reads
+/// (`master`: None when it reads none, a store directory given without
+/// `-c`), `reason`, and `action` for a change made as a whole (`merge`).
+pub(crate) fn actor(
+    master: Option<String>,
+    reason: Option<String>,
+    action: Option<&str>,
+) -> keycache::audit::Actor {
+    let sudo_user = std::env::var("SUDO_USER").ok();
+    let mut a = crate::master_config::actor::actor("keycache", sudo_user, master, reason);
+    a.action = action.map(str::to_owned);
+    a
+}
+
 /// `--user`: the owner of the files a command writes.
 #[derive(Debug, Clone, Args)]
 pub(crate) struct User {
@@ -219,6 +245,9 @@ pub(crate) struct Resolved {
     /// The master config's `keycache_tree`, when the config was read and
     /// sets it.
     pub(crate) tree: Option<TreeSync>,
+    /// The master's id (the config's `id`, else Salt's `<host>_master`),
+    /// when the config was read: what the audit trail records.
+    pub(crate) master: Option<String>,
 }
 
 impl Layout {
@@ -303,7 +332,13 @@ impl Layout {
             (true, false) => Params::from_files(&dir, base.params),
         };
         let tree = config.as_ref().and_then(MasterConfig::tree);
-        Ok(Resolved { dir, params, tree })
+        let master = config.as_ref().map(crate::master_config::actor::master_id);
+        Ok(Resolved {
+            dir,
+            params,
+            tree,
+            master,
+        })
     }
 
     /// Open options with `params` and the tunables of the environment

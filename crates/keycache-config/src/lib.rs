@@ -71,6 +71,7 @@
 //! deprecated `serde_yaml`) would resolve scalars by YAML 1.2 rules and
 //! keep the last of duplicate keys, and `serde_yml` is deprecated.
 
+pub mod actor;
 mod error;
 pub mod etcd;
 mod glob;

@@ -40,16 +40,18 @@ enum Read {
     Future,
 }
 
+/// Reads `key` at `revision`, or with `count_to` counts the keys from
+/// `key` to it.
 async fn read_at(
     client: &mut Client,
     settings: &Settings,
     key: &[u8],
     revision: i64,
-    count_range: bool,
+    count_to: Option<Vec<u8>>,
 ) -> Result<(Read, i64)> {
     let mut o = GetOptions::new().with_revision(revision.max(1));
-    if count_range {
-        o = o.with_range(settings.layout.range_end()).with_count_only();
+    if let Some(end) = count_to {
+        o = o.with_range(end).with_count_only();
     }
     match client.get(key, Some(o)).await {
         Ok(mut r) => {
@@ -90,16 +92,25 @@ pub async fn verify(
     };
     let Some(a) = anchor else {
         // A replica listed from an empty prefix: etcd must hold nothing
-        // under it at that revision.
-        let prefix = settings.layout.prefix().as_bytes().to_vec();
-        return Ok(match read_at(client, settings, &prefix, at, true).await? {
-            (Read::Future, _) => future(),
-            (Read::Compacted, _) => Verdict::Unknown(format!("revision {at} was compacted")),
-            (_, 0) => Verdict::Same,
-            (_, n) => Verdict::Forked(format!(
+        // under it at that revision (the audit trail's keys are no key
+        // state: not counted).
+        let mut n = 0;
+        for (from, end) in settings.layout.state_ranges() {
+            match read_at(client, settings, &from, at, Some(end)).await? {
+                (Read::Future, _) => return Ok(future()),
+                (Read::Compacted, _) => {
+                    return Ok(Verdict::Unknown(format!("revision {at} was compacted")))
+                }
+                (_, c) => n += c,
+            }
+        }
+        return Ok(if n == 0 {
+            Verdict::Same
+        } else {
+            Verdict::Forked(format!(
                 "etcd holds {n} keys under the prefix at revision {at}, where this replica \
                  listed none"
-            )),
+            ))
         });
     };
     let Some(key) = a.key_bytes() else {
@@ -114,7 +125,7 @@ pub async fn verify(
              {shown} {what} (etcd restored from a backup?)"
         ))
     };
-    let (now, _) = read_at(client, settings, &key, at, false).await?;
+    let (now, _) = read_at(client, settings, &key, at, None).await?;
     Ok(match (now, a.value_hash) {
         (Read::Future, _) => future(),
         (Read::Compacted, _) => Verdict::Unknown(format!("revision {at} was compacted")),
@@ -145,7 +156,7 @@ pub async fn verify(
         )),
         (Read::Absent, None) => {
             // A deletion: the key must have existed just before it.
-            match read_at(client, settings, &key, a.mod_revision - 1, false).await? {
+            match read_at(client, settings, &key, a.mod_revision - 1, None).await? {
                 (Read::Found(_), _) | (Read::Compacted, _) => Verdict::Same,
                 (Read::Absent, _) | (Read::Future, _) => forked(format!(
                     "did not exist at revision {}, where this replica applied its deletion",

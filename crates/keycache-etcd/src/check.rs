@@ -8,7 +8,8 @@
 //! under the prefix at that revision, read page by page and never held
 //! whole. Entries etcd holds that no store could take (a value that
 //! grants nothing, an id longer than the layout's) are left out of etcd's
-//! side, as the replica leaves them out. A difference (a store changed
+//! side, as the replica leaves them out; the audit trail's keys are not
+//! read (the replicator trims them at each check: [`crate::audit::trim`]). A difference (a store changed
 //! behind the replicator's back, a copy, a history that forked, a bug) is
 //! counted, reported, and answered by a list; a check is never fatal.
 //!
@@ -77,7 +78,7 @@ pub async fn remote(
     let layout = &settings.layout;
     let mut d = Digest::default();
     let mut ignored = Applied::default();
-    let r = pages(client, settings, revision, |kvs| {
+    let r = pages(client, settings, revision, false, |kvs| {
         for kv in kvs {
             let Some(c) = replica::decode(layout, kv.key(), Some(kv.value()), &mut ignored) else {
                 continue;

@@ -41,6 +41,10 @@ pub struct Settings {
     /// unless a test lowers it): a list asks for smaller pages past it, a
     /// watch lists again.
     pub max_response: usize,
+    /// How long the audit trail's keys stay in etcd
+    /// ([`crate::audit::AUDIT_RETENTION`] unless a test lowers it): the
+    /// replicator's consistency check deletes older ones.
+    pub audit_retention: Duration,
 }
 
 impl std::fmt::Debug for Settings {
@@ -101,6 +105,7 @@ impl Settings {
             stale_after: Duration::from_secs(e.stale_after),
             check_every: Duration::from_secs(e.check_every),
             max_response: crate::list::MAX_RESPONSE,
+            audit_retention: crate::audit::AUDIT_RETENTION,
         })
     }
 
@@ -117,6 +122,7 @@ impl Settings {
             stale_after: Duration::from_secs(keycache_config::etcd::DEFAULT_STALE_AFTER),
             check_every: Duration::from_secs(keycache_config::etcd::DEFAULT_CHECK_EVERY),
             max_response: crate::list::MAX_RESPONSE,
+            audit_retention: crate::audit::AUDIT_RETENTION,
         })
     }
 

@@ -4,16 +4,34 @@
 //! ```text
 //! <prefix>keys/<id>          [state: 1 accepted, 2 pending, 3 rejected][public key PEM]
 //! <prefix>denied_keys/<id>   [public key PEM]
+//! <prefix>audit/<ns>-<hex>   the audit records of one transaction (JSON lines)
 //! ```
 //!
 //! The `master_keys` bank never goes to etcd: the master's private keys stay
 //! on each master.
+//!
+//! An `audit/` key is written by a [`crate::write::Writer`] with an actor,
+//! in the transaction of the change it records: `<ns>` is the writer's wall
+//! clock in nanoseconds since the Unix epoch, zero-padded to 20 digits (so
+//! the keys sort by time, and retention deletes one range of them), and
+//! `<hex>` 16 random hex digits (two writers in one nanosecond never share a
+//! key). Its value is [`keycache::audit::Record::to_line`] of every id the
+//! transaction changed, without a revision: the key's `mod_revision` is the
+//! revision of the change. Audit keys are not key state: the replica, the
+//! consistency check, the anchor and the counts of the prefix pass them
+//! over ([`Layout::is_audit`]); the replicator appends their records to its
+//! store's log ([`crate::audit`]).
+
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use keycache::snapshot::Bank;
 use keycache::store::{decode_key_value, encode_key_value, KeyState};
 use keycache::MinionId;
 
 use crate::error::{Error, Result};
+
+/// The folder of the audit trail's keys under the prefix.
+pub const AUDIT: &str = "audit";
 
 /// The etcd keys of one cluster's key state.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -103,6 +121,48 @@ impl Layout {
         end
     }
 
+    /// `<prefix>audit/`: where the audit trail's keys live.
+    pub fn audit_prefix(&self) -> Vec<u8> {
+        format!("{}{AUDIT}/", self.prefix).into_bytes()
+    }
+
+    /// The end of the audit prefix's range (`<prefix>audit0`).
+    pub fn audit_range_end(&self) -> Vec<u8> {
+        format!("{}{AUDIT}0", self.prefix).into_bytes()
+    }
+
+    /// The audit key of a transaction committed by a writer whose clock
+    /// reads `now`: `<prefix>audit/<20-digit ns>-<16 hex nonce>`.
+    pub fn audit_key(&self, now: SystemTime, nonce: u64) -> Vec<u8> {
+        let mut k = self.audit_before(now);
+        k.extend_from_slice(format!("-{nonce:016x}").as_bytes());
+        k
+    }
+
+    /// `<prefix>audit/<20-digit ns of t>`: every audit key written before
+    /// `t` sorts below it, every one written at or after it above.
+    pub fn audit_before(&self, t: SystemTime) -> Vec<u8> {
+        let ns = t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+        format!("{}{AUDIT}/{ns:020}", self.prefix).into_bytes()
+    }
+
+    /// Whether `key` is one of the audit trail's (under `<prefix>audit/`).
+    pub fn is_audit(&self, key: &[u8]) -> bool {
+        key.strip_prefix(self.prefix.as_bytes())
+            .is_some_and(|rest| {
+                rest.starts_with(AUDIT.as_bytes()) && rest.get(AUDIT.len()) == Some(&b'/')
+            })
+    }
+
+    /// The ranges of the prefix that hold key state, the audit prefix left
+    /// out: `[prefix, <prefix>audit/)` and `[<prefix>audit0, range end)`.
+    pub fn state_ranges(&self) -> [(Vec<u8>, Vec<u8>); 2] {
+        [
+            (self.prefix.as_bytes().to_vec(), self.audit_prefix()),
+            (self.audit_range_end(), self.range_end()),
+        ]
+    }
+
     /// The (bank, id) of an etcd key under the prefix; `None` for a key
     /// that is not one of the two banks' or whose id is not a valid
     /// minion id.
@@ -137,6 +197,40 @@ mod tests {
         for bad in ["keycache/", "/keycache", "/a\0/"] {
             assert!(Layout::new(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn audit_keys_sort_by_time_and_stay_apart_from_the_key_state() {
+        let l = Layout::new("/kc/").expect("prefix");
+        let t = UNIX_EPOCH + std::time::Duration::from_nanos(1_795_925_106_789_000_001);
+        let k = l.audit_key(t, 0xab);
+        assert_eq!(k, b"/kc/audit/01795925106789000001-00000000000000ab");
+        assert!(l.is_audit(&k));
+        assert_eq!(l.parse(&k), None);
+        assert!(k.as_slice() >= l.audit_prefix().as_slice() && k < l.audit_range_end());
+        // Earlier keys sort below the cutoff of a later time, later above.
+        let later = t + std::time::Duration::from_nanos(1);
+        assert!(k < l.audit_before(later));
+        assert!(l.audit_key(later, 0) > l.audit_before(later));
+        assert!(l.audit_key(later, 0) > l.audit_key(t, u64::MAX));
+        for not in [
+            &b"/kc/auditx"[..],
+            b"/kc/audit",
+            b"/kc/keys/audit",
+            b"/other/audit/1",
+        ] {
+            assert!(!l.is_audit(not), "{not:?}");
+        }
+        // The key state's ranges hold both banks, not the audit keys.
+        let [(a, b), (c, d)] = l.state_ranges();
+        let inside = |x: &Vec<u8>| (*x >= a && *x < b) || (*x >= c && *x < d);
+        for key in [
+            l.key(Bank::Keys, &MinionId::new("audit").expect("id")),
+            l.key(Bank::Denied, &MinionId::new("x").expect("id")),
+        ] {
+            assert!(inside(&key), "{key:?}");
+        }
+        assert!(!inside(&k));
     }
 
     #[test]

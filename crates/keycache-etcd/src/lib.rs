@@ -13,7 +13,10 @@
 //!   master reads its own writes; nothing is written locally that etcd did
 //!   not commit. Reads stay local and lock-free, as with any keycache store;
 //! - [`seed`] fills an empty prefix from an existing store, and [`status`]
-//!   compares a replica with etcd.
+//!   compares a replica with etcd;
+//! - a writer with an actor puts the audit records of each change into
+//!   etcd with it, and every replicator appends them to its store's log
+//!   ([`audit`]).
 //!
 //! The keycache library itself has no async runtime or gRPC: they live
 //! here. Every entry point connects on its own: no connection or runtime
@@ -36,6 +39,7 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 pub mod anchor;
+pub mod audit;
 pub mod catch_up;
 pub mod check;
 pub mod connect;

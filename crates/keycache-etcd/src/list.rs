@@ -33,15 +33,20 @@ pub struct Listing {
     pub revision: i64,
     /// The etcd cluster's id.
     pub cluster_id: u64,
-    /// etcd keys under the prefix.
+    /// etcd keys of the key state under the prefix (the audit trail's
+    /// left out).
     pub keys: usize,
     /// The entries the store can hold.
     pub entries: BTreeMap<(Bank, MinionId), Value>,
     /// Keys passed over (see [`replica::decode`]).
     pub refused: Vec<(String, String)>,
-    /// The key changed last under the prefix (`None`: the prefix is
-    /// empty): the anchor of a replica made from this listing.
+    /// The key changed last under the prefix, the audit trail's left out
+    /// (`None`: no such key): the anchor of a replica made from this
+    /// listing.
     pub anchor: Option<Anchor>,
+    /// The audit trail's keys: their `mod_revision` and value, in key
+    /// order ([`crate::audit`]).
+    pub audit: crate::audit::Found,
 }
 
 /// Why a paged read stopped.
@@ -55,61 +60,68 @@ pub(crate) enum Paging {
 
 /// Reads the prefix of `settings` at `revision` (0: the current one, then
 /// every page at the first page's), page by page, handing each page's
-/// key-values to `f`; the revision read and the cluster id.
+/// key-values to `f`; the revision read and the cluster id. Without
+/// `audit`, the audit trail's range (`<prefix>audit/`) is not read.
 pub(crate) async fn pages(
     client: &mut Client,
     settings: &Settings,
     revision: i64,
+    audit: bool,
     mut f: impl FnMut(&[KeyValue]),
 ) -> std::result::Result<(i64, u64), Paging> {
     let layout = &settings.layout;
-    let end = layout.range_end();
-    let mut from = layout.prefix().as_bytes().to_vec();
+    let ranges: Vec<(Vec<u8>, Vec<u8>)> = if audit {
+        vec![(layout.prefix().as_bytes().to_vec(), layout.range_end())]
+    } else {
+        layout.state_ranges().into()
+    };
     let mut at = (revision, 0);
     let mut kv = client
         .kv_client()
         .max_decoding_message_size(settings.max_response);
     let mut page = PAGE;
     let mut first = true;
-    loop {
-        let mut o = GetOptions::new().with_range(end.clone()).with_limit(page);
-        if at.0 > 0 {
-            o = o.with_revision(at.0);
-        }
-        let mut r = match kv.get(from.clone(), Some(o)).await {
-            Ok(r) => r,
-            Err(etcd_client::Error::GRpcStatus(s)) if s.code() as i32 == GRPC_OUT_OF_RANGE => {
-                if s.message().contains("compacted") {
-                    return Err(Paging::Compacted);
+    for (mut from, end) in ranges {
+        loop {
+            let mut o = GetOptions::new().with_range(end.clone()).with_limit(page);
+            if at.0 > 0 {
+                o = o.with_revision(at.0);
+            }
+            let mut r = match kv.get(from.clone(), Some(o)).await {
+                Ok(r) => r,
+                Err(etcd_client::Error::GRpcStatus(s)) if s.code() as i32 == GRPC_OUT_OF_RANGE => {
+                    if s.message().contains("compacted") {
+                        return Err(Paging::Compacted);
+                    }
+                    if page > MIN_PAGE {
+                        // Values larger than usual: smaller pages.
+                        page /= 2;
+                        continue;
+                    }
+                    return Err(Paging::Failed(settings.err("range (list)", s)));
                 }
-                if page > MIN_PAGE {
-                    // Values larger than usual: smaller pages.
-                    page /= 2;
-                    continue;
+                Err(e) => return Err(Paging::Failed(settings.err("range (list)", e))),
+            };
+            if first {
+                let h = r
+                    .header()
+                    .ok_or_else(|| Paging::Failed(settings.err("range", "no header")))?;
+                if at.0 == 0 {
+                    at.0 = h.revision();
                 }
-                return Err(Paging::Failed(settings.err("range (list)", s)));
+                at.1 = h.cluster_id();
+                first = false;
             }
-            Err(e) => return Err(Paging::Failed(settings.err("range (list)", e))),
-        };
-        if first {
-            let h = r
-                .header()
-                .ok_or_else(|| Paging::Failed(settings.err("range", "no header")))?;
-            if at.0 == 0 {
-                at.0 = h.revision();
+            let more = r.more();
+            let kvs = r.take_kvs();
+            f(&kvs);
+            match kvs.last() {
+                Some(kv) if more => {
+                    from = kv.key().to_vec();
+                    from.push(0);
+                }
+                _ => break,
             }
-            at.1 = h.cluster_id();
-            first = false;
-        }
-        let more = r.more();
-        let kvs = r.take_kvs();
-        f(&kvs);
-        match kvs.last() {
-            Some(kv) if more => {
-                from = kv.key().to_vec();
-                from.push(0);
-            }
-            _ => break,
         }
     }
     Ok(at)
@@ -121,8 +133,12 @@ pub async fn list(client: &mut Client, settings: &Settings) -> Result<Listing> {
     let mut out = Listing::default();
     let mut applied = Applied::default();
     let mut last: Option<(i64, Anchor)> = None;
-    let (revision, cluster_id) = pages(client, settings, 0, |kvs| {
+    let (revision, cluster_id) = pages(client, settings, 0, true, |kvs| {
         for kv in kvs {
+            if layout.is_audit(kv.key()) {
+                out.audit.push((kv.mod_revision(), kv.value().to_vec()));
+                continue;
+            }
             out.keys += 1;
             if last.as_ref().is_none_or(|(m, _)| kv.mod_revision() > *m) {
                 last = Some((kv.mod_revision(), Anchor::of(kv, false)));

@@ -43,13 +43,17 @@ pub struct Applied {
 
 /// Decodes one etcd (key, value) under `layout` into a change; what cannot
 /// be held is reported in `applied` and becomes a removal when its id is
-/// valid.
+/// valid. The audit trail's keys ([`Layout::is_audit`]) are no key state:
+/// passed over silently (the replicator logs them: [`crate::audit`]).
 pub fn decode(
     layout: &Layout,
     key: &[u8],
     value: Option<&[u8]>,
     applied: &mut Applied,
 ) -> Option<Change> {
+    if layout.is_audit(key) {
+        return None;
+    }
     let shown = || String::from_utf8_lossy(key).into_owned();
     let Some((bank, id)) = layout.parse(key) else {
         applied.refused.push((
@@ -469,6 +473,22 @@ mod tests {
         assert_eq!(held(&store), want);
         assert!(t.path().join("minions_pre/new-0").is_file());
         assert!(!t.path().join("minions_pre/new-1").exists());
+    }
+
+    /// The audit trail's keys are no key state: no change, no report,
+    /// whatever their value.
+    #[test]
+    fn audit_keys_decode_to_nothing_and_are_not_reported() {
+        let l = Layout::new("/kc/").expect("prefix");
+        let mut a = Applied::default();
+        let k = l.audit_key(std::time::SystemTime::now(), 1);
+        assert_eq!(decode(&l, &k, Some(b"{}\n"), &mut a), None);
+        assert_eq!(decode(&l, &k, None, &mut a), None);
+        assert_eq!(decode(&l, b"/kc/audit/x", Some(b"garbage"), &mut a), None);
+        assert!(a.refused.is_empty(), "{a:?}");
+        // Anything else under the prefix is still reported.
+        assert_eq!(decode(&l, b"/kc/auditx/y", Some(b"garbage"), &mut a), None);
+        assert_eq!(a.refused.len(), 1);
     }
 
     /// A list with more entries than the full bank has slots for: what etcd

@@ -19,6 +19,20 @@
 //!    where it stopped, and a store whose recorded etcd cluster, prefix or
 //!    revision does not fit the etcd it reaches lists again.
 //!
+//! The audit trail's keys (`<prefix>audit/`, [`crate::audit`]) are no key
+//! state: they never move the recorded revision or the anchor. The records
+//! of those a batch or a list brings are appended to the store's log, each
+//! with its revision, in revision order, before the batch's revision (or
+//! the list's) is recorded, and before the store changes: a writer whose
+//! wait for this replica returned finds its record in this master's log,
+//! and this store never shows a change its log lacks. The last revision
+//! logged is remembered (read from the log when the replicator starts) and
+//! records at or below it are passed over, so a kill anywhere leaves each
+//! record in the log at most once (a kill during an append leaves a torn
+//! line, which readers skip); the restart's catch-up, watch or list appends
+//! the rest. Deletions of audit keys (the retention, trimmed at each
+//! consistency check) are passed over.
+//!
 //! A crash anywhere leaves the recorded revision at or behind the store:
 //! changes are absolute (a value or a removal), and what etcd committed
 //! before a watch began is applied as one batch ([`crate::catch_up`]), so
@@ -90,6 +104,8 @@ pub struct Replicator {
     /// The etcd version of each endpoint looked at (`None`: it did not
     /// say).
     versions: std::collections::HashMap<usize, Option<(u32, u32, u32)>>,
+    /// The store's audit log: the last revision logged.
+    audit: crate::audit::Log,
     report: Box<dyn FnMut(Report) + Send>,
 }
 
@@ -136,6 +152,7 @@ impl Replicator {
             next_check: None,
             listed_for_check: false,
             not_held: None,
+            audit: crate::audit::Log::default(),
             report: Box::new(report),
         }
     }
@@ -334,9 +351,13 @@ impl Replicator {
     async fn list(&mut self, client: &mut Client) -> Result<()> {
         let t = std::time::Instant::now();
         let read_at = boot_ms();
-        let l = crate::list::list(client, &self.settings).await?;
+        let mut l = crate::list::list(client, &self.settings).await?;
         let listing = t.elapsed();
         let t = std::time::Instant::now();
+        // The audit records listed that the log lacks, before the store
+        // changes and the revision is recorded.
+        self.audit
+            .append_listed(self.store.dir(), std::mem::take(&mut l.audit), l.revision)?;
         // Recorded before the store changes: a kill in between leaves a
         // store at this revision and a record behind it (`catch_up`).
         self.record_applying(l.revision)?;
@@ -498,6 +519,13 @@ impl Replicator {
             });
         }
         self.listed_for_check = result == "differed";
+        // The audit trail's retention: a failure is reported, and the next
+        // check tries again.
+        match crate::audit::trim(client, &self.settings, std::time::SystemTime::now()).await {
+            Ok(0) => {}
+            Ok(deleted) => (self.report)(Report::AuditTrimmed { deleted }),
+            Err(e) => (self.report)(Report::AuditTrimFailed { why: e.to_string() }),
+        }
         Ok((result == "differed").then_some(Next::List))
     }
 
@@ -652,6 +680,7 @@ impl Replicator {
             let mut anchor: Option<Anchor> = None;
             let mut proven: Option<Proof> = None;
             let mut next = None;
+            let mut audit: crate::audit::Found = Vec::new();
             for m in &batch {
                 if let Some(h) = m.header() {
                     etcd_revision = etcd_revision.max(h.revision());
@@ -683,6 +712,14 @@ impl Replicator {
                 }
                 for ev in m.events() {
                     let Some(kv) = ev.kv() else { continue };
+                    if layout.is_audit(kv.key()) {
+                        // Not key state: logged below; the retention's
+                        // deletions are passed over.
+                        if ev.event_type() == EventType::Put {
+                            audit.push((kv.mod_revision(), kv.value().to_vec()));
+                        }
+                        continue;
+                    }
                     revision = revision.max(kv.mod_revision());
                     let value = match ev.event_type() {
                         EventType::Put => Some(kv.value()),
@@ -697,6 +734,9 @@ impl Replicator {
             if catch_up_done && self.files_replaced()? {
                 return Ok(Next::List);
             }
+            // The batch's audit records, before the store changes and its
+            // revision is recorded (see the module's header).
+            self.audit.append(self.store.dir(), audit)?;
             let t = std::time::Instant::now();
             if !changes.is_empty() {
                 // Recorded before the store changes (see `catch_up`).

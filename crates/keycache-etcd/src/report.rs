@@ -84,6 +84,18 @@ pub enum Report {
         /// Its version.
         version: String,
     },
+    /// Audit records older than the retention were deleted from etcd
+    /// ([`crate::audit::trim`]).
+    AuditTrimmed {
+        /// Audit keys deleted.
+        deleted: i64,
+    },
+    /// The audit trail's retention could not be applied (retried at the
+    /// next check).
+    AuditTrimFailed {
+        /// Why.
+        why: String,
+    },
     /// The connection was lost or refused; retrying after `retry_in`.
     Lost {
         /// Why.
@@ -205,6 +217,21 @@ impl Report {
                      with the watch fixes Kubernetes requires (progress notifications ahead of \
                      events, events lost by slow watchers): upgrade etcd",
                     WATCH_FIXED.0, WATCH_FIXED.1, WATCH_FIXED.2
+                ),
+                None,
+            ),
+            Report::AuditTrimmed { deleted } => (
+                Level::Info,
+                format!(
+                    "deleted {deleted} audit key{} older than the retention from etcd",
+                    if *deleted == 1 { "" } else { "s" }
+                ),
+                None,
+            ),
+            Report::AuditTrimFailed { why } => (
+                Level::Warning,
+                format!(
+                    "could not delete old audit keys from etcd ({why}): retried at the next check"
                 ),
                 None,
             ),

@@ -28,20 +28,28 @@ pub struct Seeded {
     pub revision: i64,
 }
 
-/// How many keys the prefix holds, and etcd's revision.
+/// How many keys of the key state the prefix holds (the audit trail's,
+/// `<prefix>audit/`, are not counted: a prefix that holds only them is
+/// empty), and etcd's revision.
 pub async fn count(client: &mut Client, settings: &Settings) -> Result<(i64, i64)> {
-    let r = client
-        .get(
-            settings.layout.prefix(),
-            Some(
-                GetOptions::new()
-                    .with_range(settings.layout.range_end())
-                    .with_count_only(),
-            ),
-        )
-        .await
-        .map_err(|e| settings.err("range (count)", e))?;
-    Ok((r.count(), r.header().map_or(0, |h| h.revision())))
+    let mut n = 0;
+    let mut revision = 0;
+    for (from, end) in settings.layout.state_ranges() {
+        let mut o = GetOptions::new().with_range(end).with_count_only();
+        if revision > 0 {
+            // Both ranges at one revision.
+            o = o.with_revision(revision);
+        }
+        let r = client
+            .get(from, Some(o))
+            .await
+            .map_err(|e| settings.err("range (count)", e))?;
+        n += r.count();
+        if revision == 0 {
+            revision = r.header().map_or(0, |h| h.revision());
+        }
+    }
+    Ok((n, revision))
 }
 
 /// Puts every entry of `store` (both banks) under the prefix. A prefix

@@ -20,7 +20,8 @@ pub struct Status {
     pub replica_revision: i64,
     /// etcd's current revision (`None`: etcd could not be reached).
     pub etcd_revision: Option<i64>,
-    /// Keys under the prefix in etcd.
+    /// Keys of the key state under the prefix in etcd (the audit trail's
+    /// not counted).
     pub etcd_keys: Option<i64>,
     /// etcd's revision minus the replica's (changes outside the prefix
     /// count too: a replica is current when the watch has nothing to send).

@@ -9,11 +9,27 @@
 //! again when one did. A write of the Salt driver, whose decision was made
 //! on the local replica, commits only if etcd's key has not changed after
 //! the revision the replica holds.
+//!
+//! A writer given an actor ([`Writer::set_actor`]) records every change in
+//! the audit trail ([`crate::audit`]) in the change's own transaction: one
+//! more put per transaction, of one `<prefix>audit/` key
+//! ([`crate::Layout::audit_key`]) holding the records of every id the
+//! transaction changes (what was read against what the decision writes,
+//! [`keycache::audit::Record::of_change`]). The record is committed with
+//! the change or not at all, and reaches every master's log through its
+//! replicator; by the time a write returns (its replica applied the
+//! revision) it is in this master's log. A transaction retried after a
+//! conflict records what it found on its last read. A driver write
+//! ([`Writer::put_if`]) records the one entry it changes; one that finds
+//! etcd already holding its value (another master's identical write)
+//! records nothing: the other write did. Without an actor nothing is
+//! recorded.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp, TxnOpResponse, TxnResponse};
+use keycache::audit::{Entries, Record};
 use keycache::snapshot::Bank;
 use keycache::store::KeyState;
 use keycache::MinionId;
@@ -24,8 +40,8 @@ use crate::error::{Error, Result};
 use crate::layout::Value;
 use crate::state::ReplicaState;
 
-/// Ids per transaction: two keys each (etcd's default `--max-txn-ops` is
-/// 128 operations per transaction).
+/// Ids per transaction: two keys each, and one audit key per transaction
+/// (etcd's default `--max-txn-ops` is 128 operations per transaction).
 pub const IDS_PER_TXN: usize = 60;
 /// How many times a conditional write reads again after a conflict.
 pub const TRIES: u32 = 8;
@@ -103,6 +119,8 @@ pub struct Writer {
     settings: Settings,
     client: Client,
     dir: PathBuf,
+    /// Who the changes are recorded as ([`Writer::set_actor`]).
+    actor: Option<keycache::audit::Actor>,
 }
 
 impl std::fmt::Debug for Writer {
@@ -129,7 +147,15 @@ impl Writer {
             settings,
             client,
             dir: dir.to_path_buf(),
+            actor: None,
         })
+    }
+
+    /// Records every change this writer commits in the cluster's audit
+    /// trail as made by `actor`, in the change's own transaction (None:
+    /// no record).
+    pub fn set_actor(&mut self, actor: Option<keycache::audit::Actor>) {
+        self.actor = actor;
     }
 
     /// Reads what etcd holds for `ids`, in one transaction.
@@ -250,6 +276,8 @@ impl Writer {
     ) -> Planned {
         let l = &self.settings.layout;
         let mut p = Planned::default();
+        let now = SystemTime::now();
+        let mut records = Vec::new();
         for (id, c) in chunk.iter().zip(cur) {
             match decide(id, c) {
                 Decision::Skip(why) => p.skipped.push((id.clone(), why)),
@@ -258,6 +286,17 @@ impl Writer {
                         let rev = c.revs[bank_index(b)];
                         p.cmp
                             .push(Compare::mod_revision(l.key(b, id), CompareOp::Equal, rev));
+                    }
+                    if let Some(actor) = &self.actor {
+                        let before = Entries {
+                            key: c.key.clone(),
+                            denied: c.denied.clone(),
+                        };
+                        let mut after = before.clone();
+                        for (b, v) in &changes {
+                            set(&mut after, *b, v.as_ref());
+                        }
+                        records.extend(Record::of_change(actor, id.as_str(), &before, &after, now));
                     }
                     for (b, v) in changes {
                         p.ops.push(match v {
@@ -268,6 +307,9 @@ impl Writer {
                     p.done.push(id.clone());
                 }
             }
+        }
+        if !records.is_empty() && !p.ops.is_empty() {
+            p.ops.push(audit_put(&self.settings, now, &records));
         }
         p
     }
@@ -299,16 +341,26 @@ impl Writer {
             None => Compare::version(key.clone(), CompareOp::Equal, 0),
         };
         let want = value.as_ref().map(Value::encode);
-        let op = match &want {
+        let mut ops = vec![match &want {
             Some(v) => TxnOp::put(key.clone(), v.clone(), None),
             None => TxnOp::delete(key.clone(), None),
-        };
+        }];
+        if let Some(actor) = &self.actor {
+            // The other bank is not read: left out of both sides.
+            let (mut before, mut after) = (Entries::default(), Entries::default());
+            set(&mut before, bank, expected);
+            set(&mut after, bank, value.as_ref());
+            let now = SystemTime::now();
+            if let Some(r) = Record::of_change(actor, id.as_str(), &before, &after, now) {
+                ops.push(audit_put(&self.settings, now, &[r]));
+            }
+        }
         let r = self
             .client
             .txn(
                 Txn::new()
                     .when([guard])
-                    .and_then([op])
+                    .and_then(ops)
                     .or_else([TxnOp::get(key.clone(), None)]),
             )
             .await
@@ -348,6 +400,23 @@ impl Writer {
         let mut client = self.client.clone();
         wait_applied(&mut client, &self.settings, &self.dir, cluster_id, revision).await
     }
+}
+
+/// Sets `bank`'s entry of `e` to `v` (None: absent; a value of the other
+/// bank grants nothing there: absent too).
+fn set(e: &mut Entries, bank: Bank, v: Option<&Value>) {
+    match (bank, v) {
+        (Bank::Keys, Some(Value::Key(s, p))) => e.key = Some((*s, p.clone())),
+        (Bank::Keys, _) => e.key = None,
+        (Bank::Denied, Some(Value::Denied(p))) => e.denied = Some(p.clone()),
+        (Bank::Denied, _) => e.denied = None,
+    }
+}
+
+/// The put of one transaction's audit key: `records` as JSON lines.
+fn audit_put(settings: &Settings, now: SystemTime, records: &[Record]) -> TxnOp {
+    let key = settings.layout.audit_key(now, crate::audit::nonce());
+    TxnOp::put(key, crate::audit::value(records), None)
 }
 
 /// Waits until the replica of `dir` holds `revision` of the etcd cluster

@@ -81,6 +81,9 @@ pub const REPLICATOR_LOCK_FILE: &str = ".keycache-etcd.lock";
 /// the tree, durable before the banks are written, cleared once the tree
 /// is in step; the next writer finishes what a killed one left.
 pub const TREE_INTENT_FILE: &str = ".keycache-tree-intent";
+/// The audit trail, in the store directory ([`crate::audit`]): one JSON
+/// record a line, rotated to `<name>.1` .. `<name>.4`.
+pub const AUDIT_LOG_FILE: &str = ".keycache-audit.log";
 
 /// Width of a slot's status byte.
 pub const STATUS_LEN: usize = 1;

@@ -70,6 +70,7 @@ macro_rules! stop_point {
     };
 }
 
+pub mod audit;
 pub mod bench;
 pub mod diff;
 pub mod error;

@@ -178,7 +178,7 @@ impl Driver {
             expected,
             value,
         };
-        py.detach(|| crate::etcd::write(settings, &open.dir, vec![op]))
+        py.detach(|| crate::etcd::write(settings, &open.dir, vec![op], open.actor()))
             .map_err(|why| error(py, why))?;
         Ok(true)
     }
@@ -240,7 +240,7 @@ impl Driver {
         if ops.is_empty() {
             return Ok(true);
         }
-        py.detach(|| crate::etcd::write(settings, &open.dir, ops))
+        py.detach(|| crate::etcd::write(settings, &open.dir, ops, open.actor()))
             .map_err(|why| error(py, why))?;
         Ok(true)
     }

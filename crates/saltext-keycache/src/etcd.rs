@@ -13,6 +13,7 @@
 use std::path::Path;
 use std::time::Duration;
 
+use keycache::audit::Actor;
 use keycache::snapshot::Bank;
 use keycache::MinionId;
 use keycache_config::etcd::{prefix_or_default, EtcdSettings, SECONDS};
@@ -257,9 +258,15 @@ pub(crate) fn last_etcd_revision() -> i64 {
 
 /// Runs `ops` through etcd for the store in `dir`, each committed only if
 /// etcd still holds what the replica showed, each waiting until the replica
-/// applied it. Every op is tried; the error names how many failed and the
-/// first failure. Call without the GIL.
-pub(crate) fn write(settings: &Settings, dir: &Path, ops: Vec<Op>) -> Result<(), String> {
+/// applied it, each change recorded in the cluster's audit trail as made by
+/// `actor`, in its own transaction. Every op is tried; the error names how
+/// many failed and the first failure. Call without the GIL.
+pub(crate) fn write(
+    settings: &Settings,
+    dir: &Path,
+    ops: Vec<Op>,
+    actor: &Actor,
+) -> Result<(), String> {
     LAST_REVISION.with(|r| r.set(0));
     check_replica(settings, dir)?;
     // Values the replica shows already (Salt's cluster masters store each
@@ -283,6 +290,7 @@ pub(crate) fn write(settings: &Settings, dir: &Path, ops: Vec<Op>) -> Result<(),
                 Ok(Err(e)) => return Ok((vec![(None, fail(e))], 0)),
                 Err(_) => return Ok((vec![(None, timed_out(settings))], 0)),
             };
+        w.set_actor(Some(actor.clone()));
         let mut failures = Vec::new();
         let mut last = 0;
         for op in ops {

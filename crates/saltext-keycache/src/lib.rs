@@ -27,6 +27,9 @@
 //!   `keys` and `denied_keys` banks go through etcd and wait for the local
 //!   replica, which `replicate` (the Salt engine's function) keeps; each
 //!   write's runtime and connection live only inside the call.
+//! * The audit trail (`keycache::audit`): every change the driver makes
+//!   is recorded as made by this process (see [`audit`]): in the store's
+//!   log, or through etcd in the change's own transaction.
 //! * Fork: a child never uses its parent's handles. `after_fork_in_child`
 //!   (registered with `os.register_at_fork` by the Python package) drops
 //!   them, and every write checks the process id as well, so a child
@@ -35,6 +38,7 @@
 
 #![deny(clippy::unwrap_used)]
 
+mod audit;
 mod driver;
 mod etcd;
 mod legacy;
@@ -86,6 +90,10 @@ pub(crate) struct DriverKey {
     pub(crate) master_id: String,
     /// `keycache_etcd`: etcd mode (see [`etcd`]).
     pub(crate) etcd: Option<etcd::EtcdOptions>,
+    /// Who this process's changes are recorded as (see [`audit`]): the
+    /// program (the base name of Python's `sys.argv[0]`) and the master's
+    /// `id`, as Salt's options give it.
+    pub(crate) recorded_as: audit::Who,
 }
 
 /// The drivers of this process. Looked up when a driver module is (re)loaded,
@@ -149,9 +157,11 @@ pub(crate) fn tree_sync(py: Python<'_>, v: &Bound<'_, PyAny>) -> PyResult<TreeSy
 /// process and shared by every `Cache()` that asks for it. `master_pki_dir`
 /// is the master's `pki_dir` when `dir` is the master's own store directory
 /// (`<master_pki_dir>/master.pub` is then kept in step with the bank), and
-/// `master_id` the master's id without `_master`.
+/// `master_id` the master's id without `_master`. Changes are recorded in
+/// the audit trail as made by `program` (default: the base name of
+/// `sys.argv[0]`) for the master `audit_master` (the master options' `id`).
 #[pyfunction(name = "driver")]
-#[pyo3(signature = (dir, *, size, slot_size, id_size, max_segment_bytes, tree, pki_dir_is_abs, master_pki_dir=None, master_id=String::new(), etcd=None, cluster_id=None))]
+#[pyo3(signature = (dir, *, size, slot_size, id_size, max_segment_bytes, tree, pki_dir_is_abs, master_pki_dir=None, master_id=String::new(), etcd=None, cluster_id=None, program=None, audit_master=None))]
 #[allow(clippy::too_many_arguments)]
 fn open_driver(
     py: Python<'_>,
@@ -166,7 +176,13 @@ fn open_driver(
     master_id: String,
     etcd: Option<Bound<'_, PyAny>>,
     cluster_id: Option<String>,
+    program: Option<String>,
+    audit_master: Option<String>,
 ) -> PyResult<Py<Driver>> {
+    let program = match program.filter(|p| !p.is_empty()) {
+        Some(p) => p,
+        None => audit::program(py),
+    };
     let etcd = etcd::EtcdOptions::from_py(etcd.as_ref(), cluster_id.as_deref())
         .map_err(|why| error(py, why))?;
     let settings = match &etcd {
@@ -181,6 +197,10 @@ fn open_driver(
         master_pki_dir,
         master_id,
         etcd,
+        recorded_as: audit::Who {
+            program,
+            master: audit_master.filter(|m| !m.is_empty()),
+        },
     };
     let mut g = DRIVERS.lock().unwrap_or_else(|e| e.into_inner());
     let map = g.get_or_insert_with(HashMap::new);
@@ -225,6 +245,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(after_fork_in_child, m)?)?;
     m.add_function(wrap_pyfunction!(replicate::replicate, m)?)?;
     m.add_function(wrap_pyfunction!(etcd::last_etcd_revision, m)?)?;
+    m.add_function(wrap_pyfunction!(audit::audit_history, m)?)?;
+    m.add_function(wrap_pyfunction!(audit::audit_program, m)?)?;
     m.add("KeycacheError", m.py().get_type::<KeycacheError>())?;
     m.add("MAX_KEPT_VALUES", strs::MAX_KEPT_VALUES)?;
     m.add("LIST_BESIDE_FROM", listing::BESIDE_FROM)?;

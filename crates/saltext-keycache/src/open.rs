@@ -6,13 +6,15 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use arc_swap::ArcSwapOption;
+use keycache::audit::Actor;
 use keycache::table::Table;
 use keycache::tree::TreeSync;
 use keycache::{OpenOptions, Params, Store};
 
+use crate::audit::Who;
 use crate::master_pub::MasterPub;
 use crate::values::Bank;
 use crate::{fork_generation, DriverKey};
@@ -37,6 +39,13 @@ pub(crate) struct Open {
     /// A tree write left unfinished by a killed writer was looked for
     /// ([`Open::resume_once`]).
     resume_checked: AtomicBool,
+    /// Who this process's changes are recorded as (see [`crate::audit`]).
+    who: Who,
+    /// The actor of [`Open::who`], made on first use in this process.
+    actor: OnceLock<Actor>,
+    /// etcd mode: the local handles write nothing of the banks etcd holds
+    /// (the replicator records what it applies), so they record nothing.
+    through_etcd: bool,
 }
 
 /// Open options of the layout Salt's options give: (`mmap_key_size`,
@@ -75,7 +84,16 @@ impl Open {
                 .map(|d| MasterPub::new(Path::new(d), &key.master_id)),
             vetted: AtomicBool::new(false),
             resume_checked: AtomicBool::new(false),
+            who: key.recorded_as.clone(),
+            actor: OnceLock::new(),
+            through_etcd: key.etcd.is_some(),
         }
+    }
+
+    /// Who this process's changes are recorded as: made on first use, in
+    /// the process that uses it (see [`crate::audit`]).
+    pub(crate) fn actor(&self) -> &Actor {
+        self.actor.get_or_init(|| self.who.actor())
     }
 
     /// Once per process, on first use: finishes the key tree of a write
@@ -186,10 +204,16 @@ impl Open {
         Ok(v)
     }
 
-    /// The `keys` and `denied_keys` banks.
+    /// The `keys` and `denied_keys` banks; their writes record every
+    /// change in the store's audit trail as [`Open::actor`]'s (not in etcd
+    /// mode: those writes go through etcd).
     pub(crate) fn store(&self) -> keycache::Result<Arc<Store>> {
         self.once(&self.store, || {
-            Ok(Store::open_with(&self.dir, &self.opts)?.with_tree(self.tree))
+            let mut s = Store::open_with(&self.dir, &self.opts)?.with_tree(self.tree);
+            if !self.through_etcd {
+                s.set_audit(Some(self.actor().clone()));
+            }
+            Ok(s)
         })
     }
 

@@ -29,6 +29,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from master_minion_support import free_ports  # noqa: E402  pylint: disable=wrong-import-position
+from master_minion_support import wait_for  # noqa: E402  pylint: disable=wrong-import-position
 
 
 def etcd_bin_dir():
@@ -263,3 +264,16 @@ if __name__ == "__main__":
     logging.basicConfig(level=logging.DEBUG, stream=sys.stderr)
     _opts = master_opts(json.loads(pathlib.Path(sys.argv[2]).read_text()))
     {"engine": _engine, "manager": _manager}[sys.argv[1]](_opts)
+
+
+def wait_replicas(pair, prefix):
+    """Both masters' engines of ``pair`` have listed ``prefix`` into their
+    stores."""
+    for master in (pair.a, pair.b):
+        state = wait_for(
+            f"master {master.name}'s engine to make its store a replica",
+            lambda m=master: replica_state(m.store),
+            60,
+            alive=pair.daemons,
+        )
+        assert state["prefix"] == prefix, state

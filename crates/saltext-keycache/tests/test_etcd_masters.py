@@ -65,18 +65,6 @@ def _salt_key(master, *args):
     return proc
 
 
-def _wait_replicas(pair, prefix):
-    """Both masters' engines have listed ``prefix`` into their stores."""
-    for master in (pair.a, pair.b):
-        state = mm.wait_for(
-            f"master {master.name}'s engine to make its store a replica",
-            lambda m=master: es.replica_state(m.store),
-            60,
-            alive=pair.daemons,
-        )
-        assert state["prefix"] == prefix, state
-
-
 def _checks(pair, etcd, prefix, phase):
     """The issue's checks on the running masters ``pair.a`` and ``pair.b``."""
     a, b = pair.a, pair.b
@@ -126,7 +114,7 @@ def _run(pair, etcd, prefix, start):
 
     try:
         start()
-        _wait_replicas(pair, prefix)
+        es.wait_replicas(pair, prefix)
         phase("masters up, replicas listed")
         _checks(pair, etcd, prefix, phase)
     except BaseException:

@@ -1,6 +1,7 @@
 //! `keycache merge`: a peer's snapshot merged into the store: per entry,
 //! the version that wins (see `keycache::merge`), in one batch under both
-//! banks' locks, with the key tree in step.
+//! banks' locks, with the key tree in step; each change recorded in the
+//! audit trail (`keycache::audit`) as a `merge`.
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -12,7 +13,7 @@ use keycache::history::{show_ident, History, HistoryOptions, Kind, Version};
 use keycache::merge::{self, Base, BaseFile, MergeOptions, MergePlan, PlanCounts};
 use keycache::snapshot::{Entry, Snapshot};
 
-use crate::args::{announce_lock_wait, Json, Layout};
+use crate::args::{announce_lock_wait, Json, Layout, Reason};
 use crate::cmd::snapshot::lock_wait;
 use crate::cmd::state::TreeMode;
 use crate::output::{
@@ -78,6 +79,8 @@ pub(crate) struct Args {
     /// Accepted for the timers of keycache 0.1 and ignored.
     #[arg(long, value_name = "POLICY", hide = true)]
     on_key_mismatch: Option<String>,
+    #[command(flatten)]
+    reason: Reason,
     #[command(flatten)]
     json: Json,
     #[command(flatten)]
@@ -275,7 +278,15 @@ pub(crate) fn run(a: Args) -> CmdResult {
             BaseFile::Base(b) => Some(b),
         },
     };
-    let (store, _) = TreeMode::open_writer(a.tree, &a.layout, &store_dir, TreeMode::Auto)?;
+    // Each entry it changes is recorded in the audit trail, as a merge.
+    let (store, _) = TreeMode::open_recorded(
+        a.tree,
+        &a.layout,
+        &store_dir,
+        TreeMode::Auto,
+        a.reason.reason.clone(),
+        Some("merge"),
+    )?;
     if !a.dry_run {
         super::etcd::refuse_local_write(store.dir(), "merge")?;
     }

@@ -7,6 +7,7 @@ mod etcd;
 mod export;
 mod generate;
 mod get;
+mod history;
 mod list;
 mod merge;
 mod migrate;
@@ -77,6 +78,12 @@ pub(crate) enum Command {
     /// minion is refused; a later sign-in of it is pending again, as Salt
     /// treats any id without a keys entry.
     Deny(state::Args),
+    /// The store's audit trail: every change of the key state, oldest
+    /// first (time, id, action, from -> to, who, which program and master,
+    /// why, the key's fingerprint), as every keycache writer records it
+    /// (the CLI, the Salt driver, in etcd mode every master's).
+    /// `--json`: one object per line. No log yet: no output, exit 0.
+    History(history::Args),
     /// Counts per state, header counters, load factor, probe lengths and heap usage.
     Stats(stats::Args),
     /// Check header counters, roster, probe chains, duplicates and every
@@ -136,6 +143,7 @@ pub(crate) fn run(cmd: Command) -> CmdResult {
         Command::Reject(a) => state::run(a, state::Action::Reject),
         Command::Delete(a) => state::run(a, state::Action::Delete),
         Command::Deny(a) => state::run(a, state::Action::Deny),
+        Command::History(a) => history::run(a),
         Command::Stats(a) => stats::run(a),
         Command::Verify(a) => verify::run(a),
         Command::Compact(a) => compact::run(a),

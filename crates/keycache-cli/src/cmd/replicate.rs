@@ -184,6 +184,8 @@ fn print(r: &Report, json: bool) {
 /// retrying cannot mend.
 pub(crate) fn run(a: Args) -> CmdResult {
     let settings = super::etcd::required(&a.layout, "replicate")?;
+    // No audit actor: the replicator appends the records etcd holds with
+    // each change (whoever made it), not records of its own.
     let (store, _) = TreeMode::open_writer(a.tree, &a.layout, Path::new(""), TreeMode::Always)?;
     errln!(
         "keycache: replicate: {} from etcd {} into {} (key tree {})",

@@ -4,7 +4,9 @@
 //! store's directory in
 //! step (`--tree`; see `keycache::tree`). When the master config has
 //! `keycache_etcd`, the change goes through etcd instead
-//! (`super::etcd::write`), decided the same way ([`decide`]).
+//! (`super::etcd::write`), decided the same way ([`decide`]). Either way
+//! each change is recorded in the audit trail (`keycache::audit`), with
+//! `--reason`.
 
 use std::io::{BufRead, IsTerminal};
 
@@ -14,7 +16,7 @@ use keycache::store::KeyState;
 use keycache::tree::{TreeChanges, TreeSync};
 use keycache::MinionId;
 
-use crate::args::{announce_lock_wait, minion_id, Json, Layout, StoreIds};
+use crate::args::{announce_lock_wait, minion_id, Json, Layout, Reason, StoreIds};
 use crate::output::{
     errln, esc, esc_path, exit, outln, print_json, print_tree_changes, write_stderr, CmdError,
     CmdResult,
@@ -61,6 +63,8 @@ pub(crate) struct Args {
     /// (denied), keeping its keys entry.
     #[arg(long, value_enum, value_name = "STATE")]
     state: Option<Only>,
+    #[command(flatten)]
+    reason: Reason,
     #[command(flatten)]
     json: Json,
     #[command(flatten)]
@@ -175,12 +179,14 @@ impl TreeMode {
     /// never, `accepted` accepted, `true` the command's `default` (the
     /// driver keeps the tree in step then, and so does the command); else
     /// `default`. The config is read once, for the store and the mode.
-    pub(crate) fn open(
+    /// Also the master's id when the master config was read
+    /// ([`crate::args::Resolved::master`]).
+    pub(crate) fn open_master(
         given: Option<TreeMode>,
         layout: &Layout,
         dir: &std::path::Path,
         default: TreeMode,
-    ) -> Result<(keycache::Store, TreeMode), CmdError> {
+    ) -> Result<(keycache::Store, TreeMode, Option<String>), CmdError> {
         let r = layout.resolve(dir, true)?;
         let mode = given.unwrap_or(match r.tree {
             Some(TreeSync::Off) => TreeMode::Never,
@@ -189,10 +195,10 @@ impl TreeMode {
         });
         let mut store = layout.open_with(&r.dir, layout.options(r.params))?;
         store.set_tree(mode.sync(store.dir()));
-        Ok((store, mode))
+        Ok((store, mode, r.master))
     }
 
-    /// [`TreeMode::open`] for a command that writes the store: a tree
+    /// [`TreeMode::open_master`] for a command that writes the store: a tree
     /// write that a killed writer left unfinished is finished first
     /// ([`keycache::Store::resume_tree`]), and said on stderr.
     pub(crate) fn open_writer(
@@ -201,11 +207,40 @@ impl TreeMode {
         dir: &std::path::Path,
         default: TreeMode,
     ) -> Result<(keycache::Store, TreeMode), CmdError> {
-        let (store, mode) = TreeMode::open(given, layout, dir, default)?;
+        let (store, mode, _) = TreeMode::open_writer_master(given, layout, dir, default)?;
+        Ok((store, mode))
+    }
+
+    /// [`TreeMode::open_writer`] for a command that changes the key state:
+    /// every change its writes make is recorded in the store's audit trail
+    /// ([`keycache::Store::set_audit`]) as made by this process
+    /// ([`crate::args::actor`]: the master config's id, `reason`, and
+    /// `action` for a change made as a whole, `merge`). The store's
+    /// [`keycache::Store::audit`] is the actor, for the path through etcd.
+    pub(crate) fn open_recorded(
+        given: Option<TreeMode>,
+        layout: &Layout,
+        dir: &std::path::Path,
+        default: TreeMode,
+        reason: Option<String>,
+        action: Option<&str>,
+    ) -> Result<(keycache::Store, TreeMode), CmdError> {
+        let (mut store, mode, master) = TreeMode::open_writer_master(given, layout, dir, default)?;
+        store.set_audit(Some(crate::args::actor(master, reason, action)));
+        Ok((store, mode))
+    }
+
+    fn open_writer_master(
+        given: Option<TreeMode>,
+        layout: &Layout,
+        dir: &std::path::Path,
+        default: TreeMode,
+    ) -> Result<(keycache::Store, TreeMode, Option<String>), CmdError> {
+        let (store, mode, master) = TreeMode::open_master(given, layout, dir, default)?;
         // It takes the banks' locks.
         announce_lock_wait(store.dir());
         say_resumed(&store, store.resume_tree()?.as_slice());
-        Ok((store, mode))
+        Ok((store, mode, master))
     }
 
     /// The store's setting in `dir` for this mode.
@@ -436,7 +471,16 @@ pub(crate) fn run(c: Args, action: Action) -> CmdResult {
     if c.state.is_some() && action != Action::Delete {
         return Err(CmdError::usage("--state limits delete only"));
     }
-    let (store, _) = TreeMode::open_writer(c.tree, &c.layout, &dir, TreeMode::Auto)?;
+    // Every change is recorded in the audit trail (through etcd, in
+    // etcd's, by the writer: the same actor).
+    let (store, _) = TreeMode::open_recorded(
+        c.tree,
+        &c.layout,
+        &dir,
+        TreeMode::Auto,
+        c.reason.reason.clone(),
+        None,
+    )?;
     let mut ids: Vec<MinionId> = given
         .iter()
         .map(|s| minion_id(s))

@@ -17,6 +17,8 @@ pub(crate) struct Args {
     /// later runs report until the keys are back)
     #[arg(long)]
     repair: bool,
+    #[command(flatten)]
+    reason: crate::args::Reason,
     /// Also compare the localfs_key tree (minions/, minions_pre/, ...) with
     /// the store, which Salt's validate_token reads on every request
     /// (`--repair` makes it equal to the store, and refuses a directory
@@ -58,7 +60,8 @@ struct TreeOut {
 /// entry.
 pub(crate) fn run(a: Args) -> CmdResult {
     // The mode decides which state directories are compared and mended.
-    let (store, mode) = TreeMode::open(a.tree, &a.layout, &a.store.dir(), TreeMode::Auto)?;
+    let (store, mode, master) =
+        TreeMode::open_master(a.tree, &a.layout, &a.store.dir(), TreeMode::Auto)?;
     let tree_on = store.tree().is_on();
     if a.repair && tree_on {
         // Before anything is repaired: a tree mended toward no store loses
@@ -66,6 +69,29 @@ pub(crate) fn run(a: Args) -> CmdResult {
         keycache::tree::require_store(&store)?;
     }
     let mut report = check_store(&store, a.repair)?;
+    // The entries a repair could not keep leave the store: each a change
+    // of the key state, recorded once the rebuild is done (what the entry
+    // held cannot be read: no states, no fingerprint).
+    let lost: Vec<keycache::audit::Record> = report
+        .repaired
+        .iter()
+        .flat_map(|r| r.lost.iter())
+        .map(|(id, _)| {
+            let actor = crate::args::actor(master.clone(), a.reason.reason.clone(), Some("repair"));
+            keycache::audit::Record {
+                time: keycache::audit::rfc3339(std::time::SystemTime::now()),
+                id: id.clone(),
+                action: "repair".into(),
+                user: actor.user,
+                sudo_user: actor.sudo_user,
+                program: actor.program,
+                master: actor.master,
+                reason: actor.reason,
+                ..Default::default()
+            }
+        })
+        .collect();
+    keycache::audit::append(store.dir(), &lost)?;
     // A store with accepted keys and no tree at all (auto finds none to
     // compare): Salt's validate_token refuses every accepted minion.
     let no_tree = if mode == TreeMode::Auto && !tree_on {

@@ -142,12 +142,14 @@ impl Drop for Replicating {
     }
 }
 
-/// Every etcd key under the prefix.
+/// Every etcd key of the key state under the prefix (not the audit
+/// trail's).
 fn etcd_keys(c: &Cluster) -> BTreeSet<String> {
+    let audit = format!("{PREFIX}audit/");
     c.etcdctl(&["get", PREFIX, "--prefix", "--keys-only"])
         .expect("etcdctl get")
         .lines()
-        .filter(|l| !l.is_empty())
+        .filter(|l| !l.is_empty() && !l.starts_with(&audit))
         .map(str::to_owned)
         .collect()
 }

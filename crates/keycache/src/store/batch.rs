@@ -180,7 +180,8 @@ impl Store {
         use crate::snapshot::Bank;
         let log = crate::removals::kept_in(&self.dir);
         let index = self.table_of(bank).path().to_path_buf();
-        let sync = self.tree.is_on();
+        // Entry by entry when the tree follows or the changes are recorded.
+        let sync = self.tree.is_on() || self.audit.is_some();
         let remove = |b: &mut Batch<'_, '_>| {
             if !sync {
                 return Ok(());
@@ -255,7 +256,8 @@ impl Store {
                               keys: Txn<'_>,
                               denied_ops: &[(Vec<u8>, Option<Vec<u8>>)],
                               wants,
-                              mut removed: Removed| {
+                              mut removed: Removed,
+                              records: &[crate::audit::Record]| {
                 self.apply_both(
                     kix,
                     dix,
@@ -263,20 +265,26 @@ impl Store {
                     denied_ops,
                     wants,
                     log.then_some(&mut removed),
+                    records,
                 )
             };
             if both {
                 return self.denied.with_writer(|dix| {
-                    let (out, wants, removed) = self.stage(f, &mut keys, &mut denied_ops, log)?;
-                    let (applied, changes) = both_banks(dix, keys, &denied_ops, wants, removed)?;
+                    let (out, wants, removed, records) =
+                        self.stage(f, &mut keys, &mut denied_ops, log)?;
+                    let (applied, changes) =
+                        both_banks(dix, keys, &denied_ops, wants, removed, &records)?;
                     after()?;
                     Ok((out, applied, changes))
                 });
             }
-            let (out, wants, removed) = self.stage(f, &mut keys, &mut denied_ops, log)?;
+            let (out, wants, removed, records) = self.stage(f, &mut keys, &mut denied_ops, log)?;
             if denied_ops.is_empty() {
                 let plan = self.keys.plan(kix, keys)?;
                 crate::removals::append(&self.dir, &removed)?;
+                // Recorded before the change: never a change without its
+                // record ([`crate::audit`]).
+                crate::audit::append(&self.dir, &records)?;
                 let (applied, changes) =
                     self.with_tree_sync(wants, || self.keys.apply(kix, plan))?;
                 after()?;
@@ -284,7 +292,8 @@ impl Store {
             }
             // Both banks locked (keys first, always).
             self.denied.with_writer(|dix| {
-                let (applied, changes) = both_banks(dix, keys, &denied_ops, wants, removed)?;
+                let (applied, changes) =
+                    both_banks(dix, keys, &denied_ops, wants, removed, &records)?;
                 after()?;
                 Ok((out, applied, changes))
             })

@@ -120,6 +120,8 @@ pub struct Store {
     /// What this handle's writes finished of interrupted tree writes
     /// ([`Store::take_resumed`]).
     resumed: std::sync::Mutex<Vec<crate::tree::Resumed>>,
+    /// Who this handle's writes are recorded as ([`Store::set_audit`]).
+    audit: Option<crate::audit::Actor>,
 }
 
 impl Store {
@@ -172,6 +174,7 @@ impl Store {
             dir,
             tree: TreeSync::Off,
             resumed: Default::default(),
+            audit: None,
         })
     }
 
@@ -188,6 +191,20 @@ impl Store {
     pub fn with_tree(mut self, sync: TreeSync) -> Store {
         self.set_tree(sync);
         self
+    }
+
+    /// Records every change this handle's writes make in the store's
+    /// audit trail ([`crate::audit`]), as made by `actor`: appended under
+    /// the `keys` bank's lock, durably, before the banks are written. Off
+    /// (None) unless set: a replica's writer records what etcd's records
+    /// say instead.
+    pub fn set_audit(&mut self, actor: Option<crate::audit::Actor>) {
+        self.audit = actor;
+    }
+
+    /// Who this handle's writes are recorded as, if they are.
+    pub fn audit(&self) -> Option<&crate::audit::Actor> {
+        self.audit.as_ref()
     }
 
     /// Whether this handle's writes keep the tree in step.
@@ -417,28 +434,74 @@ impl Store {
         keys: &mut Txn<'t>,
         denied_ops: &mut Vec<(Vec<u8>, Option<Vec<u8>>)>,
         log: bool,
-    ) -> Result<(T, Option<Wants>, Removed)> {
+    ) -> Result<(T, Option<Wants>, Removed, Vec<crate::audit::Record>)> {
         let sync = self.tree.is_on();
         let mut touched: Vec<MinionId> = Vec::new();
         let mut removed = Vec::new();
         let out = f(&mut Batch {
             keys,
             denied: denied_ops,
-            touched: sync.then_some(&mut touched),
+            touched: (sync || self.audit.is_some()).then_some(&mut touched),
             removed: log.then_some(&mut removed),
         })?;
+        let records = match &self.audit {
+            Some(actor) => self.records_of(actor, keys, denied_ops, &touched)?,
+            None => Vec::new(),
+        };
         let wants = if sync {
             Some(self.wants_after(keys, denied_ops, touched)?)
         } else {
             None
         };
-        Ok((out, wants, removed))
+        Ok((out, wants, removed, records))
+    }
+
+    /// The audit records of a staged batch: each id `touched` as the banks
+    /// hold it (nothing is written yet) and as the batch leaves it.
+    fn records_of(
+        &self,
+        actor: &crate::audit::Actor,
+        keys: &Txn<'_>,
+        denied_ops: &[(Vec<u8>, Option<Vec<u8>>)],
+        touched: &[MinionId],
+    ) -> Result<Vec<crate::audit::Record>> {
+        use crate::audit::{Entries, Record};
+        let now = std::time::SystemTime::now();
+        let mut seen = std::collections::HashSet::new();
+        let mut out = Vec::new();
+        for id in touched {
+            if !seen.insert(id) {
+                continue;
+            }
+            let k = id.as_str().as_bytes();
+            // An entry that cannot be read (a lost segment) is recorded as
+            // no key: its removal must not fail on its record.
+            let denied_before = self.denied(id).ok().flatten();
+            let before = Entries {
+                key: self.get(id).ok().flatten().map(|e| (e.state, e.public_key)),
+                denied: denied_before.clone(),
+            };
+            let after = Entries {
+                key: keys
+                    .get(k)?
+                    .and_then(|v| decode_key_value(&v).map(|(s, p)| (s, p.to_vec()))),
+                denied: match denied_ops.iter().rev().find(|(d, _)| d.as_slice() == k) {
+                    Some((_, v)) => v.clone(),
+                    None => denied_before,
+                },
+            };
+            out.extend(Record::of_change(actor, id.as_str(), &before, &after, now));
+        }
+        Ok(out)
     }
 
     /// Plans both banks' writes of a batch, then applies them between the
     /// two halves of the tree's writes (with `wants`). Both locks are held.
     /// With `log`, the removals (those of `keys` given, those of
     /// `denied_keys` found here) are logged for the history first.
+    // The two logs written before the banks (removals, audit) travel
+    // beside the plans: one argument each.
+    #[allow(clippy::too_many_arguments)]
     fn apply_both(
         &self,
         kix: &table::Index,
@@ -447,6 +510,7 @@ impl Store {
         denied_ops: &[(Vec<u8>, Option<Vec<u8>>)],
         wants: Option<Vec<(MinionId, Want)>>,
         mut log: Option<&mut Removed>,
+        records: &[crate::audit::Record],
     ) -> Result<(Applied, TreeChanges)> {
         let mut denied = Txn::new(&self.denied);
         for (id, v) in denied_ops {
@@ -468,14 +532,29 @@ impl Store {
         if let Some(log) = log {
             crate::removals::append(&self.dir, log)?;
         }
+        crate::audit::append(&self.dir, records)?;
         let no_denied = denied_ops.is_empty();
+        // A key moving between banks is written where it goes before it is
+        // removed where it was: a deny (a put into `denied_keys`, a removal
+        // from `keys`) writes `denied_keys` first, anything else `keys`
+        // first. A kill in between then leaves the key in both banks, never
+        // in neither (a pending key lost).
+        let denied_first = denied_ops.iter().any(|(_, v)| v.is_some());
         self.with_tree_sync(wants, || {
-            let mut applied = self.keys.apply(kix, kplan)?;
-            if !no_denied {
-                let a = self.denied.apply(dix, dplan)?;
+            let mut applied = Applied::default();
+            let mut add = |a: Applied| {
                 applied.inserted += a.inserted;
                 applied.updated += a.updated;
                 applied.removed += a.removed;
+            };
+            if denied_first {
+                add(self.denied.apply(dix, dplan)?);
+                add(self.keys.apply(kix, kplan)?);
+            } else {
+                add(self.keys.apply(kix, kplan)?);
+                if !no_denied {
+                    add(self.denied.apply(dix, dplan)?);
+                }
             }
             Ok(applied)
         })

@@ -15,8 +15,9 @@ use keycache_etcd::{ReplicaState, Settings, Value};
 use crate::cmd::state::{decide, Action, Change, Guard, Refusal, Skipped, StateReport};
 use crate::output::{esc, esc_path, CmdError};
 
-/// Writes `action` on `ids` through etcd for the replica `store`; what it
-/// did, or why nothing was (etcd unreachable, a conflict every time, the
+/// Writes `action` on `ids` through etcd for the replica `store` (each
+/// change recorded in the cluster's audit trail as made by the store's
+/// actor, [`Store::audit`]); what it did, or why nothing was (etcd unreachable, a conflict every time, the
 /// replica not applying the commit in time: exit 2).
 pub(crate) fn run(
     settings: Settings,
@@ -33,6 +34,8 @@ pub(crate) fn run(
     let mut refused: Option<keycache::Error> = None;
     let written = keycache_etcd::block_on(async {
         let mut w = Writer::connect(settings, &dir).await?;
+        // The records go into etcd in each change's own transaction.
+        w.set_actor(store.audit().cloned());
         w.update(ids, |id, cur| {
             // Decided again on each read (a conflict retries): the last
             // read's refusal stands.

@@ -203,3 +203,34 @@ pub fn tree_files(dir: &Path) -> std::collections::BTreeSet<String> {
     }
     out
 }
+
+/// A config directory `T/etc` whose `master` holds `extra` lines and names
+/// `T/pki` as pki_dir, with a store of 1009 slots and `mmap_key` as the
+/// key cache; and that store in `T/pki`, holding `ids` pending, each with
+/// the key `key(id)`.
+pub fn configured_store(
+    t: &Path,
+    extra: &str,
+    ids: &[&str],
+    key: impl Fn(&str) -> String,
+) -> (PathBuf, PathBuf, keycache::Store) {
+    let etc = t.join("etc");
+    let pki = t.join("pki");
+    std::fs::create_dir_all(&etc).unwrap();
+    std::fs::create_dir_all(&pki).unwrap();
+    std::fs::write(
+        etc.join("master"),
+        format!(
+            "{extra}pki_dir: {}\nmmap_key_size: 1009\nkeys.cache_driver: mmap_key\n",
+            pki.display()
+        ),
+    )
+    .unwrap();
+    let st = open(&pki, &sized(1009));
+    for i in ids {
+        let id = keycache::MinionId::new(*i).unwrap();
+        st.put(&id, keycache::KeyState::Pending, key(i).as_bytes())
+            .unwrap();
+    }
+    (etc, pki, st)
+}

@@ -28,24 +28,7 @@ fn id(s: &str) -> MinionId {
 /// A config directory `etc` whose `master` names `pki` as pki_dir (and the
 /// store's size); `pki` holds a store with `ids` pending.
 fn configured(t: &Path, ids: &[&str]) -> (PathBuf, PathBuf, Store) {
-    let etc = t.join("etc");
-    let pki = t.join("pki");
-    std::fs::create_dir_all(&etc).unwrap();
-    std::fs::create_dir_all(&pki).unwrap();
-    std::fs::write(
-        etc.join("master"),
-        format!(
-            "pki_dir: {}\nmmap_key_size: 1009\nkeys.cache_driver: mmap_key\n",
-            pki.display()
-        ),
-    )
-    .unwrap();
-    let st = open(&pki, &sized(1009));
-    for i in ids {
-        st.put(&id(i), KeyState::Pending, pem(i, 100).as_bytes())
-            .unwrap();
-    }
-    (etc, pki, st)
+    crate::common::configured_store(t, "", ids, |i| pem(i, 100))
 }
 
 fn state(st: &Store, i: &str) -> Option<KeyState> {

@@ -268,3 +268,88 @@ fn migrate_killed_at_every_step() {
          {images} power-loss images, {salted} read by Salt"
     );
 }
+
+/// `keycache deny` of pending keys killed at every step: a key moving to
+/// the denied keys is written there before it leaves the `keys` bank, so
+/// each id keeps its key in one bank or both, never in neither (a pending
+/// key lost); the audit trail, written before the banks, holds a `deny`
+/// record of every id that reached `denied_keys`.
+#[test]
+fn deny_killed_at_every_step_keeps_every_key_in_a_bank() {
+    let kc = common::cli();
+    let t = tempfile::tempdir().unwrap();
+    let template = t.path().join("template");
+    let store_dir = template.join("store");
+    std::fs::create_dir_all(&store_dir).unwrap();
+    let ids: Vec<String> = (0..8).map(|i| format!("deny-{i}.crash.example")).collect();
+    {
+        let l = layout();
+        let s = Store::open_with(
+            &store_dir,
+            &l.options_with(keycache::table::DEFAULT_READ_RETRY, Duration::ZERO),
+        )
+        .unwrap();
+        s.batch(|b| {
+            for id in &ids {
+                let pem = pem(id, 300);
+                b.put(
+                    &keycache::MinionId::new(id).unwrap(),
+                    keycache::store::KeyState::Pending,
+                    pem.as_bytes(),
+                )?;
+            }
+            Ok(())
+        })
+        .unwrap();
+    }
+    let work = t.path().join("work");
+    std::fs::create_dir(&work).unwrap();
+    let make = |d: &Path| {
+        let mut args: Vec<&str> = vec!["deny"];
+        args.extend(ids.iter().map(String::as_str));
+        let mut c = kc.cmd();
+        c.args(args_of(&d.join("store"), &args))
+            .arg("--tree")
+            .arg("never")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        c
+    };
+    let mut both = 0;
+    let (total, kills, images) =
+        kill_everywhere("deny", &template, &work, kills(), &make, &mut |dir, ctx| {
+            let l = layout();
+            let s = Store::open_with(
+                dir,
+                &l.options_with(keycache::table::DEFAULT_READ_RETRY, Duration::ZERO),
+            )
+            .unwrap();
+            let (records, _) = keycache::audit::read(dir).unwrap();
+            for id in &ids {
+                let mid = keycache::MinionId::new(id).unwrap();
+                let key = s.get(&mid).unwrap();
+                let denied = s.denied(&mid).unwrap();
+                let want = pem(id, 300).into_bytes();
+                assert!(
+                    key.is_some() || denied.is_some(),
+                    "{ctx}: {id} is in neither bank: its key was lost"
+                );
+                if let Some(k) = &key {
+                    assert_eq!(k.public_key, want, "{ctx}: {id}");
+                }
+                if let Some(d) = &denied {
+                    assert_eq!(d, &want, "{ctx}: {id}");
+                    assert!(
+                        records.iter().any(|r| &r.id == id && r.action == "deny"),
+                        "{ctx}: {id} is denied without a record of it"
+                    );
+                }
+                if key.is_some() && denied.is_some() {
+                    both += 1;
+                }
+            }
+        });
+    eprintln!(
+        "deny: {total} syscalls, killed at {kills}, {images} images, {both} ids left in both banks"
+    );
+}

@@ -518,6 +518,10 @@ pub fn etcd_state(json: &str, prefix: &str) -> (EtcdState, i64) {
         let value = base64(kv["value"].as_str().unwrap_or(""));
         let rest = key.strip_prefix(prefix).expect("under the prefix");
         let (bank, id) = rest.split_once('/').expect("bank/id");
+        if bank == "audit" {
+            // The audit trail's records: no key state.
+            continue;
+        }
         let (bank, st) = match (bank, value.first()) {
             ("keys", Some(1)) => (B::Keys, St::Accepted),
             ("keys", Some(2)) => (B::Keys, St::Pending),

@@ -46,13 +46,19 @@ def driver(
     master_id: str = "",
     etcd: Optional[dict[str, Any]] = None,
     cluster_id: Optional[str] = None,
+    program: Optional[str] = None,
+    audit_master: Optional[str] = None,
 ) -> Driver:
     """The process-wide driver of dir with this layout (opened once, kept across loader reloads).
 
     tree (keycache_tree): the whole key tree kept in step (True), none of it (False), or
     minions/ alone ("accepted").
 
-    With etcd (keycache_etcd), store and flush of keys and denied_keys go through etcd."""
+    With etcd (keycache_etcd), store and flush of keys and denied_keys go through etcd.
+
+    Every change is recorded in the audit trail as made by program (default: audit_program())
+    for the master audit_master (the master options' id), by this process's OS user and
+    SUDO_USER."""
 
 def replicate(
     dir: str,
@@ -74,6 +80,18 @@ def replicate(
 
 def last_etcd_revision() -> int:
     """The etcd revision at which this thread's last store or flush through etcd took effect (0: none)."""
+
+def audit_history(
+    dir: str, id: Optional[str] = None, since: Optional[str] = None
+) -> tuple[list[dict[str, Any]], int]:
+    """The audit trail of the store in dir, oldest first, and how many lines could not be read.
+
+    Each record a dict of the log's fields (time, id, action, from, to, finger, replaced_finger,
+    user, sudo_user, program, master, reason, revision); id: that minion's alone; since (RFC 3339
+    or a date): those made then or later (ValueError for anything else)."""
+
+def audit_program() -> str:
+    """The program this process's changes are recorded as: the base name of sys.argv[0]."""
 
 def set_error_class(cls: type) -> None:
     """Registers the exception class errors are raised as (Salt's SaltCacheError)."""

@@ -1,6 +1,7 @@
 """The master options the driver (``cache/keycache.py``) and the engine
 (``engines/keycache.py``) read the same way: the store directory, the
-mmap_key layout, ``keycache_tree`` and ``keycache_etcd``."""
+mmap_key layout, ``keycache_tree``, ``keycache_etcd``, and the master's
+``id`` the audit trail records."""
 
 import os
 
@@ -70,3 +71,12 @@ def pki_dir_is_abs(opts):
     """Whether ``pki_dir`` is absolute (Salt's ``valid_id`` needs it)."""
     pki_dir = opts.get("pki_dir")
     return isinstance(pki_dir, str) and os.path.isabs(pki_dir)
+
+
+def audit(opts):
+    """``audit_master``: the master options' ``id`` (Salt's
+    ``apply_master_config`` sets it: the config's ``id``, else the host's
+    name with ``_master``), which every change the driver makes records as
+    its ``master``; ``None`` without one."""
+    master = opts.get("id")
+    return {"audit_master": str(master) if master else None}

@@ -86,6 +86,15 @@ etcd. A revocation committed on another master meanwhile reaches this one
 when its replicator reconnects (it resumes the watch, or lists again), which
 removes ``minions/<id>``.
 
+The audit trail: every change of a key (a minion's sign-in stored by the
+master, ``salt-key -a/-r/-d``, a deny) is recorded as made by this process
+(program the base name of ``sys.argv[0]``: ``salt-master``, ``salt-key``,
+...; the OS user; ``SUDO_USER``; master the options' ``id``): appended to
+``<store>/.keycache-audit.log`` under the bank's lock before the change is
+written, or, with ``keycache_etcd``, put in etcd in the change's own
+transaction and appended by every master's replicator. ``salt-run
+keycache.history`` and ``keycache history`` read it.
+
 This module is only the shim Salt's loader needs (it packs Python functions
 alone, and runs this body again for every new ``Cache``); the stores are kept
 open by ``saltext.keycache._native`` for the life of the process.
@@ -126,6 +135,7 @@ def _open(cachedir):
             pki_dir_is_abs=_options.pki_dir_is_abs(opts),
             **_options.master(opts, cachedir),
             **etcd,
+            **_options.audit(opts),
         )
     except (TypeError, ValueError, OverflowError) as exc:
         raise SaltCacheError(f"keycache: bad settings for {cachedir!r}: {exc}")

@@ -12,8 +12,10 @@ an extension's scripts into ``extras-3.N/bin``, off PATH):
     salt-run keycache.verify                 # keycache verify
     salt-run keycache.diff                   # keycache etcd diff (needs keycache_etcd)
     salt-run keycache.diff other=/srv/peer   # keycache diff <this store> /srv/peer
+    salt-run keycache.history web-01         # keycache history web-01 (the audit trail)
 
-Each function runs the ``keycache`` binary on the master config Salt handed
+``history`` reads the store's audit trail itself (through the driver's
+native module); every other function runs the ``keycache`` binary on the master config Salt handed
 the runner (``-c <directory of conf_file>``, ``--json``) and returns what it
 reports. The binary is, in order: the master option ``keycache_bin``; the
 ``bin/keycache`` beside the directory holding the ``saltext`` package (where
@@ -39,6 +41,7 @@ import subprocess
 import sysconfig
 
 import salt.utils.data
+from salt.exceptions import SaltInvocationError
 
 __virtualname__ = "keycache"
 
@@ -341,3 +344,64 @@ def diff(other=None):
             "salt-run keycache.diff other=/path/to/store"
         )
     return err if err is not None else _report(doc, code, binary)
+
+
+def history(id=None, since=None):  # pylint: disable=redefined-builtin
+    """
+    The audit trail of this master's key store (``pki_dir``, or
+    ``cluster_pki_dir`` when ``cluster_id`` is set), as ``keycache history``
+    prints it: who changed which key, when, from what to what, and why. A
+    list of records, oldest first, each a dict of the log's fields:
+    ``time`` (UTC, RFC 3339), ``id``, ``action`` (``sign-in``, ``accept``,
+    ``reject``, ``delete``, ``deny``, ``merge``, ...), ``from`` and ``to``
+    (the states), ``finger`` (``salt-key -f``'s fingerprint of the key
+    written, or removed), ``replaced_finger``, ``user``, ``sudo_user``,
+    ``program`` (``salt-master`` for a minion's sign-in, ``salt-key``,
+    ``keycache``, ...), ``master`` (the id of the master that made it),
+    ``reason`` and ``revision`` (the etcd revision, with ``keycache_etcd``:
+    each master's log holds the whole cluster's trail).
+
+    id
+        Only the records of this minion id.
+
+    since
+        Only the records made at this time or later: RFC 3339
+        (``2026-11-29T04:05:06Z``) or a date (``2026-11-29``, its midnight
+        UTC). Anything else raises ``SaltInvocationError`` naming it
+        (``salt-run`` prints it as "Passed invalid arguments", with this
+        usage).
+
+    CLI Examples:
+
+    .. code-block:: bash
+
+        salt-run keycache.history
+        salt-run keycache.history web-01
+        salt-run keycache.history web-01 since=2026-11-29
+    """
+    # pylint: disable=import-outside-toplevel
+    from saltext.keycache import _native, _options
+
+    own = _options.own_dir(__opts__)
+    if not own:
+        return _error("keycache.history: the master config names no pki_dir (or cluster_pki_dir)")
+    try:
+        records, torn = _native.audit_history(
+            str(own),
+            id=None if id is None else str(id),
+            since=None if since is None else str(since),
+        )
+    except ValueError as exc:
+        # Salt answers "Passed invalid arguments" with the usage; the job's
+        # success is false.
+        __context__["retcode"] = 1
+        raise SaltInvocationError(str(exc)) from exc
+    except Exception as exc:  # pylint: disable=broad-except
+        return _error(f"keycache.history: {exc}")
+    if torn:
+        log.warning(
+            "keycache.history: %d line(s) of the audit trail of %s could not be read (cut short by a kill)",
+            torn,
+            own,
+        )
+    return records
