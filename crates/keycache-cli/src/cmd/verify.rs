@@ -126,6 +126,11 @@ pub(crate) fn run(a: Args) -> CmdResult {
         report.clean = false;
     }
     let tree_ok = tree.as_ref().is_none_or(|t| t.disagreements.is_empty());
+    // `clean` says there is nothing to report: never beside the tree's
+    // findings.
+    if !tree_ok {
+        report.clean = false;
+    }
     if a.json.json {
         print_json(&Out {
             report: &report,

@@ -317,6 +317,8 @@ fn the_configs_keycache_tree_is_the_commands_default() {
     let (_, v) = keycache_json(&["verify", "-c", c, "--json"]);
     assert_eq!(v["tree"]["disagreements"][0]["dir"], "minions", "{v}");
     assert_eq!(v["tree"]["disagreements"][0]["problem"], "stray", "{v}");
+    // Never `clean` beside a finding of the tree.
+    assert_eq!(v["clean"], false, "{v}");
     ok(&keycache(&["verify", "-c", c, "--repair"]));
     assert_eq!(tree_files(&pki), ["minions/a"]);
     // false: nothing written.
