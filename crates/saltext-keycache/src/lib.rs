@@ -28,7 +28,7 @@
 //!   replica, which `replicate` (the Salt engine's function) keeps; each
 //!   write's runtime and connection live only inside the call.
 //! * The audit trail (`keycache::audit`): every change the driver makes
-//!   is recorded as made by this process (see [`audit`]): in the store's
+//!   is recorded as made by this process (see `audit`): in the store's
 //!   log, or through etcd in the change's own transaction.
 //! * Fork: a child never uses its parent's handles. `after_fork_in_child`
 //!   (registered with `os.register_at_fork` by the Python package) drops
