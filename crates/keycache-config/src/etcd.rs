@@ -13,7 +13,14 @@
 //!   write_timeout: 10                # seconds a write waits for etcd and the replica
 //!   stale_after: 30                  # seconds without proof of currency before the replica is stale
 //!   check_every: 300                 # seconds between consistency checks of the replica
+//!   metrics: 9100                    # the replicator's /metrics, /healthz, /readyz (unset: none)
 //! ```
+//!
+//! `metrics` is where `keycache replicate` (and the Salt engine) serve
+//! Prometheus metrics and their health and readiness over HTTP: a port
+//! alone listens on `127.0.0.1:PORT` (this host only); `HOST:PORT` (an IP
+//! address, `[v6]:PORT`, or a host name) listens there, as given: an
+//! operator who names an address means it. Unset, nothing listens.
 //!
 //! Salt ignores options it does not know, so the mapping sits beside the
 //! master's own options. A value of the wrong type is refused with its file
@@ -42,6 +49,41 @@ pub const DEFAULT_CHECK_EVERY: u64 = 300;
 /// The seconds `write_timeout`, `stale_after` and `check_every` may be.
 pub const SECONDS: RangeInclusive<u64> = 1..=86_400;
 
+/// What the `metrics` option takes, for an error.
+pub const METRICS_EXPECTED: &str = "a port from 1 to 65535, or HOST:PORT";
+
+/// The listening address of the `metrics` option written as a number: a
+/// port alone, on `127.0.0.1` (`None`: not a port from 1 to 65535).
+pub fn metrics_port(port: i128) -> Option<String> {
+    u16::try_from(port)
+        .ok()
+        .filter(|p| *p > 0)
+        .map(|p| format!("127.0.0.1:{p}"))
+}
+
+/// The listening address of the `metrics` option written as a string: a
+/// port alone (`"9100"`) on `127.0.0.1`; else `HOST:PORT` as given, where
+/// HOST is an IPv4 address, a bracketed IPv6 one or a host name (`None`:
+/// none of these, or port 0).
+pub fn metrics_address(s: &str) -> Option<String> {
+    if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
+        return metrics_port(s.parse().ok()?);
+    }
+    if let Ok(a) = s.parse::<std::net::SocketAddr>() {
+        return (a.port() > 0).then(|| s.to_owned());
+    }
+    let (host, port) = s.rsplit_once(':')?;
+    let name = host.len() <= 253
+        && host.bytes().any(|b| b.is_ascii_alphabetic())
+        && !host.starts_with(['-', '.'])
+        && host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.');
+    let port =
+        port.bytes().all(|b| b.is_ascii_digit()) && metrics_port(port.parse().ok()?).is_some();
+    (name && port).then(|| s.to_owned())
+}
+
 /// The `keycache_etcd` mapping of a master config.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
 pub struct EtcdSettings {
@@ -67,6 +109,11 @@ pub struct EtcdSettings {
     pub stale_after: u64,
     /// `check_every`, seconds.
     pub check_every: u64,
+    /// `metrics`: the address the replicator serves its metrics, health
+    /// and readiness on, `HOST:PORT` (a port alone became
+    /// `127.0.0.1:PORT`: [`metrics_port`], [`metrics_address`]); `None`:
+    /// not served.
+    pub metrics: Option<String>,
 }
 
 impl Default for EtcdSettings {
@@ -84,6 +131,7 @@ impl Default for EtcdSettings {
             write_timeout: DEFAULT_WRITE_TIMEOUT,
             stale_after: DEFAULT_STALE_AFTER,
             check_every: DEFAULT_CHECK_EVERY,
+            metrics: None,
         }
     }
 }
@@ -196,13 +244,23 @@ pub(crate) fn parse(
             "write_timeout" => s.write_timeout = seconds("write_timeout")?,
             "stale_after" => s.stale_after = seconds("stale_after")?,
             "check_every" => s.check_every = seconds("check_every")?,
+            "metrics" => {
+                s.metrics = Some(
+                    match &v.kind {
+                        Kind::Int(i) => metrics_port(*i),
+                        Kind::Str(x) => metrics_address(x),
+                        _ => None,
+                    }
+                    .ok_or_else(|| err(file, v, "metrics", METRICS_EXPECTED))?,
+                )
+            }
             other => {
                 return Err(ConfigError::Type {
                     file: file.to_path_buf(),
                     line: k.line,
                     key: format!("keycache_etcd.{other}"),
                     expected: "one of endpoints, prefix, ca, cert, key, user, password, \
-                               write_timeout, stale_after, check_every",
+                               write_timeout, stale_after, check_every, metrics",
                     found: "an unknown option".into(),
                 })
             }
@@ -311,6 +369,66 @@ mod tests {
         assert_eq!(prefix_or_default(None, None), "/keycache/default/");
         assert!(SECONDS.contains(&1) && SECONDS.contains(&86_400));
         assert!(!SECONDS.contains(&0) && !SECONDS.contains(&86_401));
+    }
+
+    /// `metrics`: unset is off; a port alone listens on 127.0.0.1; an
+    /// address is taken as given; anything else is refused, naming the
+    /// option.
+    #[test]
+    fn metrics_takes_a_port_or_an_address() {
+        let metrics = |v: &str| {
+            load(&format!(
+                "keycache_etcd:\n  endpoints: [a:1]\n  metrics: {v}\n"
+            ))
+            .map(|c| c.etcd.expect("etcd").value.metrics)
+        };
+        assert_eq!(
+            load("keycache_etcd: {endpoints: [a:1]}\n")
+                .expect("loads")
+                .etcd
+                .expect("etcd")
+                .value
+                .metrics,
+            None
+        );
+        for (v, want) in [
+            ("9100", "127.0.0.1:9100"),
+            ("'9100'", "127.0.0.1:9100"),
+            ("0.0.0.0:9100", "0.0.0.0:9100"),
+            ("10.1.2.3:9100", "10.1.2.3:9100"),
+            ("'[::1]:9100'", "[::1]:9100"),
+            ("localhost:9100", "localhost:9100"),
+            ("metrics-1.example.org:80", "metrics-1.example.org:80"),
+        ] {
+            assert_eq!(metrics(v).expect(v).as_deref(), Some(want), "{v}");
+        }
+        for v in [
+            "0",
+            "65536",
+            "-1",
+            "''",
+            "':9100'",
+            "localhost",
+            "localhost:0",
+            "localhost:+80",
+            "1.2.3.999:80",
+            "'a b:80'",
+            "[9100]",
+            "true",
+            "9100.5",
+        ] {
+            match metrics(v) {
+                Err(e @ ConfigError::Type { .. }) => {
+                    let msg = e.to_string();
+                    assert!(
+                        msg.contains("keycache_etcd.metrics")
+                            && msg.contains(super::METRICS_EXPECTED),
+                        "{v}: {msg}"
+                    );
+                }
+                other => panic!("{v}: {other:?}"),
+            }
+        }
     }
 
     #[test]

@@ -16,7 +16,10 @@
 //!   compares a replica with etcd;
 //! - a writer with an actor puts the audit records of each change into
 //!   etcd with it, and every replicator appends them to its store's log
-//!   ([`audit`]).
+//!   ([`audit`]);
+//! - each replicator keeps [`metrics`] of what it does, with its health and
+//!   readiness, served over HTTP where `keycache_etcd: {metrics: ADDR}`
+//!   says.
 //!
 //! The keycache library itself has no async runtime or gRPC: they live
 //! here. Every entry point connects on its own: no connection or runtime
@@ -47,6 +50,7 @@ pub mod error;
 pub mod layout;
 pub mod list;
 pub mod lock;
+pub mod metrics;
 pub mod replica;
 pub mod replicator;
 pub mod report;
@@ -58,6 +62,7 @@ pub mod write;
 pub use connect::Settings;
 pub use error::{Error, Result};
 pub use layout::{Layout, Value};
+pub use metrics::Metrics;
 pub use replicator::{Replicator, Report};
 pub use state::ReplicaState;
 

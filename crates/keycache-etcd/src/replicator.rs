@@ -49,6 +49,7 @@ use crate::catch_up::{CatchUp, Step, MAX_HELD};
 use crate::connect::Settings;
 use crate::error::{Error, Result};
 use crate::lock::ReplicatorLock;
+use crate::metrics::{Metrics, Relist};
 use crate::replica::{self, Applied, Change};
 pub use crate::report::{Level, Report};
 use crate::state::{boot_ms, now_ms, Anchor, Applying, Binding, CheckResult, ReplicaState};
@@ -106,6 +107,9 @@ pub struct Replicator {
     versions: std::collections::HashMap<usize, Option<(u32, u32, u32)>>,
     /// The store's audit log: the last revision logged.
     audit: crate::audit::Log,
+    /// What it does, as metrics ([`crate::metrics`]); every report goes
+    /// through them too.
+    metrics: Metrics,
     report: Box<dyn FnMut(Report) + Send>,
 }
 
@@ -121,7 +125,7 @@ impl std::fmt::Debug for Replicator {
 
 enum Next {
     /// List again (a compaction, a consistency check that differed).
-    List,
+    List(Relist),
 }
 
 /// A proof of currency under way: a linearizable read answered at
@@ -139,8 +143,10 @@ impl Replicator {
     pub fn new(
         settings: Settings,
         store: Store,
-        report: impl FnMut(Report) + Send + 'static,
+        mut report: impl FnMut(Report) + Send + 'static,
     ) -> Replicator {
+        let metrics = Metrics::new(store.dir(), &settings);
+        let m = metrics.clone();
         Replicator {
             settings,
             store,
@@ -153,8 +159,18 @@ impl Replicator {
             listed_for_check: false,
             not_held: None,
             audit: crate::audit::Log::default(),
-            report: Box::new(report),
+            metrics,
+            report: Box::new(move |r| {
+                m.report(&r);
+                report(r)
+            }),
         }
+    }
+
+    /// Its metrics, health and readiness: serve them with
+    /// [`crate::metrics::serve`] beside [`Replicator::run`].
+    pub fn metrics(&self) -> Metrics {
+        self.metrics.clone()
     }
 
     /// Runs until `stop` completes, or forever; returns only an error that
@@ -180,6 +196,7 @@ impl Replicator {
         }
         let mut backoff = Duration::from_millis(100);
         loop {
+            self.metrics.beat();
             let session = self.session(&mut backoff);
             let out = tokio::select! {
                 r = session => r,
@@ -193,6 +210,7 @@ impl Replicator {
                 why,
                 retry_in: backoff,
             });
+            self.metrics.beat();
             tokio::select! {
                 () = tokio::time::sleep(backoff) => {}
                 () = &mut stop => return Ok(()),
@@ -214,18 +232,20 @@ impl Replicator {
     async fn session(&mut self, backoff: &mut Duration) -> Result<std::convert::Infallible> {
         let (mut client, at) = self.settings.connect_from(self.member).await?;
         self.member = at;
+        self.metrics.beat();
         if !self.versions.contains_key(&at) {
             let v = self.check_version(&mut client, at).await;
             self.versions.insert(at, v);
         }
-        let mut must_list = !self.resumable(&mut client).await?;
+        let mut must_list = self.resumable(&mut client).await?;
         loop {
-            if must_list {
-                self.list(&mut client).await?;
+            self.metrics.beat();
+            if let Some(why) = must_list.take() {
+                self.list(&mut client, why).await?;
             }
             *backoff = Duration::from_millis(100);
             match self.watch(&mut client).await? {
-                Next::List => must_list = true,
+                Next::List(why) => must_list = Some(why),
             }
         }
     }
@@ -254,14 +274,15 @@ impl Replicator {
         None
     }
 
-    /// Whether the recorded state lets the watch resume: the same prefix,
-    /// the same etcd cluster, a revision etcd has reached, written for this
-    /// store ([`Binding`]), and a history in etcd that still holds the last
-    /// change the store applied ([`crate::anchor`]).
-    async fn resumable(&mut self, client: &mut Client) -> Result<bool> {
+    /// Whether the recorded state lets the watch resume (`None`), or why
+    /// not: the same prefix, the same etcd cluster, a revision etcd has
+    /// reached, written for this store ([`Binding`]), and a history in etcd
+    /// that still holds the last change the store applied
+    /// ([`crate::anchor`]).
+    async fn resumable(&mut self, client: &mut Client) -> Result<Option<Relist>> {
         // An unreadable state (a crash while it was replaced) lists again.
         let Ok(Some(s)) = ReplicaState::read(self.store.dir()) else {
-            return Ok(false);
+            return Ok(Some(Relist::Start));
         };
         let r = client
             .get(
@@ -302,7 +323,7 @@ impl Replicator {
                 )
             };
             (self.report)(Report::Relist { why });
-            return Ok(false);
+            return Ok(Some(Relist::Mismatch));
         }
         if !bound {
             (self.report)(Report::Relist {
@@ -313,15 +334,19 @@ impl Replicator {
                     self.store.dir().display()
                 ),
             });
-            return Ok(false);
+            return Ok(Some(Relist::NotBound));
         }
-        match crate::anchor::verify(client, &self.settings, anchor.as_ref(), revision).await? {
-            Verdict::Same => Ok(true),
-            Verdict::Forked(why) | Verdict::Unknown(why) => {
-                (self.report)(Report::Relist { why });
-                Ok(false)
-            }
-        }
+        let (why, relist) =
+            match crate::anchor::verify(client, &self.settings, anchor.as_ref(), revision).await? {
+                Verdict::Same => {
+                    self.metrics.recorded(&self.state);
+                    return Ok(None);
+                }
+                Verdict::Forked(why) => (why, Relist::Forked),
+                Verdict::Unknown(why) => (why, Relist::Unverified),
+            };
+        (self.report)(Report::Relist { why });
+        Ok(Some(relist))
     }
 
     /// Whether the store's files are not those the state was last written
@@ -344,14 +369,21 @@ impl Replicator {
     /// Writes the state, bound to the store's files as they are now.
     fn write_state(&mut self) -> Result<()> {
         self.state.store = Some(Binding::of(self.store.dir())?);
-        self.state.write(self.store.dir())
+        self.state.write(self.store.dir())?;
+        self.metrics.recorded(&self.state);
+        Ok(())
     }
 
-    /// Lists the prefix at one revision and makes the store equal to it.
-    async fn list(&mut self, client: &mut Client) -> Result<()> {
+    /// Lists the prefix at one revision and makes the store equal to it
+    /// (`why`: for the metrics).
+    async fn list(&mut self, client: &mut Client, why: Relist) -> Result<()> {
+        self.metrics.relisted(why);
         let t = std::time::Instant::now();
         let read_at = boot_ms();
-        let mut l = crate::list::list(client, &self.settings).await?;
+        let mut l = self
+            .metrics
+            .beating(crate::list::list(client, &self.settings))
+            .await?;
         let listing = t.elapsed();
         let t = std::time::Instant::now();
         // The audit records listed that the log lacks, before the store
@@ -394,6 +426,7 @@ impl Replicator {
             listing,
             took,
         });
+        self.metrics.count_keys(&self.store);
         Ok(())
     }
 
@@ -437,7 +470,7 @@ impl Replicator {
     /// answers that the replicator lists again.
     fn list_again(&mut self, e: etcd_client::Error) -> Next {
         (self.report)(Report::TooLarge { why: e.to_string() });
-        Next::List
+        Next::List(Relist::TooLarge)
     }
 
     /// A linearizable read through `client`, at most [`READ_TIMEOUT`]: the
@@ -526,7 +559,7 @@ impl Replicator {
             Ok(deleted) => (self.report)(Report::AuditTrimmed { deleted }),
             Err(e) => (self.report)(Report::AuditTrimFailed { why: e.to_string() }),
         }
-        Ok((result == "differed").then_some(Next::List))
+        Ok((result == "differed").then_some(Next::List(Relist::CheckDiffers)))
     }
 
     /// Watches from the recorded revision until the watch must list again
@@ -556,7 +589,7 @@ impl Replicator {
                 (self.report)(Report::Compacted {
                     compact_revision: m.compact_revision(),
                 });
-                return Ok(Next::List);
+                return Ok(Next::List(Relist::Compacted));
             }
             Some(m) => {
                 return Err(self
@@ -569,7 +602,7 @@ impl Replicator {
             (self.report)(Report::Compacted {
                 compact_revision: self.state.revision + 1,
             });
-            return Ok(Next::List);
+            return Ok(Next::List(Relist::Compacted));
         }
         // A replay of changes the store may hold already is applied as
         // one batch (see `catch_up`).
@@ -587,12 +620,19 @@ impl Replicator {
                     m => m.map_err(|e| self.settings.err("watch", e))?,
                 },
                 _ = tick.tick() => {
+                    self.metrics.beat();
+                    self.metrics.count_keys(&self.store);
                     // A check runs between two batches, the store at the
                     // revision it records; not during a catch-up.
                     let due = self.next_check.is_none_or(|t| tokio::time::Instant::now() >= t);
                     if due && catch_up.is_none() {
                         self.next_check = Some(tokio::time::Instant::now() + self.settings.check_every);
-                        if let Some(n) = self.check(client).await? {
+                        let m = self.metrics.clone();
+                        let checked = m.beating(self.check(client)).await;
+                        if checked.is_err() {
+                            m.check_failed();
+                        }
+                        if let Some(n) = checked? {
                             return Ok(n);
                         }
                     }
@@ -600,7 +640,7 @@ impl Replicator {
                     // back (a restore of the directory's files in place):
                     // its record no longer describes them.
                     if catch_up.is_none() && self.files_replaced()? {
-                        return Ok(Next::List);
+                        return Ok(Next::List(Relist::FilesReplaced));
                     }
                     let at = boot_ms();
                     asked = tokio::time::Instant::now();
@@ -634,6 +674,7 @@ impl Replicator {
             let Some(first) = first else {
                 return Err(self.settings.err("watch", "the stream ended"));
             };
+            self.metrics.beat();
             // Responses already waiting join this batch.
             let mut batch = vec![first];
             let mut events: usize = batch[0].events().len();
@@ -658,13 +699,13 @@ impl Replicator {
                     Step::Wait => continue,
                     Step::Compacted(compact_revision) => {
                         (self.report)(Report::Compacted { compact_revision });
-                        return Ok(Next::List);
+                        return Ok(Next::List(Relist::Compacted));
                     }
                     Step::TooMany => {
                         (self.report)(Report::TooLarge {
                             why: format!("a catch-up of more than {MAX_HELD} events"),
                         });
-                        return Ok(Next::List);
+                        return Ok(Next::List(Relist::TooLarge));
                     }
                     Step::Apply(all) => {
                         catch_up = None;
@@ -689,7 +730,7 @@ impl Replicator {
                     (self.report)(Report::Compacted {
                         compact_revision: m.compact_revision(),
                     });
-                    next = Some(Next::List);
+                    next = Some(Next::List(Relist::Compacted));
                     break;
                 }
                 if m.canceled() {
@@ -732,7 +773,7 @@ impl Replicator {
                 }
             }
             if catch_up_done && self.files_replaced()? {
-                return Ok(Next::List);
+                return Ok(Next::List(Relist::FilesReplaced));
             }
             // The batch's audit records, before the store changes and its
             // revision is recorded (see the module's header).

@@ -38,7 +38,8 @@ impl std::fmt::Debug for EtcdOptions {
 }
 
 const KNOWN: &str =
-    "endpoints, prefix, ca, cert, key, user, password, write_timeout, stale_after, check_every";
+    "endpoints, prefix, ca, cert, key, user, password, write_timeout, stale_after, check_every, \
+     metrics";
 
 /// What a value is, for an error (never the value of `password`).
 fn shown(v: &Bound<'_, PyAny>) -> String {
@@ -134,6 +135,9 @@ impl EtcdOptions {
                 "write_timeout" => o.write_timeout = seconds(name, &v)?,
                 "stale_after" => o.stale_after = seconds(name, &v)?,
                 "check_every" => o.check_every = seconds(name, &v)?,
+                // The replicator's (the engine's) option: its address is
+                // checked where it is served; no write of the driver uses it.
+                "metrics" => {}
                 other => {
                     return Err(format!(
                         "keycache: unknown option keycache_etcd.{other} (expected one of {KNOWN})"

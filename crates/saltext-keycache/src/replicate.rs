@@ -9,6 +9,10 @@
 //! error that retrying cannot mend: the process then ends, and Salt's
 //! process manager starts the engine again, which resumes from the revision
 //! the store recorded.
+//!
+//! With `keycache_etcd: {metrics: ADDR}` it serves the replicator's
+//! metrics, health and readiness there (`keycache_etcd::metrics`), on the
+//! same runtime; an address it cannot listen on is raised.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -16,9 +20,11 @@ use std::time::Duration;
 
 use keycache::tree::TreeSync;
 use keycache::Store;
+use keycache_config::etcd::{metrics_address, metrics_port, METRICS_EXPECTED};
 use keycache_etcd::replicator::Level;
 use keycache_etcd::{Replicator, Report};
 use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyDict, PyInt, PyString};
 
 use crate::error;
 use crate::etcd::EtcdOptions;
@@ -41,12 +47,51 @@ fn describe(r: &Report) -> Vec<(&'static str, String)> {
         .collect()
 }
 
+/// `keycache_etcd`'s `metrics` (the address to serve the metrics on, as
+/// `keycache_config::etcd` reads it) taken off `etcd`, and the mapping
+/// without it (the options of the etcd connection): an unusable value is
+/// an error that names the option.
+fn take_metrics<'py>(
+    etcd: Option<Bound<'py, PyAny>>,
+) -> Result<(Option<String>, Option<Bound<'py, PyAny>>), String> {
+    let Some(map) = etcd.as_ref().and_then(|e| e.cast::<PyDict>().ok()) else {
+        return Ok((None, etcd));
+    };
+    let Ok(Some(v)) = map.get_item("metrics") else {
+        return Ok((None, etcd));
+    };
+    let addr = if v.is_instance_of::<PyBool>() {
+        None
+    } else if v.is_instance_of::<PyInt>() {
+        v.extract::<i64>().ok().and_then(|p| metrics_port(p.into()))
+    } else {
+        v.cast::<PyString>()
+            .ok()
+            .and_then(|s| s.to_str().ok().and_then(metrics_address))
+    };
+    let Some(addr) = addr else {
+        let got = v
+            .repr()
+            .map(|r| r.to_string())
+            .unwrap_or_else(|_| "?".into());
+        return Err(format!(
+            "keycache: bad option keycache_etcd.metrics: expected {METRICS_EXPECTED}, got {got}"
+        ));
+    };
+    let rest = map
+        .copy()
+        .and_then(|m| m.del_item("metrics").map(|()| m))
+        .map_err(|e| format!("keycache: keycache_etcd: {e}"))?;
+    Ok((Some(addr), Some(rest.into_any())))
+}
+
 /// Runs the replicator of the store in `dir` (the mmap_key layout of the
 /// other arguments, the key tree kept in step as `tree` says: see
 /// [`crate::tree_sync`]) from the etcd of
 /// `etcd` (`keycache_etcd`), until a signal handler raises (its exception
 /// is raised) or an error retrying cannot mend (raised as the registered
-/// error class). `report(level, message)` hears what it does.
+/// error class). `report(level, message)` hears what it does. With
+/// `metrics` in `etcd`, its metrics are served there while it runs.
 #[pyfunction]
 #[pyo3(signature = (dir, *, size, slot_size, id_size, max_segment_bytes, etcd, tree=None, cluster_id=None, report=None, master_pki_dir=None, master_id=String::new()))]
 #[allow(clippy::too_many_arguments)]
@@ -64,6 +109,7 @@ pub(crate) fn replicate(
     master_pki_dir: Option<String>,
     master_id: String,
 ) -> PyResult<()> {
+    let (metrics, etcd) = take_metrics(etcd).map_err(|why| error(py, why))?;
     let Some(options) =
         EtcdOptions::from_py(etcd.as_ref(), cluster_id.as_deref()).map_err(|why| error(py, why))?
     else {
@@ -90,6 +136,7 @@ pub(crate) fn replicate(
         .and_then(|()| Store::open_with(path, &opts))
         .map(|s| s.with_tree(tree))
         .map_err(|e| error(py, format!("keycache: {e}")))?;
+    let log = report.as_ref().map(|cb| cb.clone_ref(py));
     let replicator = Replicator::new(settings, store, move |r| {
         let Some(cb) = &report else { return };
         Python::attach(|py| {
@@ -113,7 +160,26 @@ pub(crate) fn replicate(
                     }
                 }
             };
-            replicator.run(stop).await
+            let listener = match &metrics {
+                Some(addr) => {
+                    let l = keycache_etcd::metrics::bind(addr).await?;
+                    let at = l
+                        .local_addr()
+                        .map_or_else(|_| addr.clone(), |a| a.to_string());
+                    if let Some(cb) = &log {
+                        Python::attach(|py| {
+                            let msg = format!(
+                                "serving the replicator's metrics on http://{at}/metrics (and \
+                                 /healthz, /readyz)"
+                            );
+                            let _ = cb.call1(py, ("info", msg));
+                        });
+                    }
+                    Some(l)
+                }
+                None => None,
+            };
+            keycache_etcd::metrics::run_serving(&mut replicator, listener, stop).await
         })
     });
     if let Some(e) = raised.lock().unwrap_or_else(|p| p.into_inner()).take() {

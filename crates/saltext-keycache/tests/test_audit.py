@@ -46,6 +46,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 
 import pytest
 
@@ -183,9 +184,15 @@ def test_with_etcd_each_master_holds_the_clusters_trail(etcd, keycache_bin):
     prefix = "/kc-audit/"
     mid = tm.MINION_ID
 
+    # Each master's engine serves its metrics (the driver takes the option
+    # in the same mapping, and passes it over), on an address no master
+    # port is on.
+    ports = dict(zip("AB", mm.free_ports(2)))
+
     def options(name, _root, _interface):
         out = {"id": f"kc-audit-{name.lower()}"}
         out.update(es.master_options(etcd.endpoint, prefix))
+        out["keycache_etcd"]["metrics"] = f"127.0.0.3:{ports[name]}"
         return out
 
     with mm.stopped_after(tm.TwoMasters(keycache_bin, options=options)) as pair:
@@ -219,6 +226,22 @@ def test_with_etcd_each_master_holds_the_clusters_trail(etcd, keycache_bin):
             assert _native_history(a.store, mid) == in_a
             # every master's log is the whole cluster's trail: nothing else in it
             assert _log_records(a.store) == _log_records(b.store) == in_a
+            # B's engine, whose driver wrote with the metrics option set: ready
+            # and current, and no key accepted any more
+            def scrape():
+                url = f"http://127.0.0.3:{ports['B']}/metrics"
+                return urllib.request.urlopen(url, timeout=10).read().decode()
+
+            metrics = scrape()
+            assert "\nkeycache_replica_ready 1\n" in metrics, metrics
+            assert "\nkeycache_replica_stale 0\n" in metrics, metrics
+            # the key counts follow the replica within a second or so
+            mm.wait_for(
+                "B's metrics to count no accepted key",
+                lambda: '\nkeycache_keys{state="accepted"} 0\n' in scrape(),
+                10,
+            )
+            assert urllib.request.urlopen(f"http://127.0.0.3:{ports['B']}/readyz", timeout=10).status == 200
         except BaseException:
             print(pair.diagnostics())
             raise

@@ -11,6 +11,7 @@ mod history;
 mod list;
 mod merge;
 mod migrate;
+mod notify;
 mod replicate;
 mod snapshot;
 mod state;

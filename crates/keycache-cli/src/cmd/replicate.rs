@@ -4,7 +4,9 @@
 //! is one line on stderr, or one JSON document per line on stdout with
 //! `--json`. Meant for a service manager (`dist/keycache-replicate.service`):
 //! a kill at any moment is safe, a restart resumes from the recorded
-//! revision.
+//! revision. With `keycache_etcd: {metrics: ADDR}` it serves its metrics,
+//! health and readiness there (`keycache_etcd::metrics`); under systemd's
+//! `NOTIFY_SOCKET` it speaks the notify protocol ([`super::notify`]).
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -14,6 +16,7 @@ use keycache_etcd::replica::Applied;
 use keycache_etcd::{Replicator, Report};
 use serde::Serialize;
 
+use super::notify::{stop_signal, Notifier};
 use super::state::TreeMode;
 use crate::args::{Json, Layout};
 use crate::output::{errln, esc, esc_path, print_json_line, CmdResult};
@@ -180,10 +183,16 @@ fn print(r: &Report, json: bool) {
     }
 }
 
-/// Runs `keycache replicate`: forever; exit code 2 on a failure that
-/// retrying cannot mend.
+/// Runs `keycache replicate`: forever (under systemd's notify protocol:
+/// until SIGTERM or SIGINT); exit code 2 on a failure that retrying cannot
+/// mend.
 pub(crate) fn run(a: Args) -> CmdResult {
     let settings = super::etcd::required(&a.layout, "replicate")?;
+    let metrics = a
+        .layout
+        .config(Path::new(""))?
+        .and_then(|c| c.etcd)
+        .and_then(|e| e.value.metrics);
     // No audit actor: the replicator appends the records etcd holds with
     // each change (whoever made it), not records of its own.
     let (store, _) = TreeMode::open_writer(a.tree, &a.layout, Path::new(""), TreeMode::Always)?;
@@ -199,6 +208,58 @@ pub(crate) fn run(a: Args) -> CmdResult {
         }
     );
     let json = a.json.json;
-    Replicator::new(settings, store, move |r| print(&r, json)).run_blocking()?;
+    let replicator = Replicator::new(settings, store, move |r| print(&r, json));
+    keycache_etcd::block_on(replicate(replicator, metrics, Notifier::from_env()))?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The replicator, with its metrics served at `metrics` and systemd told
+/// what it does through `notifier`, until a signal stops it (under
+/// `notifier` only: without it, signals kill as they always did).
+async fn replicate(
+    mut replicator: Replicator,
+    metrics: Option<String>,
+    notifier: Option<Notifier>,
+) -> keycache_etcd::Result<()> {
+    let m = replicator.metrics();
+    let server = match &metrics {
+        Some(addr) => {
+            let listener = keycache_etcd::metrics::bind(addr).await?;
+            let at = listener
+                .local_addr()
+                .map_or_else(|_| addr.clone(), |a| a.to_string());
+            errln!(
+                "keycache: replicate: metrics on http://{}/metrics (and /healthz, /readyz)",
+                esc(&at)
+            );
+            Some(keycache_etcd::metrics::serve(listener, m.clone()))
+        }
+        None => None,
+    };
+    let serving = async {
+        match server {
+            Some(s) => match s.await {},
+            None => std::future::pending().await,
+        }
+    };
+    let notifying = async {
+        match &notifier {
+            Some(n) => match n.run(&m).await {},
+            None => std::future::pending().await,
+        }
+    };
+    let stop = async {
+        match &notifier {
+            Some(n) => {
+                stop_signal().await;
+                n.send("STOPPING=1");
+            }
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        r = replicator.run(stop) => r,
+        () = serving => Ok(()),
+        () = notifying => Ok(()),
+    }
 }

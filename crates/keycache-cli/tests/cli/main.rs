@@ -46,6 +46,8 @@ mod key_material;
 mod layout;
 mod master_keys;
 mod merge;
+mod metrics;
+mod prometheus;
 mod salt_interop;
 mod tree;
 
