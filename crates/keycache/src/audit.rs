@@ -40,8 +40,6 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use serde_json::{Map, Value};
-
 use crate::error::{Error, Result};
 use crate::files::Ownership;
 use crate::format::AUDIT_LOG_FILE;
@@ -189,33 +187,25 @@ impl Record {
     }
 
     /// The fields, in the documented order.
-    fn fields(&self) -> [(&'static str, Value); 13] {
-        let s = |v: &Option<String>| v.clone().map_or(Value::Null, Value::String);
+    fn fields(&self) -> [(&'static str, Field<'_>); 13] {
+        fn s(v: &Option<String>) -> Field<'_> {
+            v.as_deref().map_or(Field::Null, Field::Str)
+        }
         [
-            ("time", Value::String(self.time.clone())),
-            ("id", Value::String(self.id.clone())),
-            ("action", Value::String(self.action.clone())),
+            ("time", Field::Str(&self.time)),
+            ("id", Field::Str(&self.id)),
+            ("action", Field::Str(&self.action)),
             ("from", s(&self.from)),
             ("to", s(&self.to)),
             ("finger", s(&self.finger)),
             ("replaced_finger", s(&self.replaced_finger)),
             ("user", s(&self.user)),
             ("sudo_user", s(&self.sudo_user)),
-            ("program", Value::String(self.program.clone())),
+            ("program", Field::Str(&self.program)),
             ("master", s(&self.master)),
             ("reason", s(&self.reason)),
-            ("revision", self.revision.map_or(Value::Null, Value::from)),
+            ("revision", self.revision.map_or(Field::Null, Field::Int)),
         ]
-    }
-
-    /// The record as one JSON object.
-    pub fn to_json(&self) -> Value {
-        Value::Object(
-            self.fields()
-                .into_iter()
-                .map(|(k, v)| (k.to_owned(), v))
-                .collect::<Map<String, Value>>(),
-        )
     }
 
     /// The record as one line of JSON, the fields in the documented order
@@ -226,54 +216,220 @@ impl Record {
             if i > 0 {
                 s.push(',');
             }
-            s.push_str(&Value::String((*k).to_owned()).to_string());
+            json::string(&mut s, k);
             s.push(':');
-            s.push_str(&v.to_string());
+            match v {
+                Field::Str(t) => json::string(&mut s, t),
+                Field::Int(n) => s.push_str(&n.to_string()),
+                Field::Null => s.push_str("null"),
+            }
         }
         s.push_str("}\n");
         s
     }
 
-    /// Reads a record back from its JSON; None for anything else (a torn
-    /// line).
-    pub fn from_json(v: &Value) -> Option<Record> {
-        let o = v.as_object()?;
-        let req = |k: &str| o.get(k)?.as_str().map(str::to_owned);
-        let opt = |k: &str| -> Option<Option<String>> {
-            match o.get(k) {
-                None | Some(Value::Null) => Some(None),
-                Some(Value::String(s)) => Some(Some(s.clone())),
-                Some(_) => None,
+    /// Reads one line of the log (a JSON object of the fields above, in
+    /// any order); None for a torn or foreign line.
+    pub fn from_line(line: &str) -> Option<Record> {
+        let mut m = json::object(line.trim())?;
+        let mut opt = |k: &str| -> Option<Option<String>> {
+            match m.remove(k) {
+                None | Some(json::Value::Null) => Some(None),
+                Some(json::Value::Str(s)) => Some(Some(s)),
+                Some(json::Value::Int(_)) => None,
             }
         };
+        let req = |v: Option<Option<String>>| v.flatten();
         Some(Record {
-            time: req("time")?,
-            id: req("id")?,
-            action: req("action")?,
+            time: req(opt("time"))?,
+            id: req(opt("id"))?,
+            action: req(opt("action"))?,
             from: opt("from")?,
             to: opt("to")?,
             finger: opt("finger")?,
             replaced_finger: opt("replaced_finger")?,
             user: opt("user")?,
             sudo_user: opt("sudo_user")?,
-            program: req("program")?,
+            program: req(opt("program"))?,
             master: opt("master")?,
             reason: opt("reason")?,
-            revision: match o.get("revision") {
-                None | Some(Value::Null) => None,
-                Some(r) => Some(r.as_i64()?),
+            revision: match m.remove("revision") {
+                None | Some(json::Value::Null) => None,
+                Some(json::Value::Int(n)) => Some(n),
+                Some(json::Value::Str(_)) => return None,
             },
         })
-    }
-
-    /// Reads one line of the log; None for a torn or foreign line.
-    pub fn from_line(line: &str) -> Option<Record> {
-        Record::from_json(&serde_json::from_str(line.trim()).ok()?)
     }
 
     /// Milliseconds since the Unix epoch of [`Record::time`].
     pub fn millis(&self) -> Option<i64> {
         parse_time(&self.time)
+    }
+}
+
+/// One field's value, as the log writes it.
+enum Field<'a> {
+    Str(&'a str),
+    Int(i64),
+    Null,
+}
+
+/// The JSON of the log: a flat object of strings, integers and nulls, all
+/// the log ever holds, so the engine needs no JSON library.
+mod json {
+    use std::collections::HashMap;
+
+    /// A value of the log's objects.
+    pub(super) enum Value {
+        Str(String),
+        Int(i64),
+        Null,
+    }
+
+    /// Appends `t` as a JSON string.
+    pub(super) fn string(out: &mut String, t: &str) {
+        out.push('"');
+        for c in t.chars() {
+            match c {
+                '"' => out.push_str("\\\""),
+                '\\' => out.push_str("\\\\"),
+                '\n' => out.push_str("\\n"),
+                '\r' => out.push_str("\\r"),
+                '\t' => out.push_str("\\t"),
+                c if (c as u32) < 0x20 || c == '\u{2028}' || c == '\u{2029}' => {
+                    out.push_str(&format!("\\u{:04x}", c as u32))
+                }
+                c => out.push(c),
+            }
+        }
+        out.push('"');
+    }
+
+    /// Reads a flat JSON object (string, integer or null values); None for
+    /// anything else.
+    pub(super) fn object(s: &str) -> Option<HashMap<String, Value>> {
+        let mut p = Parser {
+            s: s.as_bytes(),
+            i: 0,
+        };
+        let mut m = HashMap::new();
+        p.expect(b'{')?;
+        if !p.eat(b'}') {
+            loop {
+                let k = p.string()?;
+                p.expect(b':')?;
+                let v = p.value()?;
+                m.insert(k, v);
+                if p.eat(b'}') {
+                    break;
+                }
+                p.expect(b',')?;
+            }
+        }
+        p.ws();
+        (p.i == p.s.len()).then_some(m)
+    }
+
+    struct Parser<'a> {
+        s: &'a [u8],
+        i: usize,
+    }
+
+    impl Parser<'_> {
+        fn ws(&mut self) {
+            while self.s.get(self.i).is_some_and(|b| b" \t\r\n".contains(b)) {
+                self.i += 1;
+            }
+        }
+
+        fn eat(&mut self, b: u8) -> bool {
+            self.ws();
+            let hit = self.s.get(self.i) == Some(&b);
+            self.i += usize::from(hit);
+            hit
+        }
+
+        fn expect(&mut self, b: u8) -> Option<()> {
+            self.eat(b).then_some(())
+        }
+
+        fn value(&mut self) -> Option<Value> {
+            self.ws();
+            match self.s.get(self.i)? {
+                b'"' => self.string().map(Value::Str),
+                b'n' => {
+                    let hit = self.s.get(self.i..self.i + 4) == Some(b"null");
+                    self.i += 4;
+                    hit.then_some(Value::Null)
+                }
+                _ => {
+                    let start = self.i;
+                    self.i += usize::from(self.s.get(self.i) == Some(&b'-'));
+                    while self.s.get(self.i).is_some_and(u8::is_ascii_digit) {
+                        self.i += 1;
+                    }
+                    std::str::from_utf8(&self.s[start..self.i])
+                        .ok()?
+                        .parse()
+                        .ok()
+                        .map(Value::Int)
+                }
+            }
+        }
+
+        fn hex4(&mut self) -> Option<u32> {
+            let h = std::str::from_utf8(self.s.get(self.i..self.i + 4)?).ok()?;
+            self.i += 4;
+            u32::from_str_radix(h, 16).ok()
+        }
+
+        fn string(&mut self) -> Option<String> {
+            self.expect(b'"')?;
+            let mut out = Vec::new();
+            loop {
+                let b = *self.s.get(self.i)?;
+                self.i += 1;
+                match b {
+                    b'"' => return String::from_utf8(out).ok(),
+                    b'\\' => {
+                        let e = *self.s.get(self.i)?;
+                        self.i += 1;
+                        let c = match e {
+                            b'"' => '"',
+                            b'\\' => '\\',
+                            b'/' => '/',
+                            b'b' => '\u{8}',
+                            b'f' => '\u{c}',
+                            b'n' => '\n',
+                            b'r' => '\r',
+                            b't' => '\t',
+                            b'u' => {
+                                let hi = self.hex4()?;
+                                let code = if (0xd800..0xdc00).contains(&hi) {
+                                    if self.s.get(self.i..self.i + 2) != Some(b"\\u") {
+                                        return None;
+                                    }
+                                    self.i += 2;
+                                    let lo = self.hex4()?;
+                                    if !(0xdc00..0xe000).contains(&lo) {
+                                        return None;
+                                    }
+                                    0x10000 + ((hi - 0xd800) << 10) + (lo - 0xdc00)
+                                } else {
+                                    hi
+                                };
+                                char::from_u32(code)?
+                            }
+                            _ => return None,
+                        };
+                        let mut buf = [0u8; 4];
+                        out.extend_from_slice(c.encode_utf8(&mut buf).as_bytes());
+                    }
+                    b if b < 0x20 => return None,
+                    b => out.push(b),
+                }
+            }
+        }
     }
 }
 
@@ -595,6 +751,52 @@ mod tests {
                 .action,
             "merge"
         );
+    }
+
+    /// The log's JSON is JSON: what it writes any JSON reader reads, with
+    /// every character of free text kept, and what a JSON writer makes of
+    /// a record reads back.
+    #[test]
+    fn records_are_json_both_ways() {
+        let r = Record {
+            reason: Some("a \"quoted\" \\ reason\n\t\u{1}\u{2028} é 🔑".into()),
+            revision: Some(-3),
+            ..Record::of_change(
+                &actor(),
+                "m",
+                &Entries::default(),
+                &Entries {
+                    key: Some((KeyState::Pending, pem(1))),
+                    denied: None,
+                },
+                SystemTime::now(),
+            )
+            .unwrap()
+        };
+        let line = r.to_line();
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(v["reason"], r.reason.clone().unwrap());
+        assert_eq!(v["revision"], -3);
+        assert_eq!(v["to"], "pending");
+        assert!(v["from"].is_null());
+        assert_eq!(Record::from_line(&line), Some(r.clone()));
+        // Another writer's spacing, order and escapes.
+        let mut o = v.as_object().unwrap().clone();
+        o.insert("id".into(), "\u{e9}\u{1f511}".into());
+        let other = serde_json::to_string_pretty(&serde_json::Value::Object(o)).unwrap();
+        let back = Record::from_line(&other.replace('é', "\\u00e9")).unwrap();
+        assert_eq!(back.id, "é🔑");
+        assert_eq!(back.reason, r.reason);
+        for bad in [
+            "",
+            "{",
+            "{\"time\":1}",
+            "{\"id\":\"m\"} x",
+            "[1]",
+            "{\"time\":\"t\",\"id\":\"m\",\"action\":\"a\",\"program\":\"p\",\"revision\":\"7\"}",
+        ] {
+            assert_eq!(Record::from_line(bad), None, "{bad}");
+        }
     }
 
     #[test]
