@@ -77,11 +77,13 @@ use crate::table::{OpenOptions, Table};
 
 mod bank;
 mod collect;
+mod pair;
 pub(crate) use bank::bank_beside;
 pub use bank::open_bank;
 use bank::{private_options, tighten};
 use collect::skip;
 pub use collect::{collect, own_key_files};
+pub use pair::{write_pair, PairReport};
 
 /// The largest file [`collect`] takes (a 16384-bit RSA private key PEM is
 /// about 12 KiB).

@@ -276,7 +276,7 @@ fn fail(py: Python<'_>, e: keycache::Error) -> PyErr {
     let advice = if keycache::tree::in_the_way(&e) {
         "; keycache_tree: False in the master config leaves the key tree out"
     } else if keycache::tree::out_of_step(&e) {
-        "; `keycache verify --repair` mends the tree"
+        "; `salt-run keycache.verify repair=True` (the command: `keycache verify --repair`) mends the tree"
     } else {
         ""
     };

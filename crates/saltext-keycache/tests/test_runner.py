@@ -257,6 +257,47 @@ def test_verify_clean_then_damaged(tmp_path, keycache_bin):
     assert "fails its xxh3 checksum" in ret["findings"][0]["finding"]["what"], ret
 
 
+def test_the_install_check_of_the_docs_lists_the_runners(tmp_path):
+    # docs/install.md: `sys.list_runner_functions keycache` (an execution
+    # function: salt-call, not salt-run, which has no `sys` runner) says the
+    # extension is installed and which functions it brings; `salt-run -d
+    # keycache` shows their documentation.
+    conf = make_master(tmp_path / "m", junk=False)
+    proc = subprocess.run(
+        [str(VENV_BIN / "salt-call"), "--local", "-c", str(conf), "sys.list_runner_functions", "keycache",
+         "--out", "json"],
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=TIMEOUT, env=run_env(), check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert last_json(proc.stdout)["local"] == [
+        "keycache.diff", "keycache.history", "keycache.migrate", "keycache.status", "keycache.verify"
+    ], proc.stdout
+    proc = subprocess.run(
+        [str(VENV_BIN / "salt-run"), "-c", str(conf), "-d", "keycache"],
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=TIMEOUT, env=run_env(), check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "keycache.verify:" in proc.stdout and "repair=True" in proc.stdout, proc.stdout
+
+
+def test_verify_repair_mends_the_key_tree(tmp_path, keycache_bin):
+    # The driver's advice for a tree out of step names this runner: a wheel's
+    # user may have no `keycache` on PATH.
+    conf = make_master(tmp_path / "m", junk=False)
+    pki = tmp_path / "m" / "pki"
+    cli(keycache_bin, "migrate", "-c", str(conf))
+    (pki / "minions" / "a1").unlink()  # an accepted key's file gone from the tree
+
+    code, ret, proc = salt_run(conf, "keycache.verify")
+    assert code == 1 and ret["result"] is False, proc.stdout + proc.stderr
+    code, ret, proc = salt_run(conf, "keycache.verify", "repair=True")
+    assert code == 0, proc.stdout + proc.stderr
+    assert ret["result"] is True and "retcode" not in ret, ret
+    assert (pki / "minions" / "a1").read_text() == pem("minions/a1")
+    code, ret, proc = salt_run(conf, "keycache.verify")
+    assert code == 0 and ret["result"] is True, proc.stdout + proc.stderr
+
+
 def test_status_counts(tmp_path, keycache_bin):
     conf = make_master(tmp_path / "m")
     cli(keycache_bin, "migrate", "-c", str(conf))
@@ -317,7 +358,11 @@ def test_keycache_bin_option(tmp_path, keycache_bin):
 
     assert code == 1, proc.stdout + proc.stderr
     assert ret["retcode"] == 1, ret
-    assert ret["error"] == f"keycache: no keycache binary found; looked for {missing} (the master option keycache_bin)"
+    assert ret["error"].startswith(
+        f"keycache: no keycache binary found; looked for {missing} (the master option keycache_bin). "
+    ), ret
+    # what a user of the wheel, the package or a source install can do
+    assert "salt-pip" in ret["error"] and "/usr/bin/keycache" in ret["error"] and "keycache_bin: PATH" in ret["error"], ret
     assert tree_snapshot(tmp_path / "m" / "pki") == before
 
     # The option names the binary: it is run, PATH lacking it.

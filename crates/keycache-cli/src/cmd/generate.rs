@@ -106,6 +106,8 @@ fn man_page(w: &mut Vec<u8>) -> io::Result<()> {
     for sub in visible_subcommands(&cmd) {
         man_subcommand(w, sub, BIN)?;
     }
+    w.extend_from_slice(ENVIRONMENT.as_bytes());
+    w.extend_from_slice(EXIT_STATUS.as_bytes());
     page.render_version_section(w)?;
     w.extend_from_slice(
         b".SH \"SEE ALSO\"\n\
@@ -114,6 +116,47 @@ fn man_page(w: &mut Vec<u8>) -> io::Result<()> {
     *w = once_preamble(w);
     Ok(())
 }
+
+/// The man page's ENVIRONMENT section: every variable the command reads.
+const ENVIRONMENT: &str = r#".SH ENVIRONMENT
+.TP
+\fBSALT_CONFIG_DIR\fR
+The master configuration directory when no \fB\-c\fR/\fB\-\-config\-dir\fR or \fB\-\-master\-config\fR is given, as for salt\-key (default /etc/salt).
+.TP
+\fBSALT_MASTER_CONFIG\fR
+A master configuration file read in place of /etc/salt/master when it names a file and neither a flag nor SALT_CONFIG_DIR is given, as Salt reads it.
+.TP
+\fBNO_COLOR\fR
+When set and not empty, no colour in the output (colour is used only on a terminal).
+.TP
+\fBSUDO_USER\fR
+The user behind sudo, recorded in the audit trail beside the user the command runs as.
+.TP
+\fBNOTIFY_SOCKET\fR, \fBWATCHDOG_USEC\fR, \fBWATCHDOG_PID\fR
+Set by systemd for a Type=notify unit: \fBkeycache replicate\fR then reports READY=1 once its first list is applied, STATUS=, WATCHDOG=1 and STOPPING=1. Without NOTIFY_SOCKET nothing is sent.
+.TP
+\fBHOME\fR
+Expands a leading ~ in the master configuration's paths (pki_dir and others), as Salt does.
+.TP
+\fBKEYCACHE_READ_RETRY_MS\fR
+How long, in milliseconds, a reader waits for an entry that Salt is rewriting in place (default 1000).
+.TP
+\fBKEYCACHE_REBUILD_SETTLE_MS\fR
+How long, in milliseconds, a rebuild keeps the banks locked after its renames while other processes (Salt's) map the files it replaced (default 300; 0 where no Salt process writes).
+"#;
+
+/// The man page's EXIT STATUS section, as every subcommand uses it.
+const EXIT_STATUS: &str = r#".SH "EXIT STATUS"
+.TP
+\fB0\fR
+Success: the command did what it was asked, or found nothing wrong.
+.TP
+\fB1\fR
+The command ran, and what it reports is not clean: \fBverify\fR found something, \fBdiff\fR and \fBetcd diff\fR found the stores differ, \fBetcd status\fR found the replica stale, \fBmerge\fR held an entry pending for an operator, \fBexport\fR left a differing file alone.
+.TP
+\fB2\fR
+Bad usage or bad input (the message names the file or id and what is wrong), a refusal (a store locked by another writer, a change the guards refuse), or an error of the system. Nothing was written: no half-written store, no lost key.
+"#;
 
 /// The string definition clap_mangen (through the roff crate) writes
 /// before every section it renders: kept once, at the top.

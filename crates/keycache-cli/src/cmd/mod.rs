@@ -9,6 +9,7 @@ mod generate;
 mod get;
 mod history;
 mod list;
+mod master_pair;
 mod merge;
 mod migrate;
 mod notify;
@@ -99,6 +100,12 @@ pub(crate) enum Command {
     /// before anything is written; keys holding private key material are
     /// never written.
     Export(export::Args),
+    /// Write the master's key pair out of the master_keys bank as
+    /// master.pem (mode 0600) and master.pub in a directory, for a second
+    /// master (Salt's multi-master setup copies those two files; under
+    /// keycache they live only in the bank). Never to a terminal or stdout,
+    /// never over an existing file.
+    ExportMasterKeys(master_pair::Args),
     /// Compare two stores (peers of an isolated-filesystem cluster); exits 1
     /// when they differ.
     Diff(diff::Args),
@@ -121,7 +128,8 @@ pub(crate) enum Command {
     /// prefix, make the store (and its key tree) equal to it, then apply
     /// every change etcd commits. One line per change on stderr (JSON
     /// lines on stdout with --json). Run it under a service manager
-    /// (dist/keycache-replicate.service).
+    /// (keycache-replicate.service: the Debian package installs it in
+    /// /lib/systemd/system).
     Replicate(replicate::Args),
     /// The key state in etcd: seed a prefix, a replica's status, the store
     /// against etcd.
@@ -129,7 +137,7 @@ pub(crate) enum Command {
     /// Measure lookup throughput of an existing store on this machine.
     Bench(bench::Args),
     /// Write the man page or a shell's completion script to stdout, made
-    /// from these definitions (for packagers: tools/build-deb.sh).
+    /// from these definitions (for packagers).
     #[command(hide = true)]
     Generate(generate::Args),
 }
@@ -149,6 +157,7 @@ pub(crate) fn run(cmd: Command) -> CmdResult {
         Command::Verify(a) => verify::run(a),
         Command::Compact(a) => compact::run(a),
         Command::Export(a) => export::run(a),
+        Command::ExportMasterKeys(a) => master_pair::run(a),
         Command::Diff(a) => diff::run(a),
         Command::Snapshot(a) => snapshot::run(a),
         Command::Merge(a) => merge::run(a),

@@ -110,9 +110,29 @@ fn man_page_is_roff_naming_every_subcommand() {
         ".SH SYNOPSIS",
         ".SH DESCRIPTION",
         ".SH COMMANDS",
+        ".SH ENVIRONMENT",
+        ".SH \"EXIT STATUS\"",
         ".SH VERSION",
     ] {
         assert!(man.lines().any(|l| l == section), "no {section}");
+    }
+    // Every variable the command's sources read is in ENVIRONMENT, and the
+    // exit codes the command uses are in EXIT STATUS.
+    let env_section = section_of(&man, ".SH ENVIRONMENT");
+    let read = env_vars_read();
+    assert!(read.len() >= 8, "{read:?}");
+    for var in &read {
+        assert!(
+            env_section.contains(&format!("\\fB{var}\\fR")),
+            "{var} is read but not in the man page's ENVIRONMENT"
+        );
+    }
+    let exit = section_of(&man, ".SH \"EXIT STATUS\"");
+    for code in ["0", "1", "2"] {
+        assert!(
+            exit.contains(&format!(".TP\n\\fB{code}\\fR\n")),
+            "exit status {code} is not described"
+        );
     }
     for sub in all_subcommands() {
         let heading = format!(".SS \"keycache {sub}\"");
@@ -133,6 +153,62 @@ fn man_page_is_roff_naming_every_subcommand() {
         !man.contains("keycache-migrate(1)"),
         "refers to a page not shipped"
     );
+}
+
+/// The lines of the man page's section `heading`, up to the next `.SH`.
+fn section_of(man: &str, heading: &str) -> String {
+    let start = man
+        .find(&format!("{heading}\n"))
+        .unwrap_or_else(|| panic!("no {heading}"));
+    let body = &man[start + heading.len() + 1..];
+    body[..body.find("\n.SH ").map_or(body.len(), |e| e + 1)].to_string()
+}
+
+/// The environment variables the CLI's and the config reader's sources read
+/// (`var("NAME")`, `var_os("NAME")`, and the config reader's `env("NAME")`).
+fn env_vars_read() -> std::collections::BTreeSet<String> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    for dir in [root.join("src"), root.join("../keycache-config/src")] {
+        let mut stack = vec![dir];
+        while let Some(d) = stack.pop() {
+            for e in std::fs::read_dir(&d).unwrap() {
+                let p = e.unwrap().path();
+                // unit-test modules (`tests/`, `tests.rs`) are not the command
+                if p.file_stem().is_some_and(|n| n == "tests") {
+                    continue;
+                }
+                if p.is_dir() {
+                    stack.push(p);
+                } else if p.extension().is_some_and(|x| x == "rs") {
+                    files.push(p);
+                }
+            }
+        }
+    }
+    let mut vars = std::collections::BTreeSet::new();
+    for f in files {
+        let text = std::fs::read_to_string(&f).unwrap();
+        // the unit tests' own variables are not the command's
+        let text = text.split("#[cfg(test)]").next().unwrap_or_default();
+        for call in ["var(\"", "var_os(\"", "env(\""] {
+            for (i, _) in text.match_indices(call) {
+                let rest = &text[i + call.len()..];
+                let name: String = rest
+                    .chars()
+                    .take_while(|c| c.is_ascii_uppercase() || *c == '_')
+                    .collect();
+                if !name.is_empty() && rest[name.len()..].starts_with('"') {
+                    vars.insert(name);
+                }
+            }
+        }
+    }
+    // `ms("KEYCACHE_...")` reads through a closure over `var(name)`
+    for f in ["KEYCACHE_READ_RETRY_MS", "KEYCACHE_REBUILD_SETTLE_MS"] {
+        vars.insert(f.to_string());
+    }
+    vars
 }
 
 #[test]

@@ -10,6 +10,7 @@ an extension's scripts into ``extras-3.N/bin``, off PATH):
     salt-run keycache.migrate                # keycache migrate -c <config dir>
     salt-run keycache.status                 # keycache stats (keycache etcd status with keycache_etcd)
     salt-run keycache.verify                 # keycache verify
+    salt-run keycache.verify repair=True     # keycache verify --repair
     salt-run keycache.diff                   # keycache etcd diff (needs keycache_etcd)
     salt-run keycache.diff other=/srv/peer   # keycache diff <this store> /srv/peer
     salt-run keycache.history web-01         # keycache history web-01 (the audit trail)
@@ -112,7 +113,13 @@ def _run(args, options=()):
     """
     binary, looked = _find_binary(__opts__)
     if binary is None:
-        return None, None, None, _error(f"keycache: no keycache binary found; looked for {looked}")
+        return None, None, None, _error(
+            "keycache: no keycache binary found; looked for "
+            f"{looked}. The saltext.keycache wheel carries it (salt-pip puts it in "
+            "extras-3.N/bin beside the package) and so does the keycache Debian package "
+            "(/usr/bin/keycache); a driver installed from source has none: install one of "
+            "those, or name a binary with keycache_bin: PATH in the master config"
+        )
     conf_file = __opts__.get("conf_file")
     if not conf_file:
         return None, None, binary, _error("keycache: the master opts have no conf_file", binary)
@@ -298,20 +305,24 @@ def status():
     return err if err is not None else _report(doc, code, binary)
 
 
-def verify():
+def verify(repair=False):
     """
     Check this master's key store as ``keycache verify`` does: counters, the
     roster, probe chains, duplicates, every record's bounds and checksum, and
     the key tree Salt's ``validate_token`` reads. Fails (``salt-run`` exits 1)
-    on any finding, and lists them. Repair with ``keycache verify --repair``.
+    on any finding, and lists them. ``repair=True`` mends what can be mended
+    as ``keycache verify --repair`` does (the key tree made equal to the
+    store, a bank rebuilt), recording it in the audit trail, then checks
+    again.
 
     CLI Example:
 
     .. code-block:: bash
 
         salt-run keycache.verify
+        salt-run keycache.verify repair=True
     """
-    doc, code, binary, err = _run(["verify"])
+    doc, code, binary, err = _run(["verify", "--repair"] if salt.utils.data.is_true(repair) else ["verify"])
     return err if err is not None else _report(doc, code, binary)
 
 
