@@ -173,8 +173,8 @@ impl Report {
                 Level::Warning,
                 format!(
                     "the key tree disagrees with the store in {count} entr{} (changed by hand; \
-                     not mended by the replicator: `keycache verify --repair` mends it once \
-                     looked at), first: {first}",
+                     not mended by the replicator: `salt-run keycache.verify repair=True` or \
+                     `keycache verify --repair` mends it once looked at), first: {first}",
                     if *count == 1 { "y" } else { "ies" }
                 ),
                 None,

@@ -45,8 +45,8 @@ pub(crate) fn refusal(dir: &Path, pki_dir: Option<&Path>, master_id: &str) -> Op
     }
     let found = legacy_key(dir, pki_dir, master_id)?;
     Some(format!(
-        "keycache: {} holds a localfs_key key tree ({}) and no keycache store: run `keycache \
-         migrate {}` (or `keycache migrate -c <the master's config directory>`) before using \
+        "keycache: {} holds a localfs_key key tree ({}) and no keycache store: run `salt-run \
+         keycache.migrate` (or the command: `keycache migrate {}`) before using \
          keys.cache_driver: keycache; nothing was read or written",
         dir.display(),
         found.display(),

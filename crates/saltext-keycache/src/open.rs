@@ -150,7 +150,8 @@ impl Open {
                 "keycache: {}: the store holds {name:?} accepted but {} is missing: Salt's \
                  validate_token refuses every request of that minion. If the file was removed \
                  to revoke the key, delete or reject the key (salt-key -d/-r); else \
-                 `keycache verify --repair -c {}` writes it back",
+                 `salt-run keycache.verify repair=True` (or the command: `keycache verify \
+                 --repair {}`) writes it back",
                 self.dir.display(),
                 path.display(),
                 self.dir.display()

@@ -193,7 +193,13 @@ mod tests {
     fn writes_the_id_named_pair_0600_into_a_new_0700_directory() {
         let dir = bank(&[("m1.pem", PEM), ("m1.pub", PUB), ("master.pem", b"other")]);
         let to = dir.path().join("pair");
-        let r = write_pair(dir.path(), &opts(), &MasterKeyOptions::new("m1_master"), &to).unwrap();
+        let r = write_pair(
+            dir.path(),
+            &opts(),
+            &MasterKeyOptions::new("m1_master"),
+            &to,
+        )
+        .unwrap();
         assert_eq!(r.from, ["m1.pem".to_string(), "m1.pub".to_string()]);
         assert_eq!(std::fs::read(&r.pem).unwrap(), PEM);
         assert_eq!(std::fs::read(&r.public).unwrap(), PUB);
