@@ -9,12 +9,20 @@
 # - `dpkg-deb -f`: Package keycache, a Version, the Architecture of this
 #   machine's dpkg, a Depends naming libc6 (>= V) with V no older than the
 #   newest glibc symbol version the binary needs, section admin;
-# - the copyright file holds the license (Apache-2.0);
+# - the copyright file is machine-readable (DEP-5): License: Apache-2.0,
+#   pointing at /usr/share/common-licenses/Apache-2.0, not a copy of the text;
+# - usr/share/doc/keycache/changelog.gz is the upstream CHANGELOG.md, and
+#   changelog.Debian.gz a Debian changelog whose latest entry is the
+#   package's Version, by its Maintainer (dpkg-parsechangelog, when here);
 # - no maintainer script (the unit is neither enabled nor started);
 # - the unit starts /usr/bin/keycache;
 # - extracted with `dpkg-deb -x`, usr/bin/keycache --version names the
 #   package's version, and `usr/bin/keycache generate man | head` runs; the
-#   gzipped man page is roff naming the subcommands.
+#   gzipped man page is roff naming the subcommands;
+# - lintian, when it is installed, with --fail-on error,warning (the tags it
+#   gives are printed; info and pedantic ones do not fail). Without lintian
+#   that check prints a SKIP line, is appended to $KEYCACHE_SKIP_LOG when set
+#   and fails with KEYCACHE_NO_SKIPS=1.
 # Every failure says what is wrong; the exit status is 1 when any check
 # failed, 2 on bad usage.
 set -euo pipefail
@@ -53,7 +61,9 @@ expect=(
     "./usr/share/doc/keycache/examples/keycache.rules.yml -rw-r--r--"
     "./usr/share/doc/keycache/copyright -rw-r--r--"
     "./usr/share/doc/keycache/README.md -rw-r--r--"
-    "./usr/share/doc/keycache/CHANGELOG.md -rw-r--r--"
+    "./usr/share/doc/keycache/changelog.gz -rw-r--r--"
+    "./usr/share/doc/keycache/changelog.Debian.gz -rw-r--r--"
+    "./usr/share/lintian/overrides/keycache -rw-r--r--"
     "./usr/share/doc/keycache/cli.md -rw-r--r--"
     "./usr/share/doc/keycache/design.md -rw-r--r--"
 )
@@ -89,7 +99,7 @@ arch="$(field Architecture)"
 if command -v dpkg >/dev/null 2>&1; then
     [ "$arch" = "$(dpkg --print-architecture)" ] || fail "Architecture is '$arch', not this machine's $(dpkg --print-architecture)"
 else
-    [ -n "$arch" ] && [ "$arch" != all ] || fail "Architecture is '$arch'"
+    if [ -z "$arch" ] || [ "$arch" = all ]; then fail "Architecture is '$arch'"; fi
 fi
 depends="$(field Depends)"
 [[ "$depends" == *libc6* ]] || fail "Depends '$depends' does not name libc6 (not \$auto-computed?)"
@@ -137,7 +147,38 @@ if [ -x "$bin" ]; then
 fi
 copyright="$work/root/usr/share/doc/keycache/copyright"
 if [ -f "$copyright" ]; then
-    grep -q 'Apache License' "$copyright" || fail "usr/share/doc/keycache/copyright holds no Apache License text"
+    [ "$(head -n 1 "$copyright")" = "Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/" ] \
+        || fail "usr/share/doc/keycache/copyright is not machine-readable (its first line is not DEP-5's Format:; source: dist/debian/copyright)"
+    grep -qx 'License: Apache-2.0' "$copyright" || fail "usr/share/doc/keycache/copyright has no 'License: Apache-2.0' (source: dist/debian/copyright)"
+    grep -q '^Copyright: [0-9]' "$copyright" || fail "usr/share/doc/keycache/copyright has no 'Copyright: YEAR HOLDER' notice (source: dist/debian/copyright)"
+    grep -q '/usr/share/common-licenses/Apache-2\.0' "$copyright" \
+        || fail "usr/share/doc/keycache/copyright does not point at /usr/share/common-licenses/Apache-2.0"
+    ! grep -q 'TERMS AND CONDITIONS FOR USE' "$copyright" \
+        || fail "usr/share/doc/keycache/copyright holds the license's full text (lintian: copyright-file-contains-full-apache-2-license)"
+fi
+changelog="$work/root/usr/share/doc/keycache/changelog.gz"
+if [ -f "$changelog" ]; then
+    if ! gzip -dc "$changelog" | cmp -s - "$repo/CHANGELOG.md"; then
+        fail "usr/share/doc/keycache/changelog.gz is not the gzipped CHANGELOG.md of $repo"
+    fi
+fi
+debian_changelog="$work/root/usr/share/doc/keycache/changelog.Debian.gz"
+if [ -f "$debian_changelog" ]; then
+    if ! entry="$(gzip -dc "$debian_changelog")"; then
+        fail "usr/share/doc/keycache/changelog.Debian.gz is not gzip"
+    elif [[ "$(head -n 1 <<<"$entry")" != "keycache ($version) "* ]]; then
+        fail "usr/share/doc/keycache/changelog.Debian.gz starts '$(head -n 1 <<<"$entry")', not 'keycache ($version) ...'"
+    elif command -v dpkg-parsechangelog >/dev/null 2>&1; then
+        printf '%s\n' "$entry" >"$work/changelog.Debian"
+        if ! parsed="$(dpkg-parsechangelog -l "$work/changelog.Debian" 2>&1)"; then
+            fail "dpkg-parsechangelog rejects usr/share/doc/keycache/changelog.Debian.gz: $parsed"
+        else
+            [ "$(sed -n 's/^Version: //p' <<<"$parsed")" = "$version" ] \
+                || fail "changelog.Debian.gz's latest entry is version '$(sed -n 's/^Version: //p' <<<"$parsed")', the package is $version"
+            [ "$(sed -n 's/^Maintainer: //p' <<<"$parsed")" = "$(field Maintainer)" ] \
+                || fail "changelog.Debian.gz's latest entry is by '$(sed -n 's/^Maintainer: //p' <<<"$parsed")', the Maintainer is '$(field Maintainer)'"
+        fi
+    fi
 fi
 man="$work/root/usr/share/man/man1/keycache.1.gz"
 if [ -f "$man" ]; then
@@ -153,6 +194,27 @@ bash_completion="$work/root/usr/share/bash-completion/completions/keycache"
 if [ -f "$bash_completion" ]; then
     bash -n "$bash_completion" || fail "bash -n rejects the bash completion"
     grep -q -- '--config-dir' "$bash_completion" || fail "the bash completion lacks --config-dir"
+fi
+
+# lintian: errors and warnings fail (overrides: dist/debian/lintian-overrides)
+if command -v lintian >/dev/null 2>&1; then
+    lintian_rc=0
+    tags="$(lintian --fail-on error,warning --display-level '>=info' "$deb" 2>&1)" || lintian_rc=$?
+    # as root lintian says "running with root privileges is not recommended!"
+    tags="$(grep -v '^running with root privileges' <<<"$tags" || true)"
+    if [ "$lintian_rc" = 0 ]; then
+        if [ -n "$tags" ]; then
+            echo "check-deb: lintian $(lintian --version | sed 's/^Lintian v//'): no error or warning; it says:" >&2
+            printf '%s\n' "$tags" >&2
+        fi
+    else
+        printf '%s\n' "$tags" >&2
+        fail "lintian --fail-on error,warning rejects it (exit $lintian_rc; tags above; overrides, with the reason, go in dist/debian/lintian-overrides)"
+    fi
+else
+    echo "SKIP check-deb: lintian is not installed (apt-get install lintian)" >&2
+    [ -z "${KEYCACHE_SKIP_LOG:-}" ] || echo "tools/check-deb.sh: lintian (not installed)" >>"$KEYCACHE_SKIP_LOG"
+    [ "${KEYCACHE_NO_SKIPS:-}" != 1 ] || fail "KEYCACHE_NO_SKIPS=1: lintian is not installed, a skip is a failure"
 fi
 
 if [ "$failures" -gt 0 ]; then

