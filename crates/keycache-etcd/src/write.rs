@@ -48,7 +48,7 @@ pub const TRIES: u32 = 8;
 /// Transactions of one update in flight at once: etcd commits concurrent
 /// proposals together, so more in flight means fewer WAL fsyncs for a
 /// large update (a 10,000-key `salt-key -A` reached a second master in a
-/// median 1.01 s with 32, 1.12 s with 8: docs/performance.md).
+/// median 1.01 s with 32, 1.12 s with 8: docs/performance-notes.md).
 pub const IN_FLIGHT: usize = 32;
 
 /// One chunk's planned transaction.
