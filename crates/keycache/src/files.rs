@@ -335,18 +335,20 @@ pub(crate) fn allocate(f: &File, path: &Path, len: u64) -> Result<()> {
     if len == 0 {
         return Ok(());
     }
-    let Ok(off_len) = libc::off_t::try_from(len) else {
-        return Ok(());
-    };
-    match crate::map::fallocate(f, off_len) {
-        0 => Ok(()),
-        libc::EOPNOTSUPP | libc::EINVAL => Ok(()), // sparse is the best this filesystem offers
-        e => Err(Error::io(
-            path,
-            "fallocate",
-            io::Error::from_raw_os_error(e),
-        )),
+    // fallocate(2) itself, where posix_fallocate would write zeros on a
+    // filesystem without it: there, sparse is the best it offers.
+    match rustix::fs::fallocate(f, rustix::fs::FallocateFlags::empty(), 0, len) {
+        Ok(()) => Ok(()),
+        Err(rustix::io::Errno::OPNOTSUPP | rustix::io::Errno::INVAL) => Ok(()),
+        Err(e) => Err(Error::io(path, "fallocate", e.into())),
     }
+}
+
+/// `syncfs(f)`: writes back every dirty page and inode of the filesystem
+/// that holds `f`, and waits for it (one call instead of an fsync per file
+/// for the key tree's large batches).
+pub(crate) fn syncfs(f: &File) -> io::Result<()> {
+    rustix::fs::syncfs(f).map_err(io::Error::from)
 }
 
 /// Flushes a file's data to stable storage.
@@ -421,7 +423,7 @@ fn replace(path: &Path, bytes: &[u8], own: &Ownership, durable: bool) -> Result<
         .unwrap_or_default();
     let tmp = dir.join(format!(
         "{}{name}.{}.{}",
-        crate::journal::TMP_PREFIX,
+        crate::format::TMP_PREFIX,
         std::process::id(),
         now_ns()
     ));

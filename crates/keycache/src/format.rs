@@ -85,6 +85,20 @@ pub const TREE_INTENT_FILE: &str = ".keycache-tree-intent";
 /// record a line, rotated to `<name>.1` .. `<name>.4`.
 pub const AUDIT_LOG_FILE: &str = ".keycache-audit.log";
 
+/// The roll-forward journal of a rebuild, in the store directory
+/// (`crate::journal`).
+pub const JOURNAL: &str = ".keycache-journal";
+/// Prefix of a journal being written (before `<pid>`).
+pub const JOURNAL_TMP_PREFIX: &str = ".keycache-journal.new.";
+/// Prefix of the temporary files of a rebuild in progress.
+pub const TMP_PREFIX: &str = ".keycache-tmp.";
+/// Prefix of the temporary files a key tree write creates in a state
+/// directory (`crate::tree`).
+pub const TREE_TEMP_PREFIX: &str = ".keycache-tree.";
+/// Prefix of every file keycache creates (in the store directory, beside
+/// key files in the tree, in an export): never a key.
+pub const KEYCACHE_PREFIX: &str = ".keycache-";
+
 /// Width of a slot's status byte.
 pub const STATUS_LEN: usize = 1;
 /// Width of a slot's packed heap offset.

@@ -17,10 +17,8 @@ use std::time::Duration;
 use crate::error::{Error, Result};
 use crate::files::{self, Ownership};
 
-/// Name of the roll-forward journal in a store directory.
-pub const JOURNAL: &str = ".keycache-journal";
-/// Prefix of temporary files of a rebuild in progress.
-pub const TMP_PREFIX: &str = ".keycache-tmp.";
+use crate::format::JOURNAL_TMP_PREFIX;
+pub use crate::format::{JOURNAL, TMP_PREFIX};
 
 /// How long a rebuild keeps its banks locked after renaming the new files
 /// into place, unless set otherwise ([`crate::OpenOptions::rebuild_settle`]).
@@ -36,8 +34,6 @@ pub const TMP_PREFIX: &str = ".keycache-tmp.";
 /// replaced files (found in `/proc/PID/maps`).
 pub const DEFAULT_SETTLE: std::time::Duration = std::time::Duration::from_millis(300);
 
-/// Prefix of a journal being written.
-const JOURNAL_TMP_PREFIX: &str = ".keycache-journal.new.";
 /// How long a roll-forward waits for the lock of another bank that its
 /// journal names before giving up (the holder finishes the journal itself).
 const OTHER_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);

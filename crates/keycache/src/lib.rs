@@ -72,6 +72,7 @@ macro_rules! stop_point {
 
 pub mod audit;
 pub mod bench;
+mod clock;
 pub mod diff;
 pub mod error;
 pub mod export;

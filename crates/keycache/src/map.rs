@@ -252,47 +252,6 @@ impl Mapping {
     }
 }
 
-/// `posix_fallocate(f, 0, len)`: returns 0 or an errno value.
-pub(crate) fn fallocate(f: &File, len: libc::off_t) -> i32 {
-    use std::os::fd::AsRawFd;
-    // SAFETY: posix_fallocate takes a file descriptor and two integers and
-    // touches no memory of ours; the descriptor is open for the borrow of `f`.
-    unsafe { libc::posix_fallocate(f.as_raw_fd(), 0, len) }
-}
-
-/// `syncfs(f)`: writes back every dirty page and inode of the filesystem
-/// that holds `f`, and waits for it (one call instead of an fsync per file
-/// for the key tree's large batches).
-pub(crate) fn syncfs(f: &File) -> std::io::Result<()> {
-    use std::os::fd::AsRawFd;
-    // SAFETY: syncfs takes a file descriptor and touches no memory of ours;
-    // the descriptor is open for the borrow of `f`.
-    if unsafe { libc::syncfs(f.as_raw_fd()) } == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
-}
-
-/// A cheap monotonic clock in nanoseconds (CLOCK_MONOTONIC_COARSE, a few
-/// milliseconds of resolution), for the readers' staleness checks.
-#[inline]
-pub(crate) fn coarse_now_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes one `timespec` into `ts`, which is a
-    // valid, exclusively borrowed local.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
-    if rc != 0 {
-        return 0;
-    }
-    (ts.tv_sec as u64)
-        .wrapping_mul(1_000_000_000)
-        .wrapping_add(ts.tv_nsec as u64)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

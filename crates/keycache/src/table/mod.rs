@@ -58,7 +58,7 @@ use crate::error::{Error, Result};
 use crate::files::{self, Ownership};
 use crate::format::{self, Header, Params, SlotFields, DELETED, EMPTY, HEADER_MAGIC, OCCUPIED};
 use crate::heap::{self, RecordRead, Segment};
-use crate::map::{self, Mapping};
+use crate::map::Mapping;
 use crate::roster;
 
 pub use iter::{Iter, IterScratch, Scan, ScannedSlot};
@@ -350,7 +350,7 @@ impl Table {
             gen: ArcSwap::from_pointee(gen),
             gen_no: AtomicU64::new(0),
             next_check: AtomicU64::new(
-                map::coarse_now_ns().saturating_add(opts.refresh.as_nanos() as u64),
+                crate::clock::coarse_now_ns().saturating_add(opts.refresh.as_nanos() as u64),
             ),
             gave_up_at: AtomicU64::new(0),
             read_retry: opts.read_retry,
@@ -426,7 +426,7 @@ impl Table {
     #[cold]
     pub(crate) fn refresh_retired(&self) -> Result<()> {
         self.next_check.store(
-            map::coarse_now_ns().saturating_add(self.refresh_ns),
+            crate::clock::coarse_now_ns().saturating_add(self.refresh_ns),
             Ordering::Relaxed,
         );
         self.refresh(false)
@@ -438,7 +438,7 @@ impl Table {
     /// failed stat).
     #[inline]
     fn check_due(&self) -> Result<()> {
-        let now = map::coarse_now_ns();
+        let now = crate::clock::coarse_now_ns();
         if now >= self.next_check.load(Ordering::Relaxed) || self.unmapped.load(Ordering::Relaxed) {
             self.next_check
                 .store(now.saturating_add(self.refresh_ns), Ordering::Relaxed);

@@ -59,8 +59,8 @@ impl<'t> Retry<'t> {
         let now = std::time::Instant::now();
         let deadline = *self.deadline.get_or_insert_with(|| {
             let last = self.table.gave_up_at.load(Ordering::Relaxed);
-            let recent =
-                last != 0 && map::coarse_now_ns().saturating_sub(last) < GAVE_UP_COOLDOWN_NS;
+            let recent = last != 0
+                && crate::clock::coarse_now_ns().saturating_sub(last) < GAVE_UP_COOLDOWN_NS;
             now + if recent {
                 Duration::ZERO
             } else {
@@ -70,7 +70,7 @@ impl<'t> Retry<'t> {
         if now >= deadline {
             self.table
                 .gave_up_at
-                .store(map::coarse_now_ns().max(1), Ordering::Relaxed);
+                .store(crate::clock::coarse_now_ns().max(1), Ordering::Relaxed);
             return Ok(false);
         }
         let shift = (self.attempt - READ_ATTEMPTS).min(5);

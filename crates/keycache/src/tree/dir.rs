@@ -284,7 +284,7 @@ impl Dir {
     /// Writes back every dirty file of the directory's filesystem: the data
     /// of a group of staged files at once ([`write_many`]).
     fn sync_filesystem(&self, op: &'static str) -> Result<()> {
-        crate::map::syncfs(&self.fd).map_err(|e| Error::io(&self.path, op, e))
+        crate::files::syncfs(&self.fd).map_err(|e| Error::io(&self.path, op, e))
     }
 
     /// Makes the directory's entries (creations, renames, removals) durable.
@@ -342,7 +342,7 @@ pub(crate) const GROUP: usize = 128;
 pub(crate) const GROUP_WHOLE: usize = 4096;
 
 /// From how many files a write is made durable by write-backs of the
-/// filesystem ([`crate::map::syncfs`]) instead of an fsync each: a single
+/// filesystem ([`crate::files::syncfs`]) instead of an fsync each: a single
 /// accept keeps its own fsync (a write-back would flush every other
 /// process's dirty pages too).
 const SYNC_WHOLE: usize = 16;

@@ -103,12 +103,7 @@ use crate::id::MinionId;
 use crate::key::KeyState;
 pub use crate::key::TreeDir;
 
-/// Prefix of the temporary files a tree write creates in a state directory.
-pub const TEMP_PREFIX: &str = ".keycache-tree.";
-
-/// Prefix of every file keycache creates beside key files (tree and export
-/// temporaries): never a key.
-pub const KEYCACHE_PREFIX: &str = ".keycache-";
+pub use crate::format::{KEYCACHE_PREFIX, TREE_TEMP_PREFIX as TEMP_PREFIX};
 
 /// The file Salt's key-list cache leaves in a state directory: Salt 3008.5's
 /// `localfs_key.list` skips it by name and `fetch` refuses it; never a key.
