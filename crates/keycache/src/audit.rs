@@ -127,6 +127,25 @@ pub fn action_of(from: Option<&str>, to: Option<&str>) -> &'static str {
     }
 }
 
+impl Actor {
+    /// A record of `id` by this actor at `time`, with no states and no
+    /// fingerprint (an entry that could not be read), its action this
+    /// actor's (else `change`): what [`Record::of_change`] fills in.
+    pub fn record(&self, id: &str, time: SystemTime) -> Record {
+        Record {
+            time: rfc3339(time),
+            id: id.to_owned(),
+            action: self.action.clone().unwrap_or_else(|| "change".to_owned()),
+            user: self.user.clone(),
+            sudo_user: self.sudo_user.clone(),
+            program: self.program.clone(),
+            master: self.master.clone(),
+            reason: self.reason.clone(),
+            ..Record::default()
+        }
+    }
+}
+
 impl Record {
     /// The record of `id` going from `before` to `after` by `actor` at
     /// `time`; None when nothing changed. The states are those of the
@@ -175,19 +194,12 @@ impl Record {
             _ => None,
         };
         Some(Record {
-            time: rfc3339(time),
-            id: id.to_owned(),
             action,
             from: from.map(|f| f.0),
             to: to.map(|t| t.0),
             finger,
             replaced_finger,
-            user: actor.user.clone(),
-            sudo_user: actor.sudo_user.clone(),
-            program: actor.program.clone(),
-            master: actor.master.clone(),
-            reason: actor.reason.clone(),
-            revision: None,
+            ..actor.record(id, time)
         })
     }
 

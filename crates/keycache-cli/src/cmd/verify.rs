@@ -77,18 +77,8 @@ pub(crate) fn run(a: Args) -> CmdResult {
         .iter()
         .flat_map(|r| r.lost.iter())
         .map(|(id, _)| {
-            let actor = crate::args::actor(master.clone(), a.reason.reason.clone(), Some("repair"));
-            keycache::audit::Record {
-                time: keycache::audit::rfc3339(std::time::SystemTime::now()),
-                id: id.clone(),
-                action: "repair".into(),
-                user: actor.user,
-                sudo_user: actor.sudo_user,
-                program: actor.program,
-                master: actor.master,
-                reason: actor.reason,
-                ..Default::default()
-            }
+            crate::args::actor(master.clone(), a.reason.reason.clone(), Some("repair"))
+                .record(id, std::time::SystemTime::now())
         })
         .collect();
     keycache::audit::append(store.dir(), &lost)?;

@@ -444,55 +444,74 @@ impl Store {
             touched: (sync || self.audit.is_some()).then_some(&mut touched),
             removed: log.then_some(&mut removed),
         })?;
-        let records = match &self.audit {
-            Some(actor) => self.records_of(actor, keys, denied_ops, &touched)?,
-            None => Vec::new(),
-        };
-        let wants = if sync {
-            Some(self.wants_after(keys, denied_ops, touched)?)
-        } else {
-            None
-        };
+        let (wants, records) =
+            self.after_batch(self.audit.as_ref(), sync, keys, denied_ops, touched)?;
         Ok((out, wants, removed, records))
     }
 
-    /// The audit records of a staged batch: each id `touched` as the banks
-    /// hold it (nothing is written yet) and as the batch leaves it.
-    fn records_of(
+    /// What a staged batch leaves, in one pass over the ids it touched (in
+    /// the order first touched), each looked up once: with `actor`, the
+    /// audit records (each id as the banks hold it, nothing being written
+    /// yet, and as the batch leaves it); with `sync`, what the tree must
+    /// hold for each id once the batch is in.
+    fn after_batch(
         &self,
-        actor: &crate::audit::Actor,
+        actor: Option<&crate::audit::Actor>,
+        sync: bool,
         keys: &Txn<'_>,
         denied_ops: &[(Vec<u8>, Option<Vec<u8>>)],
-        touched: &[MinionId],
-    ) -> Result<Vec<crate::audit::Record>> {
+        mut touched: Vec<MinionId>,
+    ) -> Result<(Option<Wants>, Vec<crate::audit::Record>)> {
         use crate::audit::{Entries, Record};
         let now = std::time::SystemTime::now();
         let mut seen = std::collections::HashSet::new();
-        let mut out = Vec::new();
+        touched.retain(|id| seen.insert(id.clone()));
+        let mut records = Vec::new();
+        let mut wants = Vec::with_capacity(if sync { touched.len() } else { 0 });
         for id in touched {
-            if !seen.insert(id) {
-                continue;
-            }
             let k = id.as_str().as_bytes();
-            // An entry that cannot be read (a lost segment) is recorded as
-            // no key: its removal must not fail on its record.
-            let denied_before = self.denied(id).ok().flatten();
-            let before = Entries {
-                key: self.get(id).ok().flatten().map(|e| (e.state, e.public_key)),
-                denied: denied_before.clone(),
-            };
-            let after = Entries {
-                key: keys
-                    .get(k)?
-                    .and_then(|v| decode_key_value(&v).map(|(s, p)| (s, p.to_vec()))),
-                denied: match denied_ops.iter().rev().find(|(d, _)| d.as_slice() == k) {
-                    Some((_, v)) => v.clone(),
-                    None => denied_before,
-                },
-            };
-            out.extend(Record::of_change(actor, id.as_str(), &before, &after, now));
+            let key_after = keys
+                .get(k)?
+                .and_then(|v| decode_key_value(&v).map(|(s, p)| (s, p.to_vec())));
+            let op = denied_ops.iter().rev().find(|(d, _)| d.as_slice() == k);
+            // `denied_keys` as the banks hold it, read once, only when an
+            // id's denied entry is not the batch's.
+            let mut held: Option<Result<Option<Vec<u8>>>> = None;
+            if let Some(actor) = actor {
+                // An entry that cannot be read (a lost segment) is recorded
+                // as no key: its removal must not fail on its record.
+                let read = self.denied(&id);
+                let denied_before = read.as_ref().ok().cloned().flatten();
+                held = Some(read);
+                let before = Entries {
+                    key: self
+                        .get(&id)
+                        .ok()
+                        .flatten()
+                        .map(|e| (e.state, e.public_key)),
+                    denied: denied_before.clone(),
+                };
+                let after = Entries {
+                    key: key_after.clone(),
+                    denied: match op {
+                        Some((_, v)) => v.clone(),
+                        None => denied_before,
+                    },
+                };
+                records.extend(Record::of_change(actor, id.as_str(), &before, &after, now));
+            }
+            if sync {
+                let d = match op {
+                    Some((_, v)) => v.clone().map(strip_nuls),
+                    None => match held {
+                        Some(read) => read?,
+                        None => self.denied(&id)?,
+                    },
+                };
+                wants.push((id, want_of(key_after, d)));
+            }
         }
-        Ok(out)
+        Ok((sync.then_some(wants), records))
     }
 
     /// Plans both banks' writes of a batch, then applies them between the
@@ -558,35 +577,6 @@ impl Store {
             }
             Ok(applied)
         })
-    }
-
-    /// What the tree must hold, after the batch, for each id it touched
-    /// (in the order first touched).
-    fn wants_after(
-        &self,
-        keys: &Txn<'_>,
-        denied_ops: &[(Vec<u8>, Option<Vec<u8>>)],
-        mut touched: Vec<MinionId>,
-    ) -> Result<Vec<(MinionId, Want)>> {
-        let mut seen = std::collections::HashSet::new();
-        touched.retain(|id| seen.insert(id.clone()));
-        touched
-            .into_iter()
-            .map(|id| {
-                let k = keys
-                    .get(id.as_str().as_bytes())?
-                    .and_then(|v| decode_key_value(&v).map(|(s, p)| (s, p.to_vec())));
-                let d = match denied_ops
-                    .iter()
-                    .rev()
-                    .find(|(i, _)| i == id.as_str().as_bytes())
-                {
-                    Some((_, v)) => v.clone().map(strip_nuls),
-                    None => self.denied(&id)?,
-                };
-                Ok((id, want_of(k, d)))
-            })
-            .collect()
     }
 
     /// Runs `apply` (the bank writes of a batch) between the two halves of

@@ -222,6 +222,24 @@ fn repair_case(name: &str, hits: &[Hit]) {
         where_.len() - lost_want.len(),
         "{name}: kept"
     );
+    // Each lost entry is a change of the key state: in the audit trail, a
+    // `repair` by the keycache command, with nothing it could not read.
+    let hout = keycache(&["history", ds, "--json"]);
+    assert!(hout.status.success(), "{name}: history: {hout:?}");
+    let hist: Vec<Value> = String::from_utf8_lossy(&hout.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let repaired: BTreeSet<String> = hist
+        .iter()
+        .filter(|r| r["action"] == "repair")
+        .map(|r| {
+            assert_eq!(r["program"], "keycache", "{name}: {r}");
+            assert!(r["from"].is_null() && r["finger"].is_null(), "{name}: {r}");
+            r["id"].as_str().unwrap().to_owned()
+        })
+        .collect();
+    assert_eq!(repaired, lost_want, "{name}: the trail's repairs");
 
     // Every intact entry is there, for keycache and for Salt, and nothing else.
     let mut want = keys_of(&before);
