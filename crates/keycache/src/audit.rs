@@ -385,9 +385,7 @@ pub fn read(dir: &Path) -> Result<(Vec<Record>, usize)> {
     for p in files {
         let mut f = match crate::files::open_regular(&p, false) {
             Ok(f) => f,
-            Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
-                continue
-            }
+            Err(e) if e.is_not_found() => continue,
             Err(e) => return Err(e),
         };
         let mut text = String::new();
@@ -412,9 +410,7 @@ pub fn last_revision(dir: &Path) -> Result<i64> {
     for p in [path(dir), rotated(dir, 1)] {
         let mut f = match crate::files::open_regular(&p, false) {
             Ok(f) => f,
-            Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
-                continue
-            }
+            Err(e) if e.is_not_found() => continue,
             Err(e) => return Err(e),
         };
         let mut b = Vec::new();

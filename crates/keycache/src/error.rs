@@ -291,6 +291,11 @@ pub enum Error {
 
 impl Error {
     /// Wraps an `io::Error` with the path and the operation.
+    /// Whether this is an I/O error of a file that does not exist.
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, Error::Io { source, .. } if source.kind() == io::ErrorKind::NotFound)
+    }
+
     pub(crate) fn io(path: impl Into<PathBuf>, op: &'static str, source: io::Error) -> Self {
         Error::Io {
             path: path.into(),

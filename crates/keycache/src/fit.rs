@@ -156,9 +156,7 @@ impl<'a> Bank<'a> {
     fn open(index: &'a Path) -> Result<Option<Bank<'a>>> {
         let file = match files::open_regular(index, false) {
             Ok(f) => f,
-            Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
-                return Ok(None)
-            }
+            Err(e) if e.is_not_found() => return Ok(None),
             Err(e) => return Err(e),
         };
         let len = file

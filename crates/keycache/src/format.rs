@@ -33,6 +33,7 @@
 //! `denied_keys`) are encoded in [`crate::store`]: they are keycache's
 //! reading of Salt's driver, not part of the table layout.
 
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
@@ -98,6 +99,16 @@ pub const TREE_TEMP_PREFIX: &str = ".keycache-tree.";
 /// Prefix of every file keycache creates (in the store directory, beside
 /// key files in the tree, in an export): never a key.
 pub const KEYCACHE_PREFIX: &str = ".keycache-";
+
+/// Byte 0 of an index that a keycache rebuild replaced (or is about to
+/// replace: the mark is written when its journal is finished, right before
+/// the renames): readers that still map it stat the index path before their
+/// next lookup instead of waiting for [`crate::OpenOptions::refresh`]. Salt's
+/// readers never read byte 0 (slot 0 is the header; probing covers slots
+/// 1 and up). Until the renames the marked index is still the bank's, and
+/// lookups cost a `stat` each; a writer finishes an interrupted journal
+/// before it writes, so no writer ever writes to a marked index.
+pub const RETIRED_MAGIC: u8 = 0x52;
 
 /// Width of a slot's status byte.
 pub const STATUS_LEN: usize = 1;
@@ -524,6 +535,79 @@ pub fn new_index_path(index: &Path, pid: u32) -> PathBuf {
     companion(index, &format!("{NEW_INDEX_SUFFIX}.{pid}"))
 }
 
+/// The segment paths of a bank, by segment number: `.heap`, `.heap.1`, ...
+/// as far as they go without a gap (Salt's own rule), then on to the
+/// highest-numbered regular segment file past a missing one. A segment
+/// missing below that one is listed too, so that the list is indexed by
+/// segment number (opening its path fails). Salt stops at the first gap;
+/// keycache reads the segments past one, so that a lost segment costs only
+/// its own records, and a rebuild replaces or removes them. Past the gap
+/// only regular files count (Salt never reads them), and a directory ends
+/// the list: a rebuild removes the files listed past its new heap.
+pub(crate) fn discover(index: &Path) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = (0..=u16::MAX)
+        .map(|n| segment_path(index, n))
+        .take_while(|p| std::fs::symlink_metadata(p).is_ok())
+        .collect();
+    let prefix = out.len();
+    if let Some(h) = highest_past(index, prefix) {
+        out.extend(
+            (prefix..=usize::from(h))
+                .filter_map(|n| u16::try_from(n).ok().map(|n| segment_path(index, n))),
+        );
+    }
+    out
+}
+
+/// The highest segment number past `prefix` (the first missing one) whose
+/// file is regular, below any directory with a segment's name; `None` when
+/// there is none or the directory cannot be listed.
+fn highest_past(index: &Path, prefix: usize) -> Option<u16> {
+    let dir = match index.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let base = index.file_name()?.as_bytes();
+    let (mut regular, mut dir_at) = (Vec::new(), u16::MAX);
+    for e in std::fs::read_dir(dir).ok()?.flatten() {
+        let name = e.file_name();
+        let Some(n) = segment_number(base, name.as_bytes()) else {
+            continue;
+        };
+        if usize::from(n) <= prefix {
+            continue;
+        }
+        match e.file_type() {
+            Ok(t) if t.is_file() => regular.push(n),
+            Ok(t) if t.is_dir() => dir_at = dir_at.min(n),
+            _ => {}
+        }
+    }
+    regular.into_iter().filter(|&n| n < dir_at).max()
+}
+
+/// The segment number of file `name` in the bank whose index file is named
+/// `base`: `base.heap` is 0, `base.heap.N` is N (decimal, no leading zero,
+/// 1 to 65535, as [`segment_path`] spells it).
+pub(crate) fn segment_number(base: &[u8], name: &[u8]) -> Option<u16> {
+    let rest = name
+        .strip_prefix(base)?
+        .strip_prefix(HEAP_SUFFIX.as_bytes())?;
+    if rest.is_empty() {
+        return Some(0);
+    }
+    let digits = rest.strip_prefix(b".")?;
+    if digits.is_empty()
+        || digits.len() > 5
+        || digits[0] == b'0'
+        || !digits.iter().all(u8::is_ascii_digit)
+    {
+        return None;
+    }
+    let n: u32 = std::str::from_utf8(digits).ok()?.parse().ok()?;
+    u16::try_from(n).ok().filter(|&n| n > 0)
+}
+
 /// The files of the bank whose index is `index`, as Salt's `flush(bank)`
 /// removes them: the index, every heap segment (by number, past a missing
 /// one too: `heap`'s discovery; a missing one below the highest is
@@ -532,7 +616,7 @@ pub fn new_index_path(index: &Path, pid: u32) -> PathBuf {
 /// companions ([`lost_path`]) are not the bank's: they are not listed.
 pub fn bank_files(index: &Path) -> Vec<PathBuf> {
     let mut v = vec![index.to_path_buf()];
-    let segments = crate::heap::discover(index);
+    let segments = discover(index);
     if segments.is_empty() {
         v.push(segment_path(index, 0));
     }
@@ -763,5 +847,38 @@ mod tests {
         assert_eq!(&out[8..], b"pem");
         assert_eq!(record_len(3), 11);
         assert_eq!(record_len(0), 0);
+    }
+
+    #[test]
+    fn discovery_lists_segments_past_a_gap() {
+        let dir = tempfile::tempdir().unwrap();
+        let idx = dir.path().join(".mmap_keys.idx");
+        assert!(discover(&idx).is_empty());
+        for n in [0u16, 1, 3] {
+            std::fs::write(segment_path(&idx, n), b"").unwrap();
+        }
+        // Past the gap only regular files count, and a directory ends
+        // the list.
+        std::os::unix::fs::symlink("/nonexistent", segment_path(&idx, 9)).unwrap();
+        std::fs::create_dir(segment_path(&idx, 5)).unwrap();
+        std::fs::write(segment_path(&idx, 6), b"").unwrap();
+        // Not segments: another bank's, a leading zero, out of range.
+        for other in [
+            ".mmap_keys.idx.heap.07",
+            ".mmap_keys.idx.heap.65536",
+            ".mmap_keys.idx.heap.x",
+            ".mmap_denied.idx.heap.9",
+            ".mmap_keys.idx.heapx",
+        ] {
+            std::fs::write(dir.path().join(other), b"").unwrap();
+        }
+        let want: Vec<PathBuf> = (0..=3).map(|n| segment_path(&idx, n)).collect();
+        assert_eq!(discover(&idx), want);
+        let b = b".mmap_keys.idx".as_slice();
+        assert_eq!(segment_number(b, b".mmap_keys.idx.heap"), Some(0));
+        assert_eq!(segment_number(b, b".mmap_keys.idx.heap.65535"), Some(65535));
+        assert_eq!(segment_number(b, b".mmap_keys.idx.heap.0"), None);
+        assert_eq!(segment_number(b, b".mmap_keys.idx.heap."), None);
+        assert_eq!(segment_number(b, b".mmap_keys.idx.roster"), None);
     }
 }

@@ -7,12 +7,12 @@
 //! of its segment is reported as corrupt instead of faulting.
 
 use std::fs::File;
-use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
+pub(crate) use crate::format::discover;
 use crate::format::{self, CHECKSUM_LEN};
 use crate::map::Mapping;
 
@@ -146,79 +146,6 @@ impl Segment {
     }
 }
 
-/// The segment paths of a bank, by segment number: `.heap`, `.heap.1`, ...
-/// as far as they go without a gap (Salt's own rule), then on to the
-/// highest-numbered regular segment file past a missing one. A segment
-/// missing below that one is listed too, so that the list is indexed by
-/// segment number (opening its path fails). Salt stops at the first gap;
-/// keycache reads the segments past one, so that a lost segment costs only
-/// its own records, and a rebuild replaces or removes them. Past the gap
-/// only regular files count (Salt never reads them), and a directory ends
-/// the list: a rebuild removes the files listed past its new heap.
-pub(crate) fn discover(index: &Path) -> Vec<PathBuf> {
-    let mut out: Vec<PathBuf> = (0..=u16::MAX)
-        .map(|n| segment_path(index, n))
-        .take_while(|p| std::fs::symlink_metadata(p).is_ok())
-        .collect();
-    let prefix = out.len();
-    if let Some(h) = highest_past(index, prefix) {
-        out.extend(
-            (prefix..=usize::from(h))
-                .filter_map(|n| u16::try_from(n).ok().map(|n| segment_path(index, n))),
-        );
-    }
-    out
-}
-
-/// The highest segment number past `prefix` (the first missing one) whose
-/// file is regular, below any directory with a segment's name; `None` when
-/// there is none or the directory cannot be listed.
-fn highest_past(index: &Path, prefix: usize) -> Option<u16> {
-    let dir = match index.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    let base = index.file_name()?.as_bytes();
-    let (mut regular, mut dir_at) = (Vec::new(), u16::MAX);
-    for e in std::fs::read_dir(dir).ok()?.flatten() {
-        let name = e.file_name();
-        let Some(n) = segment_number(base, name.as_bytes()) else {
-            continue;
-        };
-        if usize::from(n) <= prefix {
-            continue;
-        }
-        match e.file_type() {
-            Ok(t) if t.is_file() => regular.push(n),
-            Ok(t) if t.is_dir() => dir_at = dir_at.min(n),
-            _ => {}
-        }
-    }
-    regular.into_iter().filter(|&n| n < dir_at).max()
-}
-
-/// The segment number of file `name` in the bank whose index file is named
-/// `base`: `base.heap` is 0, `base.heap.N` is N (decimal, no leading zero,
-/// 1 to 65535, as [`segment_path`] spells it).
-pub(crate) fn segment_number(base: &[u8], name: &[u8]) -> Option<u16> {
-    let rest = name
-        .strip_prefix(base)?
-        .strip_prefix(format::HEAP_SUFFIX.as_bytes())?;
-    if rest.is_empty() {
-        return Some(0);
-    }
-    let digits = rest.strip_prefix(b".")?;
-    if digits.is_empty()
-        || digits.len() > 5
-        || digits[0] == b'0'
-        || !digits.iter().all(u8::is_ascii_digit)
-    {
-        return None;
-    }
-    let n: u32 = std::str::from_utf8(digits).ok()?.parse().ok()?;
-    u16::try_from(n).ok().filter(|&n| n > 0)
-}
-
 /// The mapped heap segments of a view, by segment number; a segment whose
 /// file is missing is a hole, and the segments past it are still mapped.
 #[derive(Debug, Default)]
@@ -285,38 +212,5 @@ mod tests {
         f.write_all(&rec2).unwrap();
         assert!(matches!(read(13, 6), (RecordRead::Value, v) if v == b"keptworld!"));
         assert_eq!(discover(&idx), vec![p]);
-    }
-
-    #[test]
-    fn discovery_lists_segments_past_a_gap() {
-        let dir = tempfile::tempdir().unwrap();
-        let idx = dir.path().join(".mmap_keys.idx");
-        assert!(discover(&idx).is_empty());
-        for n in [0u16, 1, 3] {
-            std::fs::write(segment_path(&idx, n), b"").unwrap();
-        }
-        // Past the gap only regular files count, and a directory ends
-        // the list.
-        std::os::unix::fs::symlink("/nonexistent", segment_path(&idx, 9)).unwrap();
-        std::fs::create_dir(segment_path(&idx, 5)).unwrap();
-        std::fs::write(segment_path(&idx, 6), b"").unwrap();
-        // Not segments: another bank's, a leading zero, out of range.
-        for other in [
-            ".mmap_keys.idx.heap.07",
-            ".mmap_keys.idx.heap.65536",
-            ".mmap_keys.idx.heap.x",
-            ".mmap_denied.idx.heap.9",
-            ".mmap_keys.idx.heapx",
-        ] {
-            std::fs::write(dir.path().join(other), b"").unwrap();
-        }
-        let want: Vec<PathBuf> = (0..=3).map(|n| segment_path(&idx, n)).collect();
-        assert_eq!(discover(&idx), want);
-        let b = b".mmap_keys.idx".as_slice();
-        assert_eq!(segment_number(b, b".mmap_keys.idx.heap"), Some(0));
-        assert_eq!(segment_number(b, b".mmap_keys.idx.heap.65535"), Some(65535));
-        assert_eq!(segment_number(b, b".mmap_keys.idx.heap.0"), None);
-        assert_eq!(segment_number(b, b".mmap_keys.idx.heap."), None);
-        assert_eq!(segment_number(b, b".mmap_keys.idx.roster"), None);
     }
 }

@@ -164,7 +164,7 @@ fn finish(dir: &Path, steps: &[Step], settle: Duration) -> Result<()> {
 /// Marks the index of each bank the journal names (by its lock file) as
 /// retired when the journal still has to rename a new index over it (its
 /// temporary is still there): readers that map it move to the new files at
-/// their next lookup (see [`crate::table::RETIRED_MAGIC`]). After a crash
+/// their next lookup (see [`crate::format::RETIRED_MAGIC`]). After a crash
 /// the roll-forward marks what is left to replace, never a new index.
 fn retire_indexes(dir: &Path, steps: &[Step]) -> Result<()> {
     for s in steps {
@@ -177,7 +177,7 @@ fn retire_indexes(dir: &Path, steps: &[Step]) -> Result<()> {
                 if b == index && std::fs::symlink_metadata(dir.join(a)).is_ok())
         });
         if pending {
-            crate::table::retire(&dir.join(index))?;
+            retire(&dir.join(index))?;
         }
     }
     Ok(())
@@ -250,9 +250,7 @@ fn process_journal(dir: &Path, held: &[String], settle: Duration) -> Result<()> 
                 .map_err(|e| Error::io(&journal, "read", e))?;
             t
         }
-        Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
-            return Ok(())
-        }
+        Err(e) if e.is_not_found() => return Ok(()),
         Err(e) => return Err(e),
     };
     if !text.ends_with("end\n") {
@@ -277,9 +275,7 @@ fn process_journal(dir: &Path, held: &[String], settle: Duration) -> Result<()> 
         let f = match files::open_regular(&path, true) {
             Ok(f) => f,
             // No lock file: nobody can hold it.
-            Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
-                continue
-            }
+            Err(e) if e.is_not_found() => continue,
             Err(e) => return Err(e),
         };
         let deadline = std::time::Instant::now() + OTHER_LOCK_WAIT;
@@ -441,6 +437,32 @@ pub(crate) fn commit(
     files::rename(&tmp, &journal)?;
     files::sync_dir(dir)?;
     finish(dir, &steps, settle)
+}
+
+/// Marks the index file `index` as retired ([`crate::format::RETIRED_MAGIC`]), for a
+/// journal about to rename a new index over it; the caller holds the bank's
+/// lock. Readers that map it then look for the new files at their next
+/// lookup. No index file: nothing to mark. An index this process may not
+/// write (a journal left by another user, finished by the master's) is not
+/// marked either: the journal must still be finished, and its readers then
+/// see the new files within their refresh interval.
+fn retire(index: &Path) -> Result<()> {
+    let f = match files::open_regular(index, true) {
+        Ok(f) => f,
+        Err(e) if e.is_not_found() => return Ok(()),
+        Err(Error::Io { source, .. })
+            if source.kind() == std::io::ErrorKind::PermissionDenied
+                || source.raw_os_error() == Some(libc::EROFS) =>
+        {
+            return Ok(())
+        }
+        Err(e) => return Err(e),
+    };
+    if f.metadata().map_err(|e| Error::io(index, "stat", e))?.len() == 0 {
+        return Ok(());
+    }
+    f.write_all_at(&[crate::format::RETIRED_MAGIC], 0)
+        .map_err(|e| Error::io(index, "write", e))
 }
 
 #[cfg(test)]

@@ -12,7 +12,6 @@ use std::time::Duration;
 use crate::error::{Error, Result};
 use crate::files::{self, Ownership};
 use crate::format;
-use crate::heap;
 use crate::journal;
 use crate::roster;
 use crate::table::Table;
@@ -220,7 +219,10 @@ impl Commit {
         drop(jobs);
         for ((index, image, _), r) in banks.iter().zip(renames) {
             // Segments of the old bank past the new image's last one.
-            for old in heap::discover(index).into_iter().skip(image.segments.len()) {
+            for old in crate::format::discover(index)
+                .into_iter()
+                .skip(image.segments.len())
+            {
                 self.removals.push(old);
             }
             self.renames.extend(r);

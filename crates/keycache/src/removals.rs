@@ -171,9 +171,7 @@ pub(crate) fn read(dir: &Path, seq: u64) -> Result<(Vec<Removal>, u64)> {
     let path = dir.join(REMOVALS_FILE);
     let mut f = match crate::files::open_regular(&path, false) {
         Ok(f) => f,
-        Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
-            return Ok((Vec::new(), 0))
-        }
+        Err(e) if e.is_not_found() => return Ok((Vec::new(), 0)),
         Err(e) => return Err(e),
     };
     let mut b = Vec::new();
@@ -217,9 +215,7 @@ pub(crate) fn trim(dir: &Path, consumed: u64) -> Result<()> {
     let path = dir.join(REMOVALS_FILE);
     let f = match crate::files::open_regular(&path, true) {
         Ok(f) => f,
-        Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
-            return Ok(())
-        }
+        Err(e) if e.is_not_found() => return Ok(()),
         Err(e) => return Err(e),
     };
     let len = f.metadata().map_err(|e| Error::io(&path, "stat", e))?.len();

@@ -24,9 +24,7 @@ pub(crate) fn read_raw_into(path: &Path, buf: &mut Vec<u8>) -> Result<()> {
     buf.clear();
     let mut f = match crate::files::open_regular(path, false) {
         Ok(f) => f,
-        Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
-            return Ok(())
-        }
+        Err(e) if e.is_not_found() => return Ok(()),
         Err(e) => return Err(e),
     };
     f.read_to_end(buf).map_err(|e| Error::io(path, "read", e))?;

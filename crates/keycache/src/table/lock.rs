@@ -138,7 +138,7 @@ impl Table {
         let path = format::lock_path(&self.path);
         match files::open_regular(&path, true) {
             Ok(f) => Ok(f),
-            Err(e) if is_not_found(&e) => match files::create_new(&path, &self.ownership) {
+            Err(e) if e.is_not_found() => match files::create_new(&path, &self.ownership) {
                 Ok(f) => Ok(f),
                 // Another process created it meanwhile.
                 Err(Error::Io { source, .. })
@@ -272,7 +272,7 @@ impl Table {
             .collect();
         let rf = match files::open_regular(&rpath, true) {
             Ok(f) => f,
-            Err(e) if is_not_found(&e) => files::create_new(&rpath, &self.ownership)?,
+            Err(e) if e.is_not_found() => files::create_new(&rpath, &self.ownership)?,
             Err(e) => return Err(e),
         };
         roster::patch(&rpath, &rf, &dead, &missing)?;

@@ -97,15 +97,7 @@ impl Default for OpenOptions {
     }
 }
 
-/// Byte 0 of an index that a keycache rebuild replaced (or is about to
-/// replace: the mark is written when its journal is finished, right before
-/// the renames): readers that still map it stat the index path before their
-/// next lookup instead of waiting for [`OpenOptions::refresh`]. Salt's
-/// readers never read byte 0 (slot 0 is the header; probing covers slots
-/// 1 and up). Until the renames the marked index is still the bank's, and
-/// lookups cost a `stat` each; a writer finishes an interrupted journal
-/// before it writes, so no writer ever writes to a marked index.
-pub const RETIRED_MAGIC: u8 = 0x52;
+pub use crate::format::RETIRED_MAGIC;
 
 /// The value of an id, as a lookup returns it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -190,32 +182,6 @@ impl Generation {
             .as_ref()
             .is_some_and(|ix| ix.map.load_u8(0) == Some(RETIRED_MAGIC))
     }
-}
-
-/// Marks the index file `index` as retired ([`RETIRED_MAGIC`]), for a
-/// journal about to rename a new index over it; the caller holds the bank's
-/// lock. Readers that map it then look for the new files at their next
-/// lookup. No index file: nothing to mark. An index this process may not
-/// write (a journal left by another user, finished by the master's) is not
-/// marked either: the journal must still be finished, and its readers then
-/// see the new files within their refresh interval.
-pub(crate) fn retire(index: &Path) -> Result<()> {
-    let f = match files::open_regular(index, true) {
-        Ok(f) => f,
-        Err(e) if is_not_found(&e) => return Ok(()),
-        Err(Error::Io { source, .. })
-            if source.kind() == std::io::ErrorKind::PermissionDenied
-                || source.raw_os_error() == Some(libc::EROFS) =>
-        {
-            return Ok(())
-        }
-        Err(e) => return Err(e),
-    };
-    if f.metadata().map_err(|e| Error::io(index, "stat", e))?.len() == 0 {
-        return Ok(());
-    }
-    f.write_all_at(&[RETIRED_MAGIC], 0)
-        .map_err(|e| Error::io(index, "write", e))
 }
 
 /// A reader's own handle on a table's current [`Generation`]. Holding it
@@ -310,10 +276,6 @@ fn corrupt(path: &Path, id: Option<&[u8]>, why: String) -> Error {
     }
 }
 
-fn is_not_found(e: &Error) -> bool {
-    matches!(e, Error::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound)
-}
-
 impl Table {
     /// Opens the bank whose index file is `path`. Nothing is created until
     /// the first write; a bank without files reads as empty.
@@ -336,7 +298,7 @@ impl Table {
             None => Ownership::for_dir(&dir)?,
         };
         let gen = load_generation(&path, &opts.params, None)?;
-        if gen.index.is_some() && !dir.join(crate::journal::JOURNAL).exists() {
+        if gen.index.is_some() && !dir.join(crate::format::JOURNAL).exists() {
             crate::fit::check_for_reading(&path, &opts.params)?;
         }
         let unmapped = std::sync::atomic::AtomicBool::new(gen.index.is_none());
@@ -563,7 +525,7 @@ pub(crate) fn load_generation(
 ) -> Result<Generation> {
     let file = match files::open_regular(path, false) {
         Ok(f) => f,
-        Err(e) if is_not_found(&e) => {
+        Err(e) if e.is_not_found() => {
             return Ok(Generation {
                 index: None,
                 segments: heap::Segments::default(),
@@ -602,7 +564,7 @@ pub(crate) fn load_generation(
             Ok(s) => segments.push(Some(Arc::new(s))),
             // Missing (a gap), or vanished between discovery and open (a
             // rebuild in progress: readers retry with a fresh view).
-            Err(e) if is_not_found(&e) => {
+            Err(e) if e.is_not_found() => {
                 past_gap = true;
                 segments.push(None);
             }

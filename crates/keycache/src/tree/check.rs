@@ -11,7 +11,7 @@ fn bank_lock(store: &dyn KeySource, exclusive: bool) -> Result<Option<File>> {
     let path = crate::format::lock_path(store.keys_index());
     let f = match crate::files::open_regular(&path, true) {
         Ok(f) => f,
-        Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+        Err(e) if e.is_not_found() => {
             if !exclusive {
                 return Ok(None);
             }
