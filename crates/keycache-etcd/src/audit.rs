@@ -36,7 +36,7 @@
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use etcd_client::{Client, DeleteOptions, GetOptions};
 use keycache::audit::Record;
@@ -44,10 +44,7 @@ use keycache::audit::Record;
 use crate::connect::Settings;
 use crate::error::Result;
 
-/// How long audit keys stay in etcd (7 days): each master keeps its own
-/// log, so etcd's copy only needs to outlive a replicator's downtime; a
-/// replicator down longer misses the records trimmed meanwhile.
-pub const AUDIT_RETENTION: Duration = Duration::from_secs(7 * 24 * 60 * 60);
+pub use crate::connect::AUDIT_RETENTION;
 
 /// A nonce for an audit key ([`crate::Layout::audit_key`]): the time, the
 /// process, the thread and a counter, hashed. Not a secret: it only keeps

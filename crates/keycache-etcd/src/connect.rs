@@ -12,6 +12,15 @@ use keycache_config::MasterConfig;
 use crate::error::{Error, Result};
 use crate::layout::Layout;
 
+/// The largest response accepted from etcd, unless set otherwise
+/// ([`Settings::max_response`]; tonic's default is 4 MB).
+pub const MAX_RESPONSE: usize = 64 << 20;
+
+/// How long audit keys stay in etcd (7 days): each master keeps its own
+/// log, so etcd's copy only needs to outlive a replicator's downtime; a
+/// replicator down longer misses the records trimmed meanwhile.
+pub const AUDIT_RETENTION: Duration = Duration::from_secs(7 * 24 * 60 * 60);
+
 /// How long a member may take to answer the read that proves it is up,
 /// current and behind a leader, when connecting.
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -37,12 +46,12 @@ pub struct Settings {
     /// How often the replicator checks its replica against etcd
     /// ([`crate::check`]).
     pub check_every: Duration,
-    /// The largest response taken from etcd ([`crate::list::MAX_RESPONSE`]
+    /// The largest response taken from etcd ([`MAX_RESPONSE`]
     /// unless a test lowers it): a list asks for smaller pages past it, a
     /// watch lists again.
     pub max_response: usize,
     /// How long the audit trail's keys stay in etcd
-    /// ([`crate::audit::AUDIT_RETENTION`] unless a test lowers it): the
+    /// ([`AUDIT_RETENTION`] unless a test lowers it): the
     /// replicator's consistency check deletes older ones.
     pub audit_retention: Duration,
 }
@@ -104,8 +113,8 @@ impl Settings {
             write_timeout: Duration::from_secs(e.write_timeout),
             stale_after: Duration::from_secs(e.stale_after),
             check_every: Duration::from_secs(e.check_every),
-            max_response: crate::list::MAX_RESPONSE,
-            audit_retention: crate::audit::AUDIT_RETENTION,
+            max_response: MAX_RESPONSE,
+            audit_retention: AUDIT_RETENTION,
         })
     }
 
@@ -121,8 +130,8 @@ impl Settings {
             write_timeout: Duration::from_secs(keycache_config::etcd::DEFAULT_WRITE_TIMEOUT),
             stale_after: Duration::from_secs(keycache_config::etcd::DEFAULT_STALE_AFTER),
             check_every: Duration::from_secs(keycache_config::etcd::DEFAULT_CHECK_EVERY),
-            max_response: crate::list::MAX_RESPONSE,
-            audit_retention: crate::audit::AUDIT_RETENTION,
+            max_response: MAX_RESPONSE,
+            audit_retention: AUDIT_RETENTION,
         })
     }
 

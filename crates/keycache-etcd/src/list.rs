@@ -17,8 +17,7 @@ use crate::state::Anchor;
 /// O(n² / page): large pages (20,000 keys of about 500 bytes, 10 MB) make
 /// 1M keys 50 pages instead of 500.
 pub const PAGE: i64 = 20_000;
-/// The largest response accepted (tonic's default is 4 MB).
-pub const MAX_RESPONSE: usize = 64 << 20;
+pub use crate::connect::MAX_RESPONSE;
 /// gRPC's `OUT_OF_RANGE` status code: tonic's answer to a response larger
 /// than the decoding limit, and etcd's to a revision compacted or not yet
 /// reached.

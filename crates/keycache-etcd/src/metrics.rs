@@ -40,7 +40,7 @@ use prometheus_client::registry::Registry;
 
 use crate::connect::{Settings, PROBE_TIMEOUT};
 use crate::error::{Error, Result};
-use crate::replicator::Report;
+use crate::report::Report;
 use crate::state::{boot_ms, ReplicaState};
 
 /// Why the replicator listed etcd (the `reason` of

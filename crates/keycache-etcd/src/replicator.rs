@@ -69,10 +69,7 @@ pub const MAX_READ_FAILURES: u32 = 3;
 /// How long a writer waits for a running replicator's next proof before it
 /// takes a stale replica for stale: a proof's period and its read, twice.
 pub const PROOF_GRACE: Duration = Duration::from_secs(3);
-/// The first etcd 3.5 release with the watch fixes Kubernetes requires
-/// (progress notifications no longer ahead of events; no event lost on a
-/// slow watcher): older ones are warned of.
-pub const WATCH_FIXED: (u32, u32, u32) = (3, 5, 13);
+pub use crate::report::WATCH_FIXED;
 
 /// A replicator of one store.
 pub struct Replicator {

@@ -5,7 +5,11 @@
 use std::time::Duration;
 
 use crate::replica::Applied;
-use crate::replicator::WATCH_FIXED;
+
+/// The first etcd 3.5 release with the watch fixes Kubernetes requires
+/// (progress notifications no longer ahead of events; no event lost on a
+/// slow watcher): older ones are warned of.
+pub const WATCH_FIXED: (u32, u32, u32) = (3, 5, 13);
 
 /// What the replicator tells its caller (the CLI prints these).
 #[derive(Debug, Clone, PartialEq, Eq)]

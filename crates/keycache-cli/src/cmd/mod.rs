@@ -1,6 +1,7 @@
 //! The commands, one module each, and the dispatch ([`run`]).
 
 mod bench;
+mod change;
 mod compact;
 mod diff;
 mod etcd;
@@ -148,10 +149,10 @@ pub(crate) fn run(cmd: Command) -> CmdResult {
         Command::Migrate(a) => migrate::run(a),
         Command::List(a) => list::run(a),
         Command::Get(a) => get::run(a),
-        Command::Accept(a) => state::run(a, state::Action::Accept),
-        Command::Reject(a) => state::run(a, state::Action::Reject),
-        Command::Delete(a) => state::run(a, state::Action::Delete),
-        Command::Deny(a) => state::run(a, state::Action::Deny),
+        Command::Accept(a) => state::run(a, change::Action::Accept),
+        Command::Reject(a) => state::run(a, change::Action::Reject),
+        Command::Delete(a) => state::run(a, change::Action::Delete),
+        Command::Deny(a) => state::run(a, change::Action::Deny),
         Command::History(a) => history::run(a),
         Command::Stats(a) => stats::run(a),
         Command::Verify(a) => verify::run(a),

@@ -1,6 +1,6 @@
 //! `keycache accept`, `reject`, `delete` and `deny` when the master config has
 //! `keycache_etcd`: each id decided on what etcd holds (the decision of
-//! the local path, `super::super::state::decide`), written in etcd
+//! the local path, `super::super::change::decide`), written in etcd
 //! transactions that commit only if the id's keys did not change since they
 //! were read, and done once this master's replica has applied the commit
 //! (`keycache_etcd::write::Writer::update`). Nothing is written locally:
@@ -12,7 +12,7 @@ use keycache::MinionId;
 use keycache_etcd::write::{Decision, Writer};
 use keycache_etcd::{ReplicaState, Settings, Value};
 
-use crate::cmd::state::{decide, Action, Change, Guard, Refusal, Skipped, StateReport};
+use crate::cmd::change::{decide, Action, Change, Guard, Refusal, Skipped, StateReport};
 use crate::output::{esc, esc_path, CmdError};
 
 /// Writes `action` on `ids` through etcd for the replica `store` (each
