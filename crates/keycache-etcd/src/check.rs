@@ -18,8 +18,8 @@
 //! them; the history they would prove is checked by [`crate::anchor`].
 
 use etcd_client::Client;
-use keycache::snapshot::Bank;
 use keycache::store::Store;
+use keycache::Bank;
 
 use crate::connect::Settings;
 use crate::error::Result;

@@ -24,8 +24,8 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use keycache::snapshot::Bank;
 use keycache::store::{decode_key_value, encode_key_value, KeyState};
+use keycache::Bank;
 use keycache::MinionId;
 
 use crate::error::{Error, Result};

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use etcd_client::{Client, GetOptions, KeyValue};
-use keycache::snapshot::Bank;
+use keycache::Bank;
 use keycache::MinionId;
 
 use crate::connect::Settings;

@@ -10,8 +10,8 @@
 
 use std::collections::BTreeMap;
 
-use keycache::snapshot::Bank;
 use keycache::store::{Batch, Store};
+use keycache::Bank;
 use keycache::MinionId;
 
 use crate::error::{Error, Result};

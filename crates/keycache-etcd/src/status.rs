@@ -1,8 +1,8 @@
 //! `keycache etcd status` and `diff`: the replica against etcd.
 
 use etcd_client::Client;
-use keycache::snapshot::Bank;
 use keycache::store::Store;
+use keycache::Bank;
 use serde::Serialize;
 
 use crate::connect::Settings;

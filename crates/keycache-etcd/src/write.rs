@@ -30,8 +30,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp, TxnOpResponse, TxnResponse};
 use keycache::audit::{Entries, Record};
-use keycache::snapshot::Bank;
 use keycache::store::KeyState;
+use keycache::Bank;
 use keycache::MinionId;
 
 use crate::anchor::Verdict;

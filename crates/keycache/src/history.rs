@@ -80,8 +80,8 @@ use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::hlc::{Hlc, WallClock};
+use crate::key::Bank;
 use crate::key::{decode_key_value, KeyState};
-use crate::snapshot::Bank;
 use crate::store::Store;
 
 mod file;

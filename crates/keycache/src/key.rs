@@ -5,6 +5,36 @@
 use crate::error::{Error, Result};
 use crate::table::Found;
 
+/// One of the two banks of minion keys (Salt's `keys` and `denied_keys`):
+/// what a snapshot entry, a version, an etcd key belong to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub enum Bank {
+    /// The `keys` bank: accepted, pending and rejected keys.
+    #[cfg_attr(feature = "serde", serde(rename = "keys"))]
+    Keys,
+    /// The `denied_keys` bank: keys presented under an id that holds
+    /// another key.
+    #[cfg_attr(feature = "serde", serde(rename = "denied_keys"))]
+    Denied,
+}
+
+impl Bank {
+    /// Salt's name of the bank: `keys` or `denied_keys`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Bank::Keys => "keys",
+            Bank::Denied => "denied_keys",
+        }
+    }
+}
+
+impl std::fmt::Display for Bank {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// The state of a key in the `keys` bank.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]

@@ -107,5 +107,6 @@ pub mod verify;
 pub use error::{Error, Result};
 pub use format::Params;
 pub use id::MinionId;
+pub use key::Bank;
 pub use store::{Counts, KeyBatch, KeyEntry, KeyRef, KeyState, Reader, Store};
 pub use table::OpenOptions;

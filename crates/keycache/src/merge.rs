@@ -84,7 +84,8 @@ use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::history::{show_ident, History, HistoryOptions, Ident, Kind, Version};
-use crate::snapshot::{Bank, Entry, Snapshot};
+use crate::key::Bank;
+use crate::snapshot::{Entry, Snapshot};
 use crate::store::Store;
 
 mod apply;

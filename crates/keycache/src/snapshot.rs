@@ -65,47 +65,22 @@ pub const FLAG_CLUSTER: u32 = 1;
 /// The largest public key a snapshot may carry (as `migrate` reads).
 pub const MAX_KEY_BYTES: usize = crate::migrate::MAX_KEY_BYTES as usize;
 
-/// The bank an entry belongs to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize))]
-pub enum Bank {
-    /// The `keys` bank: accepted, pending and rejected keys.
-    #[cfg_attr(feature = "serde", serde(rename = "keys"))]
-    Keys,
-    /// The `denied_keys` bank: keys presented under an id that holds
-    /// another key.
-    #[cfg_attr(feature = "serde", serde(rename = "denied_keys"))]
-    Denied,
-}
+pub use crate::key::Bank;
 
-impl Bank {
-    /// Salt's name of the bank: `keys` or `denied_keys`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Bank::Keys => "keys",
-            Bank::Denied => "denied_keys",
-        }
-    }
-
-    fn byte(self) -> u8 {
-        match self {
-            Bank::Keys => 1,
-            Bank::Denied => 2,
-        }
-    }
-
-    fn from_byte(b: u8) -> Option<Bank> {
-        match b {
-            1 => Some(Bank::Keys),
-            2 => Some(Bank::Denied),
-            _ => None,
-        }
+/// A bank's byte in a snapshot entry.
+pub(crate) fn bank_byte(b: Bank) -> u8 {
+    match b {
+        Bank::Keys => 1,
+        Bank::Denied => 2,
     }
 }
 
-impl std::fmt::Display for Bank {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
+/// The bank of a snapshot entry's byte.
+pub(crate) fn bank_of_byte(b: u8) -> Option<Bank> {
+    match b {
+        1 => Some(Bank::Keys),
+        2 => Some(Bank::Denied),
+        _ => None,
     }
 }
 

@@ -11,7 +11,7 @@ use keycache::{KeyState, MinionId};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString};
 
-use keycache::snapshot::Bank as Replicated;
+use keycache::Bank as Replicated;
 use keycache_etcd::{Settings, Value};
 
 use crate::etcd::Op;

@@ -14,7 +14,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use keycache::audit::Actor;
-use keycache::snapshot::Bank;
+use keycache::Bank;
 use keycache::MinionId;
 use keycache_config::etcd::{prefix_or_default, EtcdSettings, SECONDS};
 use keycache_etcd::write::Writer;

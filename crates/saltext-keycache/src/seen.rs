@@ -28,7 +28,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use keycache::snapshot::Bank;
+use keycache::Bank;
 use keycache_etcd::Value;
 
 use crate::fork_generation;

@@ -43,10 +43,10 @@ impl Bank {
 
     /// The bank as etcd and the replica know it; `None` for `master_keys`,
     /// which never leaves the master.
-    pub(crate) fn replicated(self) -> Option<keycache::snapshot::Bank> {
+    pub(crate) fn replicated(self) -> Option<keycache::Bank> {
         match self {
-            Bank::Keys => Some(keycache::snapshot::Bank::Keys),
-            Bank::Denied => Some(keycache::snapshot::Bank::Denied),
+            Bank::Keys => Some(keycache::Bank::Keys),
+            Bank::Denied => Some(keycache::Bank::Denied),
             Bank::Master => None,
         }
     }

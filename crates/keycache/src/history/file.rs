@@ -33,7 +33,7 @@ use super::{History, Identity, Kind, Peer, Record, Version, Versions};
 use crate::error::{Error, Result};
 use crate::files::Ownership;
 use crate::hlc::Hlc;
-use crate::snapshot::Bank;
+use crate::key::Bank;
 
 use crate::format::{HISTORY_FILE, IDENTITY_FILE};
 

@@ -6,7 +6,7 @@ use super::{MergeOptions, MergePlan};
 use crate::error::{Error, Result};
 use crate::history::{value_hash, History, Kind, Peer};
 use crate::id::MinionId;
-use crate::snapshot::Bank;
+use crate::key::Bank;
 use crate::store::Store;
 use crate::tree::TreeChanges;
 

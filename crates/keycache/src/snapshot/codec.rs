@@ -62,7 +62,7 @@ impl<'w, W: Write> Writer<'w, W> {
     /// An entry; its lengths must fit the format (checked by the caller).
     pub(super) fn entry_ref(&mut self, e: &EntryRef<'_>) -> Result<()> {
         let mut b = [0u8; ENTRY_HEAD_LEN];
-        b[0] = e.bank.byte();
+        b[0] = super::bank_byte(e.bank);
         b[1] = e.kind.byte();
         b[2..4].copy_from_slice(&(e.id.len() as u16).to_le_bytes());
         b[4..8].copy_from_slice(&(e.pub_key.len() as u32).to_le_bytes());
@@ -208,7 +208,7 @@ impl<'n, R: Read> Reader<'n, R> {
         let mut s = [0u8; 8];
         s.copy_from_slice(&b[8..16]);
         let stamp = u64::from_le_bytes(s);
-        let bank = Bank::from_byte(b[0])
+        let bank = super::bank_of_byte(b[0])
             .ok_or_else(|| self.bad(format!("entry {n} at byte {at}: unknown bank {}", b[0])))?;
         let kind = Kind::from_byte(b[1])
             .ok_or_else(|| self.bad(format!("entry {n} at byte {at}: unknown kind {}", b[1])))?;

@@ -176,8 +176,8 @@ impl Store {
     /// file goes with the others: a writer that waited on it takes the new
     /// one ([`Table`]'s lock checks which file it holds). The handle's view
     /// of the bank is stale after: reopen the store.
-    pub fn wipe(&self, bank: crate::snapshot::Bank) -> Result<()> {
-        use crate::snapshot::Bank;
+    pub fn wipe(&self, bank: crate::key::Bank) -> Result<()> {
+        use crate::key::Bank;
         let log = crate::removals::kept_in(&self.dir);
         let index = self.table_of(bank).path().to_path_buf();
         // Entry by entry when the tree follows or the changes are recorded.
@@ -204,7 +204,7 @@ impl Store {
     /// Every id `bank`'s index names: its roster's, in order, then those of
     /// the other occupied slots (an entry whose record cannot be read, in a
     /// missing segment, is still an id the tree may hold a file of).
-    pub fn ids_named(&self, bank: crate::snapshot::Bank) -> Result<Vec<MinionId>> {
+    pub fn ids_named(&self, bank: crate::key::Bank) -> Result<Vec<MinionId>> {
         let t = self.table_of(bank);
         let mut ids: Vec<MinionId> = t
             .iter()?
@@ -227,10 +227,10 @@ impl Store {
     }
 
     /// The table of `bank`.
-    fn table_of(&self, bank: crate::snapshot::Bank) -> &Table {
+    fn table_of(&self, bank: crate::key::Bank) -> &Table {
         match bank {
-            crate::snapshot::Bank::Keys => &self.keys,
-            crate::snapshot::Bank::Denied => &self.denied,
+            crate::key::Bank::Keys => &self.keys,
+            crate::key::Bank::Denied => &self.denied,
         }
     }
 

@@ -6,8 +6,8 @@
 //! (`keycache_etcd::write::Writer::update`). Nothing is written locally:
 //! the replicator brings the change, and the key tree with it.
 
-use keycache::snapshot::Bank;
 use keycache::store::Store;
+use keycache::Bank;
 use keycache::MinionId;
 use keycache_etcd::write::{Decision, Writer};
 use keycache_etcd::{ReplicaState, Settings, Value};
