@@ -8,6 +8,11 @@
 //! so that no command ever stores, prints or exports private key material
 //! from the minion banks.
 
+/// The largest public key file or value keycache takes (64 KiB: an RSA
+/// key of 16384 bits is under 4 KiB): `migrate` skips a larger file, a
+/// snapshot or merge refuses a larger value.
+pub const MAX_KEY_BYTES: usize = 64 * 1024;
+
 /// The labels of the public key blocks Salt writes (`PUBLIC KEY` for a
 /// SubjectPublicKeyInfo, `RSA PUBLIC KEY` for PKCS#1).
 const LABELS: [&str; 2] = ["PUBLIC KEY", "RSA PUBLIC KEY"];

@@ -63,7 +63,7 @@ pub const TRAILER_LEN: usize = 8;
 /// Bit of the header's flags: the cluster is known.
 pub const FLAG_CLUSTER: u32 = 1;
 /// The largest public key a snapshot may carry (as `migrate` reads).
-pub const MAX_KEY_BYTES: usize = crate::migrate::MAX_KEY_BYTES as usize;
+pub use crate::pem::MAX_KEY_BYTES;
 
 pub use crate::key::Bank;
 

@@ -293,7 +293,7 @@ fn the_migrator_stays_inside_the_tree_and_the_target() {
     std::os::unix::fs::symlink("/dev/zero", pki.join("minions_pre/zero")).unwrap();
     std::os::unix::fs::symlink(&outside, pki.join("minions_rejected/dirlink")).unwrap();
     // Too large: one byte over the limit; exactly the limit is taken.
-    let max = keycache::migrate::MAX_KEY_BYTES as usize;
+    let max = keycache::migrate::MAX_KEY_BYTES;
     let big = |n: usize| {
         let mut v = b"-----BEGIN PUBLIC KEY-----\n".to_vec();
         v.resize(n - 25, b'A');

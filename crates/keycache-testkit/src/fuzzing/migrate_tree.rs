@@ -178,8 +178,8 @@ pub fn migrate_tree(data: &[u8]) {
                 let l = usize::from(inp.u8());
                 inp.bytes(l).to_vec()
             }
-            Kind::ExactlyMax => big_pem(migrate::MAX_KEY_BYTES as usize),
-            Kind::TooLarge => big_pem(migrate::MAX_KEY_BYTES as usize + 1),
+            Kind::ExactlyMax => big_pem(migrate::MAX_KEY_BYTES),
+            Kind::TooLarge => big_pem(migrate::MAX_KEY_BYTES + 1),
             _ => Vec::new(),
         };
         match kind {
@@ -249,7 +249,7 @@ pub fn migrate_tree(data: &[u8]) {
                 too_long |= !skip_long;
                 Some(SkipReason::IdTooLong)
             }
-            _ if content.len() as u64 > migrate::MAX_KEY_BYTES => Some(SkipReason::TooLarge),
+            _ if content.len() > migrate::MAX_KEY_BYTES => Some(SkipReason::TooLarge),
             _ if content.is_empty() => Some(SkipReason::Empty),
             _ => key_file_skip(content),
         };

@@ -61,7 +61,7 @@ pub const MAX_LOAD_FACTOR: f64 = 0.8;
 
 /// Largest file accepted as a public key (a 16384-bit RSA key in PEM is
 /// under 3 KiB).
-pub const MAX_KEY_BYTES: u64 = 64 * 1024;
+pub use crate::pem::MAX_KEY_BYTES;
 
 /// Options of [`migrate`].
 #[derive(Clone)]

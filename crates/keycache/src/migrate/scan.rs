@@ -132,7 +132,7 @@ fn read_key_file(
     if let Some(s) = e.dir.state() {
         buf[off + SUM] = s.byte();
     }
-    let (meta, len) = match crate::files::read_small(path, MAX_KEY_BYTES, buf) {
+    let (meta, len) = match crate::files::read_small(path, MAX_KEY_BYTES as u64, buf) {
         Ok(read) => read,
         Err(r) => {
             buf.truncate(off);
