@@ -1,5 +1,5 @@
 //! The argument groups the commands share, each defined once: the store
-//! directory, the store's layout ([`Layout`]), `--json` and `--user`; minion
+//! directory, the store's layout ([`StoreArgs`]), `--json` and `--user`; minion
 //! ids given as arguments ([`minion_id`]); and the notice that a writer
 //! waits for a bank's lock ([`announce_lock_wait`]).
 
@@ -61,8 +61,8 @@ pub(crate) struct StoreIds {
 
 impl StoreIds {
     /// The store directory (empty: the master config's, see
-    /// [`Layout::resolve`]) and the ids, as the type's documentation says.
-    pub(crate) fn split(&self, layout: &Layout) -> Result<(PathBuf, Vec<String>), CmdError> {
+    /// [`StoreArgs::resolve`]) and the ids, as the type's documentation says.
+    pub(crate) fn split(&self, layout: &StoreArgs) -> Result<(PathBuf, Vec<String>), CmdError> {
         let dir_first = match self.args.first() {
             None => false,
             Some(_) if !layout.config_given() => true,
@@ -206,7 +206,7 @@ pub(crate) fn announce_lock_wait(dir: &Path) {
 /// Where the store and its layout come from: the Salt master config
 /// (`-c/--config-dir`, `--master-config`), overridden by explicit flags.
 #[derive(Debug, Clone, Args)]
-pub(crate) struct Layout {
+pub(crate) struct StoreArgs {
     /// Salt's configuration directory, as salt-key's -c: its `master` file
     /// and the files that one includes (`master.d/*.conf`) give the store
     /// directory and the mmap_key options. Read when given, or when no
@@ -250,7 +250,7 @@ pub(crate) struct Resolved {
     pub(crate) master: Option<String>,
 }
 
-impl Layout {
+impl StoreArgs {
     /// Whether `-c/--config-dir` or `--master-config` is given.
     pub(crate) fn config_given(&self) -> bool {
         self.config_dir.is_some() || self.master_config.is_some()
@@ -276,7 +276,7 @@ impl Layout {
         self.resolve_from(dir, "DIR", finish)
     }
 
-    /// [`Layout::resolve`], `dir` (when not empty) given by the argument
+    /// [`StoreArgs::resolve`], `dir` (when not empty) given by the argument
     /// `flag` (`DIR`, `PKI_DIR`, `--out`), as the message on stderr says.
     pub(crate) fn resolve_from(
         &self,
@@ -359,7 +359,7 @@ impl Layout {
         }
     }
 
-    /// Opens the store `dir` names (see [`Layout::resolve`]), and checks
+    /// Opens the store `dir` names (see [`StoreArgs::resolve`]), and checks
     /// that the layout is the layout of its files ([`Store::check_layout`])
     /// before anything is read or written: a store opened with another
     /// layout is refused. (Damage is not a layout mismatch: `verify` still
@@ -369,7 +369,7 @@ impl Layout {
         self.open_with(&r.dir, self.options(r.params))
     }
 
-    /// [`Layout::open`] with the given options.
+    /// [`StoreArgs::open`] with the given options.
     pub(crate) fn open_with(&self, dir: &Path, opts: OpenOptions) -> Result<Store, CmdError> {
         let store = Store::open_with(dir, &opts)?;
         store.check_layout()?;

@@ -344,14 +344,14 @@ impl MasterConfig {
 
     /// The layout, each value with its origin (Salt's defaults for unset
     /// options).
-    pub fn layout(&self) -> Layout {
+    pub fn layout(&self) -> LayoutOptions {
         fn or<T: Clone>(s: &Option<Setting<T>>, d: T) -> Setting<T> {
             s.clone().unwrap_or(Setting {
                 value: d,
                 from: Origin::Default,
             })
         }
-        Layout {
+        LayoutOptions {
             size: or(&self.mmap_key_size, format::DEFAULT_SIZE),
             slot_size: or(&self.mmap_key_slot_size, format::DEFAULT_SLOT_SIZE),
             id_size: or(&self.mmap_key_id_size, format::DEFAULT_ID_SIZE),
@@ -396,7 +396,7 @@ impl MasterConfig {
 
 /// The four layout options, each with its origin.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Layout {
+pub struct LayoutOptions {
     /// `mmap_key_size`.
     pub size: Setting<u64>,
     /// `mmap_key_slot_size`.
@@ -432,7 +432,7 @@ pub struct Choice {
     /// The store directory.
     pub store_dir: Setting<PathBuf>,
     /// The layout.
-    pub layout: Layout,
+    pub layout: LayoutOptions,
 }
 
 impl Choice {
@@ -473,7 +473,7 @@ impl MasterConfig {
                 e.dir_flag.unwrap_or("DIR"),
                 self.store_dir(),
             ),
-            layout: Layout {
+            layout: LayoutOptions {
                 size: pick(e.size.as_ref(), "--size", l.size),
                 slot_size: pick(e.slot_size.as_ref(), "--slot-size", l.slot_size),
                 id_size: pick(e.id_size.as_ref(), "--id-size", l.id_size),

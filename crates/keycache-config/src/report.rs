@@ -7,7 +7,7 @@ use serde::Serialize;
 
 #[cfg(test)]
 use super::Explicit;
-use super::{Choice, Layout, MasterConfig, Origin, Setting};
+use super::{Choice, LayoutOptions, MasterConfig, Origin, Setting};
 
 impl MasterConfig {
     /// `file` relative to the main file's directory when it is under it.
@@ -146,7 +146,7 @@ struct Report<'a> {
     clustered: bool,
     cluster_pki_dir: Option<Setting<PathBuf>>,
     root_dir: String,
-    layout: Layout,
+    layout: LayoutOptions,
     user: Option<&'a Setting<String>>,
     cache_driver: Option<&'a str>,
     notes: &'a [String],

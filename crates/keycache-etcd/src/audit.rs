@@ -5,7 +5,7 @@
 //!
 //! - **Written**: a [`crate::write::Writer`] given an actor
 //!   ([`crate::write::Writer::set_actor`]) puts one `<prefix>audit/` key
-//!   ([`crate::layout`]) in each transaction that changes the key state:
+//!   ([`crate::prefix`]) in each transaction that changes the key state:
 //!   the records of every id the transaction changes, as JSON lines. The
 //!   record commits with the change, or neither does; the key's
 //!   `mod_revision` is the change's revision.
@@ -46,7 +46,7 @@ use crate::error::Result;
 
 pub use crate::connect::AUDIT_RETENTION;
 
-/// A nonce for an audit key ([`crate::Layout::audit_key`]): the time, the
+/// A nonce for an audit key ([`crate::Prefix::audit_key`]): the time, the
 /// process, the thread and a counter, hashed. Not a secret: it only keeps
 /// two writers' keys of one nanosecond apart.
 pub fn nonce() -> u64 {

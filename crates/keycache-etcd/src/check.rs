@@ -23,8 +23,8 @@ use keycache::Bank;
 
 use crate::connect::Settings;
 use crate::error::Result;
-use crate::layout::Value;
 use crate::list::{pages, Paging};
+use crate::prefix::Value;
 use crate::replica::{self, Applied};
 
 /// A digest of a key state.

@@ -10,7 +10,7 @@ use keycache_config::etcd::EtcdSettings;
 use keycache_config::MasterConfig;
 
 use crate::error::{Error, Result};
-use crate::layout::Layout;
+use crate::prefix::Prefix;
 
 /// The largest response accepted from etcd, unless set otherwise
 /// ([`Settings::max_response`]; tonic's default is 4 MB).
@@ -31,7 +31,7 @@ pub struct Settings {
     /// The endpoints, each `http://` or `https://host:port`.
     pub endpoints: Vec<String>,
     /// The keys in etcd.
-    pub layout: Layout,
+    pub layout: Prefix,
     /// The CA certificate (PEM) that signs the servers'.
     pub ca: Option<PathBuf>,
     /// The client certificate and its key (PEM).
@@ -106,7 +106,7 @@ impl Settings {
         }
         Ok(Settings {
             endpoints,
-            layout: Layout::new(prefix)?,
+            layout: Prefix::new(prefix)?,
             ca: e.ca.clone(),
             identity: e.cert.clone().zip(e.key.clone()),
             user: e.user.clone().zip(e.password.clone()),
@@ -123,7 +123,7 @@ impl Settings {
     pub fn plain(endpoints: Vec<String>, prefix: &str) -> Result<Settings> {
         Ok(Settings {
             endpoints,
-            layout: Layout::new(prefix)?,
+            layout: Prefix::new(prefix)?,
             ca: None,
             identity: None,
             user: None,

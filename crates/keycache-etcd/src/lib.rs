@@ -2,7 +2,7 @@
 //! etcd v3.
 //!
 //! etcd holds the key state of a cluster of Salt masters under one prefix
-//! ([`layout`]: one etcd key per bank and minion id, the value as the store
+//! ([`prefix`]: one etcd key per bank and minion id, the value as the store
 //! holds it; never the `master_keys` bank). On each master:
 //!
 //! - the [`Replicator`] lists the prefix at one revision, makes the local
@@ -47,10 +47,10 @@ pub mod catch_up;
 pub mod check;
 pub mod connect;
 pub mod error;
-pub mod layout;
 pub mod list;
 pub mod lock;
 pub mod metrics;
+pub mod prefix;
 pub mod replica;
 pub mod replicator;
 pub mod report;
@@ -61,8 +61,8 @@ pub mod write;
 
 pub use connect::Settings;
 pub use error::{Error, Result};
-pub use layout::{Layout, Value};
 pub use metrics::Metrics;
+pub use prefix::{Prefix, Value};
 pub use replicator::{Replicator, Report};
 pub use state::ReplicaState;
 

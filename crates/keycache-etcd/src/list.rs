@@ -8,7 +8,7 @@ use keycache::MinionId;
 
 use crate::connect::Settings;
 use crate::error::{Error, Result};
-use crate::layout::Value;
+use crate::prefix::Value;
 use crate::replica::{self, Applied};
 use crate::state::Anchor;
 

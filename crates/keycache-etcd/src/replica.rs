@@ -15,7 +15,7 @@ use keycache::Bank;
 use keycache::MinionId;
 
 use crate::error::{Error, Result};
-use crate::layout::{Layout, Value};
+use crate::prefix::{Prefix, Value};
 
 /// One change of the key state: the new value of (bank, id), or its
 /// removal.
@@ -43,10 +43,10 @@ pub struct Applied {
 
 /// Decodes one etcd (key, value) under `layout` into a change; what cannot
 /// be held is reported in `applied` and becomes a removal when its id is
-/// valid. The audit trail's keys ([`Layout::is_audit`]) are no key state:
+/// valid. The audit trail's keys ([`Prefix::is_audit`]) are no key state:
 /// passed over silently (the replicator logs them: [`crate::audit`]).
 pub fn decode(
-    layout: &Layout,
+    layout: &Prefix,
     key: &[u8],
     value: Option<&[u8]>,
     applied: &mut Applied,
@@ -479,7 +479,7 @@ mod tests {
     /// whatever their value.
     #[test]
     fn audit_keys_decode_to_nothing_and_are_not_reported() {
-        let l = Layout::new("/kc/").expect("prefix");
+        let l = Prefix::new("/kc/").expect("prefix");
         let mut a = Applied::default();
         let k = l.audit_key(std::time::SystemTime::now(), 1);
         assert_eq!(decode(&l, &k, Some(b"{}\n"), &mut a), None);

@@ -7,8 +7,8 @@ use serde::Serialize;
 
 use crate::connect::Settings;
 use crate::error::Result;
-use crate::layout::Value;
 use crate::lock::ReplicatorLock;
+use crate::prefix::Value;
 use crate::state::{CheckResult, ReplicaState};
 
 /// A replica's standing.

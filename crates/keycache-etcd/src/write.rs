@@ -13,7 +13,7 @@
 //! A writer given an actor ([`Writer::set_actor`]) records every change in
 //! the audit trail ([`crate::audit`]) in the change's own transaction: one
 //! more put per transaction, of one `<prefix>audit/` key
-//! ([`crate::Layout::audit_key`]) holding the records of every id the
+//! ([`crate::Prefix::audit_key`]) holding the records of every id the
 //! transaction changes (what was read against what the decision writes,
 //! [`keycache::audit::Record::of_change`]). The record is committed with
 //! the change or not at all, and reaches every master's log through its
@@ -37,7 +37,7 @@ use keycache::MinionId;
 use crate::anchor::Verdict;
 use crate::connect::Settings;
 use crate::error::{Error, Result};
-use crate::layout::Value;
+use crate::prefix::Value;
 use crate::state::ReplicaState;
 
 /// Ids per transaction: two keys each, and one audit key per transaction

@@ -11,7 +11,7 @@ use keycache::bench::{measure, touch, Measured, Rate};
 use keycache::store::{KeyBatch, Store};
 use keycache::MinionId;
 
-use crate::args::{ConfiguredStore, Json, Layout};
+use crate::args::{ConfiguredStore, Json, StoreArgs};
 use crate::output::{outln, print_json, CmdError, CmdResult};
 
 /// The longest measurement, in seconds (an hour).
@@ -34,7 +34,7 @@ pub(crate) struct Args {
     #[command(flatten)]
     json: Json,
     #[command(flatten)]
-    layout: Layout,
+    layout: StoreArgs,
 }
 
 /// `--threads`: 1 to [`MAX_THREADS`].

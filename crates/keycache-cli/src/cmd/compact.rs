@@ -8,7 +8,7 @@ use keycache::history::HistoryOptions;
 use keycache::report;
 use keycache::table::OpenOptions;
 
-use crate::args::{announce_lock_wait, ConfiguredStore, Json, Layout, User};
+use crate::args::{announce_lock_wait, ConfiguredStore, Json, StoreArgs, User};
 use crate::output::{esc_path, outln, print_json, CmdError, CmdResult};
 
 /// The arguments of `keycache compact`.
@@ -27,7 +27,7 @@ pub(crate) struct Args {
     #[command(flatten)]
     json: Json,
     #[command(flatten)]
-    layout: Layout,
+    layout: StoreArgs,
 }
 
 /// A compaction's error; an overfull `--to-size` names the option that

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use crate::args::{Json, Layout};
+use crate::args::{Json, StoreArgs};
 use crate::output::{esc, exit, outln, print_json, CmdResult};
 
 /// The arguments of `keycache diff`.
@@ -15,7 +15,7 @@ pub(crate) struct Args {
     #[command(flatten)]
     json: Json,
     #[command(flatten)]
-    layout: Layout,
+    layout: StoreArgs,
 }
 
 /// Runs `keycache diff`: exit code 1 when the stores differ.

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use keycache::export::ExportOptions;
 
-use crate::args::{ConfiguredStore, Json, Layout};
+use crate::args::{ConfiguredStore, Json, StoreArgs};
 use crate::output::{errln, esc, esc_path, outln, print_json_line, CmdError, CmdResult};
 
 /// The arguments of `keycache export`.
@@ -31,7 +31,7 @@ pub(crate) struct Args {
     #[command(flatten)]
     json: Json,
     #[command(flatten)]
-    layout: Layout,
+    layout: StoreArgs,
 }
 
 /// Runs `keycache export`: exit code 1 when files that differ were left

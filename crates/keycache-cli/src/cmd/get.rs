@@ -4,7 +4,7 @@ use serde::Serialize;
 
 use keycache::pem::{finger, holds_private_key};
 
-use crate::args::{minion_id, Json, Layout, StoreIds};
+use crate::args::{minion_id, Json, StoreArgs, StoreIds};
 use crate::output::{
     errln, esc, esc_path, exit, fmt_time, out, outln, print_json, CmdError, CmdResult,
 };
@@ -18,7 +18,7 @@ pub(crate) struct Args {
     #[command(flatten)]
     json: Json,
     #[command(flatten)]
-    layout: Layout,
+    layout: StoreArgs,
 }
 
 /// `keycache get --json`: `null`s for what is not there (or withheld).

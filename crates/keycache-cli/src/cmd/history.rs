@@ -7,7 +7,7 @@ use anstyle::{AnsiColor, Style};
 
 use keycache::audit::{self, Record};
 
-use crate::args::{minion_id, Json, Layout, StoreIds};
+use crate::args::{minion_id, Json, StoreArgs, StoreIds};
 use crate::output::{errln, esc, esc_path, out, outln, paint, CmdError, CmdResult};
 
 /// The arguments of `keycache history`.
@@ -25,7 +25,7 @@ pub(crate) struct Args {
     #[command(flatten)]
     json: Json,
     #[command(flatten)]
-    layout: Layout,
+    layout: StoreArgs,
 }
 
 /// How many characters of a fingerprint the text shows.

@@ -9,7 +9,7 @@ use serde::Serialize;
 use keycache::pem::holds_private_key;
 use keycache::store::Store;
 
-use crate::args::{ConfiguredStore, Json, Layout};
+use crate::args::{ConfiguredStore, Json, StoreArgs};
 use crate::cmd::get::WITHHELD;
 use crate::output::{errln, esc, out, outln, paint, print_json, CmdError, CmdResult};
 
@@ -32,7 +32,7 @@ pub(crate) struct Args {
     #[command(flatten)]
     json: Json,
     #[command(flatten)]
-    layout: Layout,
+    layout: StoreArgs,
 }
 
 /// A salt-key group: its JSON key (the `localfs_key` directory), heading and

@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use crate::args::{ConfiguredStore, Json, Layout};
+use crate::args::{ConfiguredStore, Json, StoreArgs};
 use crate::master_config::actor;
 use crate::output::{esc, esc_path, outln, print_json, CmdResult};
 
@@ -27,7 +27,7 @@ pub(crate) struct Args {
     #[command(flatten)]
     json: Json,
     #[command(flatten)]
-    layout: Layout,
+    layout: StoreArgs,
 }
 
 /// The JSON report.

@@ -13,7 +13,7 @@ use keycache::history::{show_ident, History, HistoryOptions, Kind, Version};
 use keycache::merge::{self, Base, BaseFile, MergeOptions, MergePlan, PlanCounts};
 use keycache::snapshot::{Entry, Snapshot};
 
-use crate::args::{announce_lock_wait, Json, Layout, Reason};
+use crate::args::{announce_lock_wait, Json, Reason, StoreArgs};
 use crate::cmd::snapshot::lock_wait;
 use crate::cmd::state::TreeMode;
 use crate::output::{
@@ -84,7 +84,7 @@ pub(crate) struct Args {
     #[command(flatten)]
     json: Json,
     #[command(flatten)]
-    layout: Layout,
+    layout: StoreArgs,
 }
 
 impl Args {

@@ -8,7 +8,7 @@ use keycache::master_keys::{self, MasterKeyOptions, MasterKeysReport, OnDiffer};
 use keycache::migrate::{self, MigrateOptions, Report as MigrateReport};
 use keycache::table::OpenOptions;
 
-use crate::args::{announce_lock_wait, Json, Layout, User};
+use crate::args::{announce_lock_wait, Json, StoreArgs, User};
 use crate::master_config::{MasterConfig, Origin, Setting};
 use crate::output::{errln, esc, esc_path, outln, print_json, CmdError, CmdResult};
 
@@ -62,7 +62,7 @@ pub(crate) struct Args {
     #[command(flatten)]
     json: Json,
     #[command(flatten)]
-    layout: Layout,
+    layout: StoreArgs,
 }
 
 /// The report of `keycache migrate`: the key banks' and the master's keys'.

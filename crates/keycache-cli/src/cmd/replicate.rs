@@ -18,7 +18,7 @@ use serde::Serialize;
 
 use super::notify::{stop_signal, Notifier};
 use super::state::TreeMode;
-use crate::args::{Json, Layout};
+use crate::args::{Json, StoreArgs};
 use crate::output::{errln, esc, esc_path, print_json_line, CmdResult};
 
 /// The arguments of `keycache replicate`.
@@ -37,7 +37,7 @@ pub(crate) struct Args {
     #[command(flatten)]
     json: Json,
     #[command(flatten)]
-    layout: Layout,
+    layout: StoreArgs,
 }
 
 /// One report as a JSON line.

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use keycache::snapshot::{self, Snapshot, SnapshotOptions};
 
-use crate::args::{ConfiguredStore, Layout};
+use crate::args::{ConfiguredStore, StoreArgs};
 use crate::output::{errln, esc_path, CmdError, CmdResult};
 
 /// The arguments of `keycache snapshot`.
@@ -34,7 +34,7 @@ pub(crate) struct Args {
     #[arg(long, value_name = "SECONDS", default_value_t = 10.0)]
     lock_wait: f64,
     #[command(flatten)]
-    layout: Layout,
+    layout: StoreArgs,
 }
 
 /// `--lock-wait SECONDS` as a duration, or a usage error.

@@ -17,7 +17,7 @@ use keycache::MinionId;
 use super::change::{
     decide, print, Action, Change, Guard, Only, Refusal, Skipped, StateReport, TreeReport,
 };
-use crate::args::{announce_lock_wait, minion_id, Json, Layout, Reason, StoreIds};
+use crate::args::{announce_lock_wait, minion_id, Json, Reason, StoreArgs, StoreIds};
 use crate::output::{esc, esc_path, write_stderr, CmdError, CmdResult};
 
 /// The arguments of `keycache accept`, `reject`, `delete` and `deny`.
@@ -66,7 +66,7 @@ pub(crate) struct Args {
     #[command(flatten)]
     json: Json,
     #[command(flatten)]
-    layout: Layout,
+    layout: StoreArgs,
 }
 
 /// `--tree`: when the command writes the key tree along with the store.
@@ -84,9 +84,9 @@ pub(crate) enum TreeMode {
 }
 
 impl TreeMode {
-    /// Opens the store `dir` names ([`Layout::open`]) with the tree mode
+    /// Opens the store `dir` names ([`StoreArgs::open`]) with the tree mode
     /// `given` (`--tree`); else, when the command reads the master config
-    /// (see [`Layout::config`]) and it sets `keycache_tree`, that: `false`
+    /// (see [`StoreArgs::config`]) and it sets `keycache_tree`, that: `false`
     /// never, `accepted` accepted, `true` the command's `default` (the
     /// driver keeps the tree in step then, and so does the command); else
     /// `default`. The config is read once, for the store and the mode.
@@ -94,7 +94,7 @@ impl TreeMode {
     /// ([`crate::args::Resolved::master`]).
     pub(crate) fn open_master(
         given: Option<TreeMode>,
-        layout: &Layout,
+        layout: &StoreArgs,
         dir: &std::path::Path,
         default: TreeMode,
     ) -> Result<(keycache::Store, TreeMode, Option<String>), CmdError> {
@@ -114,7 +114,7 @@ impl TreeMode {
     /// ([`keycache::Store::resume_tree`]), and said on stderr.
     pub(crate) fn open_writer(
         given: Option<TreeMode>,
-        layout: &Layout,
+        layout: &StoreArgs,
         dir: &std::path::Path,
         default: TreeMode,
     ) -> Result<(keycache::Store, TreeMode), CmdError> {
@@ -130,7 +130,7 @@ impl TreeMode {
     /// [`keycache::Store::audit`] is the actor, for the path through etcd.
     pub(crate) fn open_recorded(
         given: Option<TreeMode>,
-        layout: &Layout,
+        layout: &StoreArgs,
         dir: &std::path::Path,
         default: TreeMode,
         reason: Option<String>,
@@ -143,7 +143,7 @@ impl TreeMode {
 
     fn open_writer_master(
         given: Option<TreeMode>,
-        layout: &Layout,
+        layout: &StoreArgs,
         dir: &std::path::Path,
         default: TreeMode,
     ) -> Result<(keycache::Store, TreeMode, Option<String>), CmdError> {

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use keycache::report::{self, BankStats};
 
-use crate::args::{ConfiguredStore, Json, Layout};
+use crate::args::{ConfiguredStore, Json, StoreArgs};
 use crate::output::{outln, print_json, CmdResult};
 
 /// The arguments of `keycache stats`.
@@ -17,7 +17,7 @@ pub(crate) struct Args {
     #[command(flatten)]
     json: Json,
     #[command(flatten)]
-    layout: Layout,
+    layout: StoreArgs,
     /// Prints the counts and the banks' numbers as gauges in Prometheus'
     /// text exposition format, for node_exporter's textfile collector
     /// (keycache_keys{state}, keycache_bank_load_factor{bank},

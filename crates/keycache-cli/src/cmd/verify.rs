@@ -3,7 +3,7 @@
 use keycache::tree::{TreeDisagreement, TreeRepair};
 use keycache::verify::{check_store, missing_key_tree, BankFinding, VerifyReport};
 
-use crate::args::{ConfiguredStore, Json, Layout};
+use crate::args::{ConfiguredStore, Json, StoreArgs};
 use crate::cmd::state::TreeMode;
 use crate::output::{esc_path, exit, json_str, outln, print_json, print_tree_changes, CmdResult};
 
@@ -33,7 +33,7 @@ pub(crate) struct Args {
     #[command(flatten)]
     json: Json,
     #[command(flatten)]
-    layout: Layout,
+    layout: StoreArgs,
 }
 
 /// What `keycache verify` prints with `--json`: the banks' report, and the

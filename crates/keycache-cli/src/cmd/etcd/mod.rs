@@ -14,7 +14,7 @@ use std::path::Path;
 use clap::Subcommand;
 use keycache_etcd::Settings;
 
-use crate::args::Layout;
+use crate::args::StoreArgs;
 use crate::output::{esc_path, CmdError, CmdResult};
 
 /// The arguments of `keycache etcd`.
@@ -31,7 +31,7 @@ pub(crate) struct Plain {
     #[command(flatten)]
     json: crate::args::Json,
     #[command(flatten)]
-    layout: Layout,
+    layout: StoreArgs,
 }
 
 /// The subcommands of `keycache etcd`.
@@ -67,7 +67,7 @@ pub(crate) fn run(a: Args) -> CmdResult {
 /// The etcd settings of the master config that `layout` names (the store
 /// directory `dir`, when not empty, overriding the config's); `None`
 /// without a master config or without `keycache_etcd` in it.
-pub(crate) fn configured(layout: &Layout, dir: &Path) -> Result<Option<Settings>, CmdError> {
+pub(crate) fn configured(layout: &StoreArgs, dir: &Path) -> Result<Option<Settings>, CmdError> {
     match layout.config(dir)? {
         Some(cfg) => Ok(Settings::from_config(&cfg)?),
         None => Ok(None),
@@ -77,7 +77,7 @@ pub(crate) fn configured(layout: &Layout, dir: &Path) -> Result<Option<Settings>
 /// The etcd settings of the master config that `layout` names, which
 /// `keycache {command}` needs: without `keycache_etcd`, exit 2 and what to
 /// add.
-pub(crate) fn required(layout: &Layout, command: &str) -> Result<Settings, CmdError> {
+pub(crate) fn required(layout: &StoreArgs, command: &str) -> Result<Settings, CmdError> {
     let Some(cfg) = layout.config(Path::new(""))? else {
         return Err(CmdError::usage(format!(
             "keycache {command} needs the master config (-c DIR or --master-config FILE)"

@@ -12,7 +12,7 @@ use keycache::store::Store;
 use keycache_etcd::{block_on, seed};
 use serde::Serialize;
 
-use crate::args::{Json, Layout};
+use crate::args::{Json, StoreArgs};
 use crate::output::{errln, esc, esc_path, outln, print_json, CmdError, CmdResult};
 
 /// The arguments of `keycache etcd seed`.
@@ -32,7 +32,7 @@ pub(crate) struct Args {
     #[command(flatten)]
     json: Json,
     #[command(flatten)]
-    layout: Layout,
+    layout: StoreArgs,
 }
 
 /// What `keycache etcd seed` did.

@@ -19,7 +19,7 @@
 //! transaction changed, without a revision: the key's `mod_revision` is the
 //! revision of the change. Audit keys are not key state: the replica, the
 //! consistency check, the anchor and the counts of the prefix pass them
-//! over ([`Layout::is_audit`]); the replicator appends their records to its
+//! over ([`Prefix::is_audit`]); the replicator appends their records to its
 //! store's log ([`crate::audit`]).
 
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -35,7 +35,7 @@ pub const AUDIT: &str = "audit";
 
 /// The etcd keys of one cluster's key state.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Layout {
+pub struct Prefix {
     prefix: String,
 }
 
@@ -87,16 +87,16 @@ impl Value {
     }
 }
 
-impl Layout {
+impl Prefix {
     /// The layout under `prefix`, which must start with `/`, end with `/`
     /// and hold no NUL.
-    pub fn new(prefix: &str) -> Result<Layout> {
+    pub fn new(prefix: &str) -> Result<Prefix> {
         if !prefix.starts_with('/') || !prefix.ends_with('/') || prefix.contains('\0') {
             return Err(Error::Config(format!(
                 "prefix {prefix:?} must start and end with / and hold no NUL"
             )));
         }
-        Ok(Layout {
+        Ok(Prefix {
             prefix: prefix.to_owned(),
         })
     }
@@ -184,7 +184,7 @@ mod tests {
 
     #[test]
     fn keys_round_trip_and_stay_under_the_prefix() {
-        let l = Layout::new("/keycache/prod/").expect("prefix");
+        let l = Prefix::new("/keycache/prod/").expect("prefix");
         let id = MinionId::new("web-1").expect("id");
         let k = l.key(Bank::Denied, &id);
         assert_eq!(k, b"/keycache/prod/denied_keys/web-1");
@@ -195,13 +195,13 @@ mod tests {
         assert_eq!(l.parse(b"/keycache/other/keys/web-1"), None);
         assert_eq!(l.parse(b"/keycache/prod/keys/../x"), None);
         for bad in ["keycache/", "/keycache", "/a\0/"] {
-            assert!(Layout::new(bad).is_err(), "{bad:?}");
+            assert!(Prefix::new(bad).is_err(), "{bad:?}");
         }
     }
 
     #[test]
     fn audit_keys_sort_by_time_and_stay_apart_from_the_key_state() {
-        let l = Layout::new("/kc/").expect("prefix");
+        let l = Prefix::new("/kc/").expect("prefix");
         let t = UNIX_EPOCH + std::time::Duration::from_nanos(1_795_925_106_789_000_001);
         let k = l.audit_key(t, 0xab);
         assert_eq!(k, b"/kc/audit/01795925106789000001-00000000000000ab");
