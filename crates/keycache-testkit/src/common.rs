@@ -13,7 +13,6 @@ pub use keycache::{OpenOptions, Params};
 
 use serde_json::Value;
 
-pub use crate::peers::*;
 pub use crate::rng::Rng;
 
 /// The repository (workspace) root.

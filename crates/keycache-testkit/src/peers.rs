@@ -1,4 +1,4 @@
-//! Helpers of the snapshot and merge tests (re-exported by [`crate::common`]):
+//! Helpers of the snapshot and merge tests (over [`crate::common`]):
 //! listings of a store directory for "nothing was written" checks,
 //! snapshot files crafted byte by byte, Salt's `validate_token` on many
 //! masters, masters made from a localfs_key tree, and the README's timer

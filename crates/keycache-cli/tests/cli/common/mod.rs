@@ -10,6 +10,7 @@ pub use keycache_testkit::cmd::{check_fails, check_ok, parse_json, stderr, stdou
 pub use keycache_testkit::common::*;
 pub use keycache_testkit::crash::env_u64;
 use keycache_testkit::crash::Cli;
+pub use keycache_testkit::peers::*;
 use serde_json::Value;
 
 pub mod salt_master;

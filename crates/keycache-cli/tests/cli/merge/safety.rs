@@ -584,7 +584,7 @@ fn three_new_masters_that_first_merge_one_another_settle_on_one_cluster() {
         .map(|n| pki_master(&kcli, t.path(), n, &[], &size_1009()))
         .collect();
     // Each new store has a cluster of its own; order them by it.
-    let mut by_cluster: Vec<(keycache_testkit::common::RawHeader, usize)> = (0..3)
+    let mut by_cluster: Vec<(keycache_testkit::peers::RawHeader, usize)> = (0..3)
         .map(|k| {
             let f = t.path().join(format!("first-{k}.snap"));
             ok(&kc(&["snapshot", s(&m[k]), "-o", s(&f)]));
