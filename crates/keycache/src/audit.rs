@@ -46,9 +46,8 @@ use crate::format::AUDIT_LOG_FILE;
 use crate::key::KeyState;
 
 mod json;
-mod time;
 
-pub use time::{parse_time, rfc3339};
+pub use crate::clock::{parse_time, rfc3339};
 
 /// Size past which an append rotates the log first.
 pub const ROTATE_AT: u64 = 16 << 20;

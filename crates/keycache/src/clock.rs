@@ -1,4 +1,9 @@
-//! The readers' clock: a cheap monotonic time for their staleness checks.
+//! Time: the readers' cheap monotonic clock for their staleness checks,
+//! and wall-clock times as the audit trail writes and reads them (RFC 3339
+//! in UTC with milliseconds). The versions' hybrid logical clock is
+//! `crate::hlc`.
+
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use rustix::time::{clock_gettime, ClockId};
 
@@ -11,6 +16,83 @@ pub(crate) fn coarse_now_ns() -> u64 {
     (ts.tv_sec as u64)
         .wrapping_mul(1_000_000_000)
         .wrapping_add(ts.tv_nsec as u64)
+}
+
+/// `t` as RFC 3339 in UTC with milliseconds (`2026-11-29T04:05:06.789Z`;
+/// a time before 1970 as 1970's first).
+pub fn rfc3339(t: SystemTime) -> String {
+    let ns = t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    crate::hlc::show(u64::try_from(ns).unwrap_or(u64::MAX))
+}
+
+/// Milliseconds since the Unix epoch of an RFC 3339 time
+/// (`YYYY-MM-DDTHH:MM:SS[.fff](Z|±HH:MM)`), or of a date alone
+/// (`YYYY-MM-DD`, its midnight UTC); None for anything else.
+pub fn parse_time(s: &str) -> Option<i64> {
+    let s = s.trim();
+    let num = |a: usize, b: usize| -> Option<i64> {
+        let t = s.get(a..b)?;
+        t.bytes()
+            .all(|c| c.is_ascii_digit())
+            .then(|| t.parse().ok())?
+    };
+    let (y, m, d) = (num(0, 4)?, num(5, 7)?, num(8, 10)?);
+    if s.get(4..5)? != "-"
+        || s.get(7..8)? != "-"
+        || !(1..=12).contains(&m)
+        || !(1..=31).contains(&d)
+    {
+        return None;
+    }
+    let days = days_from_civil(y, m, d);
+    if s.len() == 10 {
+        return Some(days * 86_400_000);
+    }
+    if !matches!(s.get(10..11)?, "T" | "t" | " ") || s.get(13..14)? != ":" || s.get(16..17)? != ":"
+    {
+        return None;
+    }
+    let (h, mi, sec) = (num(11, 13)?, num(14, 16)?, num(17, 19)?);
+    if h > 23 || mi > 59 || sec > 60 {
+        return None;
+    }
+    let mut rest = s.get(19..)?;
+    let mut milli = 0;
+    if let Some(frac) = rest.strip_prefix('.') {
+        let n = frac.bytes().take_while(u8::is_ascii_digit).count();
+        if n == 0 {
+            return None;
+        }
+        let digits = &frac[..n];
+        milli = format!("{:0<3}", &digits[..n.min(3)]).parse::<i64>().ok()?;
+        rest = &frac[n..];
+    }
+    let offset = match rest {
+        "Z" | "z" => 0,
+        o if o.len() == 6 && (o.starts_with('+') || o.starts_with('-')) && &o[3..4] == ":" => {
+            let hh: i64 = o.get(1..3)?.parse().ok()?;
+            let mm: i64 = o.get(4..6)?.parse().ok()?;
+            let v = (hh * 60 + mm) * 60_000;
+            if o.starts_with('-') {
+                -v
+            } else {
+                v
+            }
+        }
+        _ => return None,
+    };
+    Some(days * 86_400_000 + ((h * 60 + mi) * 60 + sec) * 1000 + milli - offset)
+}
+
+/// Days since 1970-01-01 of a (year, month, day).
+fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y.rem_euclid(400);
+    let mp = if m > 2 { m - 3 } else { m + 9 };
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
 }
 
 #[cfg(test)]

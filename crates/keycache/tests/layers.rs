@@ -10,8 +10,8 @@ use std::path::Path;
 /// Bottom up, as docs/design.md lists them.
 const ORDER: &[&str] = &[
     "map",
-    "clock",
     "hlc",
+    "clock",
     "pem",
     "format",
     "heap",
