@@ -23,11 +23,11 @@
 #   4. a copy of crates/saltext-keycache/tests in the root, and pytest there
 #      on: salt_suite (Salt's own mmap_key unit and functional tests against
 #      the driver), test_interop.py (the driver against Salt's mmap_key and
-#      the CLI), test_runner.py (the keycache runner through salt-run, running
-#      the wheel's `keycache`), test_names.py, test_tree_setting.py,
+#      the CLI), test_runner.py (the keycache runner through salt-run, the
+#      library in-process), test_names.py, test_tree_setting.py,
 #      test_wipe.py; not the etcd tests (-k 'not etcd') nor those starting
-#      real salt-masters and minions. KEYCACHE_PYTHON, KEYCACHE_BIN and
-#      KEYCACHE_EXPECT_RUNNER_BIN are set as tools/test.sh sets them.
+#      real salt-masters and minions. KEYCACHE_PYTHON and KEYCACHE_BIN are
+#      set as tools/test.sh sets them.
 # Commands in the root run through `tools/debian-root.sh --run` (mount and
 # PID namespaces of their own: nothing stays mounted or running after it).
 #
@@ -205,7 +205,7 @@ log "pytest on Python $pyver: Salt's mmap_key suite, interop, the runner and its
 rc=0
 # shellcheck disable=SC2016 # expanded by the inner sh
 timeout "${KEYCACHE_PY314_TIMEOUT:-900}" tools/debian-root.sh --run "$root" -- env \
-  KEYCACHE_PYTHON="$venv/bin/python" KEYCACHE_BIN="$bin" KEYCACHE_EXPECT_RUNNER_BIN="$bin" \
+  KEYCACHE_PYTHON="$venv/bin/python" KEYCACHE_BIN="$bin" \
   sh -c 'cd "$1" && exec "$2" -m pytest -p no:cacheprovider -q -rs -k "not etcd" \
     salt_suite test_interop.py test_runner.py test_names.py test_tree_setting.py test_wipe.py' \
   sh "$tests" "$venv/bin/python" || rc=$?

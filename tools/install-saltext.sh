@@ -24,6 +24,8 @@ pth="$site/saltext-keycache-extras.pth"
 sources_hash() {
     (cd "$repo" && find Cargo.toml Cargo.lock .cargo crates/keycache/Cargo.toml crates/keycache/src \
         crates/keycache-config/Cargo.toml crates/keycache-config/src \
+        crates/keycache-merge/Cargo.toml crates/keycache-merge/src \
+        crates/keycache-bench/Cargo.toml crates/keycache-bench/src \
         crates/keycache-etcd/Cargo.toml crates/keycache-etcd/src crates/keycache-etcd/build.rs \
         crates/keycache-cli/Cargo.toml crates/keycache-cli/src \
         crates/saltext-keycache/Cargo.toml crates/saltext-keycache/pyproject.toml \

@@ -146,7 +146,7 @@ echo "==> cargo test (library, CLI, Salt interop, model, concurrency, reliabilit
 cargo test --locked "$@"
 
 echo "==> the Salt driver (saltext.keycache): Salt's own mmap_key tests, interop, concurrency, a real master and minion" >&2
-KEYCACHE_BIN="$wheel_bin" KEYCACHE_EXPECT_RUNNER_BIN="$wheel_bin" "$py" -m pytest -p no:cacheprovider -q crates/saltext-keycache/tests
+KEYCACHE_BIN="$wheel_bin" "$py" -m pytest -p no:cacheprovider -q crates/saltext-keycache/tests
 
 # The same etcd tests against the second server. The CLI's filter is a
 # substring of the test names: it takes the modules etcd, etcd_model and
@@ -154,7 +154,7 @@ KEYCACHE_BIN="$wheel_bin" KEYCACHE_EXPECT_RUNNER_BIN="$wheel_bin" "$py" -m pytes
 echo "==> the etcd tests again, against Debian trixie's etcd ($etcd_debian)" >&2
 KEYCACHE_ETCD="$etcd_debian" cargo test --locked -p keycache-etcd "$@"
 KEYCACHE_ETCD="$etcd_debian" cargo test --locked -p keycache-cli --test cli "$@" etcd
-KEYCACHE_ETCD="$etcd_debian" KEYCACHE_BIN="$wheel_bin" KEYCACHE_EXPECT_RUNNER_BIN="$wheel_bin" \
+KEYCACHE_ETCD="$etcd_debian" KEYCACHE_BIN="$wheel_bin" \
     "$py" -m pytest -p no:cacheprovider -q crates/saltext-keycache/tests/test_etcd.py
 
 # The same wheel on CPython 3.14 (Salt 3008's newer packages), in a Debian sid root

@@ -326,11 +326,7 @@ impl StoreArgs {
             ),
         };
         let base = self.options(base);
-        let params = match (size_from_files, finish) {
-            (false, _) => base.params,
-            (true, true) => Params::detect(&dir, &base)?,
-            (true, false) => Params::from_files(&dir, base.params),
-        };
+        let params = crate::master_config::store_params(&dir, &base, size_from_files, finish)?;
         let tree = config.as_ref().and_then(MasterConfig::tree);
         let master = config.as_ref().map(crate::master_config::actor::master_id);
         Ok(Resolved {

@@ -184,7 +184,6 @@ fn advice(e: &keycache::Error) -> Option<String> {
             format!("give keycache the same sizes (--id-size {len} --slot-size {slot} or more)")
         }
         E::TableFull { .. } => "keycache compact --to-size N does it".into(),
-        E::UnknownCluster { .. } => "--allow-unknown-cluster allows it".into(),
         E::StaleTreeFiles { .. } => "--replace-states takes them".into(),
         E::Overfull { suggested, .. } => format!("use --size {suggested}"),
         E::MasterKeysDiffer { .. } => {
@@ -269,6 +268,21 @@ pub(crate) fn fmt_time(ns: u64) -> String {
 impl From<keycache_config::ConfigError> for CmdError {
     fn from(e: keycache_config::ConfigError) -> CmdError {
         CmdError::usage(e.to_string())
+    }
+}
+
+impl From<keycache_merge::Error> for CmdError {
+    /// The store's errors with the CLI's advice ([`advice`]); the merge's
+    /// as they are, but a snapshot or store that names no cluster names
+    /// the flag that allows it.
+    fn from(e: keycache_merge::Error) -> CmdError {
+        match e {
+            keycache_merge::Error::Store(e) => CmdError::from(e),
+            e @ keycache_merge::Error::UnknownCluster { .. } => {
+                CmdError::usage(format!("{e}; --allow-unknown-cluster allows it"))
+            }
+            e => CmdError::usage(e.to_string()),
+        }
     }
 }
 

@@ -76,8 +76,10 @@ mod error;
 pub mod etcd;
 mod glob;
 mod load;
+pub mod migrate;
 mod paths;
 mod report;
+mod salt_opts;
 mod yaml;
 
 #[cfg(test)]
@@ -93,6 +95,7 @@ use serde::Serialize;
 
 pub use error::ConfigError;
 use paths::{abspath, expanduser, prepend_root_dir};
+pub use salt_opts::SaltOpts;
 
 /// Salt's `CONFIG_DIR` on Linux (`salt.syspaths`).
 pub const DEFAULT_CONFIG_DIR: &str = "/etc/salt";
@@ -215,6 +218,12 @@ pub enum Origin {
         /// The flag (`--size`, or `DIR` for the store directory).
         flag: String,
     },
+    /// An option of the opts a running Salt process handed over (a
+    /// runner's `__opts__`), its config already read by Salt.
+    Opts {
+        /// The option.
+        key: String,
+    },
 }
 
 impl fmt::Display for Origin {
@@ -223,6 +232,7 @@ impl fmt::Display for Origin {
             Origin::File { file, line, key } => write!(f, "{key}, {}:{line}", file.display()),
             Origin::Default => f.write_str("Salt's default"),
             Origin::Flag { flag } => f.write_str(flag),
+            Origin::Opts { key } => write!(f, "{key} of the master's opts"),
         }
     }
 }
@@ -451,6 +461,23 @@ impl Choice {
     /// when absent), where Salt would use its default.
     pub fn size_is_default(&self) -> bool {
         self.layout.size.from == Origin::Default
+    }
+}
+
+/// The layout of the store in `dir`: `base`'s params, but when nothing gave
+/// the size (`size_is_default`), the size of the index files (after
+/// finishing a rebuild a crash interrupted, unless `finish` is false: a dry
+/// run writes nothing).
+pub fn store_params(
+    dir: &Path,
+    base: &keycache::table::OpenOptions,
+    size_is_default: bool,
+    finish: bool,
+) -> keycache::Result<Params> {
+    match (size_is_default, finish) {
+        (false, _) => Ok(base.params),
+        (true, true) => Params::detect(dir, base),
+        (true, false) => Ok(Params::from_files(dir, base.params)),
     }
 }
 

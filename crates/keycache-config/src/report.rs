@@ -26,6 +26,8 @@ impl MasterConfig {
         match o {
             Origin::Default => "default".into(),
             Origin::Flag { flag } => flag.clone(),
+            Origin::Opts { key } if key == name => "opts".into(),
+            Origin::Opts { key } => format!("{key}, opts"),
             Origin::File { file, line, key } if key == name => {
                 format!("{}:{line}", self.short(file))
             }
@@ -70,6 +72,7 @@ impl MasterConfig {
         let from = match &c.store_dir.from {
             Origin::File { file, line, key } => format!("{key} in {}:{line}", self.short(file)),
             Origin::Flag { flag } => format!("{flag} given"),
+            Origin::Opts { key } => format!("{key} of the master's opts"),
             Origin::Default => "pki_dir, Salt's default".into(),
         };
         s += &format!("store: {} ({from}{cluster})\n", c.store_dir.value.display());

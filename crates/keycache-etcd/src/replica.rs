@@ -337,7 +337,7 @@ fn apply_list_once(store: &Store, listed: &BTreeMap<(Bank, MinionId), Value>) ->
     }
     let mut applied = Applied::default();
     store.batch_locked(
-        |b| {
+        |b| -> keycache::Result<()> {
             let mut seen = std::collections::HashSet::new();
             let mut changes = Vec::new();
             for (bank, id, have) in local_entries(store)? {

@@ -165,3 +165,73 @@ pub async fn diff(
     out.sort_by(|a, b| (a.bank, &a.id).cmp(&(b.bank, &b.id)));
     Ok((l.revision, out))
 }
+
+/// What `keycache etcd status --json` and `salt-run keycache.status`
+/// report: the status, the store and the bound it was judged by.
+#[derive(Debug, Clone, Serialize)]
+pub struct StatusReport {
+    /// The replica's standing.
+    #[serde(flatten)]
+    pub status: Status,
+    /// The store directory.
+    pub dir: std::path::PathBuf,
+    /// keycache_etcd's stale_after, in ms.
+    pub stale_after_ms: u128,
+}
+
+impl StatusReport {
+    /// Whether the replica is current and etcd answered.
+    pub fn ok(&self) -> bool {
+        !self.status.stale && self.status.etcd_error.is_none()
+    }
+}
+
+/// [`status`] of the replica in `store`'s directory, on a runtime made for
+/// the call ([`crate::block_on`]); etcd's connect and request timeouts
+/// bound it. An etcd that cannot be reached is part of the report.
+pub fn status_report(settings: &Settings, store: &Store) -> Result<StatusReport> {
+    let status = crate::block_on(async {
+        let mut client = settings.connect().await;
+        let c = match &mut client {
+            Ok(c) => Ok(c),
+            Err(e) => Err(crate::Error::Config(e.to_string())),
+        };
+        status(settings, store, c).await
+    })?;
+    Ok(StatusReport {
+        status,
+        dir: store.dir().to_path_buf(),
+        stale_after_ms: settings.stale_after.as_millis(),
+    })
+}
+
+/// What `keycache etcd diff --json` and `salt-run keycache.diff` report.
+#[derive(Debug, Clone, Serialize)]
+pub struct DiffReport {
+    /// The store directory.
+    pub dir: std::path::PathBuf,
+    /// The etcd prefix.
+    pub prefix: String,
+    /// The etcd revision listed.
+    pub revision: i64,
+    /// Whether the store holds what etcd holds.
+    pub same: bool,
+    /// The entries that differ.
+    pub differences: Vec<Difference>,
+}
+
+/// [`diff`] of `store` against etcd, on a runtime made for the call
+/// ([`crate::block_on`]); etcd's connect and request timeouts bound it.
+pub fn diff_report(settings: &Settings, store: &Store) -> Result<DiffReport> {
+    let (revision, differences) = crate::block_on(async {
+        let mut client = settings.connect().await?;
+        diff(&mut client, settings, store).await
+    })?;
+    Ok(DiffReport {
+        dir: store.dir().to_path_buf(),
+        prefix: settings.layout.prefix().to_owned(),
+        revision,
+        same: differences.is_empty(),
+        differences,
+    })
+}

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use etcd_client::GetOptions;
 use keycache::audit::{Actor, Record};
-use keycache::snapshot::Bank;
 use keycache::store::{KeyState, Store};
+use keycache::Bank;
 use keycache_etcd::write::{Decision, Writer};
 use keycache_etcd::{block_on, Report, Settings, Value};
 use keycache_testkit::common::pem;

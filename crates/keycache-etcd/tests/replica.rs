@@ -4,8 +4,8 @@
 use std::path::Path;
 use std::time::Duration;
 
-use keycache::snapshot::Bank;
 use keycache::store::{KeyState, Store};
+use keycache::Bank;
 use keycache_etcd::write::{Decision, Writer};
 use keycache_etcd::{block_on, ReplicaState, Report, Value};
 use keycache_testkit::common::pem;

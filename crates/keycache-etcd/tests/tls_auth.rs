@@ -3,9 +3,9 @@
 
 use std::time::{Duration, Instant};
 
-use keycache::snapshot::Bank;
 use keycache::store::{KeyState, Store};
 use keycache::tree::TreeSync;
+use keycache::Bank;
 use keycache::MinionId;
 use keycache_etcd::write::Writer;
 use keycache_etcd::{block_on, ReplicaState, Replicator, Settings, Value};

@@ -199,8 +199,8 @@ fn salt_store_seed(out: &Path) -> usize {
 /// Snapshots of real stores (keys in every state, denied keys, tombstones,
 /// a cluster key), and the same bytes with one field changed.
 fn snapshot_seeds(dir: &Path) -> usize {
-    use keycache::snapshot::{self, SnapshotOptions};
     use keycache::{KeyState, MinionId, Store};
+    use keycache_merge::snapshot::{self, SnapshotOptions};
     let d = tempfile::tempdir().unwrap();
     let s = Store::open(d.path()).unwrap();
     let pem =

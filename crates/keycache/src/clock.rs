@@ -1,7 +1,7 @@
 //! Time: the readers' cheap monotonic clock for their staleness checks,
 //! and wall-clock times as the audit trail writes and reads them (RFC 3339
-//! in UTC with milliseconds). The versions' hybrid logical clock is
-//! `crate::hlc`.
+//! in UTC with milliseconds). The peer merge's hybrid logical clock
+//! (keycache-merge) stamps in these nanoseconds.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -22,7 +22,38 @@ pub(crate) fn coarse_now_ns() -> u64 {
 /// a time before 1970 as 1970's first).
 pub fn rfc3339(t: SystemTime) -> String {
     let ns = t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
-    crate::hlc::show(u64::try_from(ns).unwrap_or(u64::MAX))
+    show_ns(u64::try_from(ns).unwrap_or(u64::MAX))
+}
+
+/// Unix nanoseconds as a person reads them: UTC, to the millisecond
+/// (the hybrid logical clock's stamps are such nanoseconds).
+pub fn show_ns(stamp: u64) -> String {
+    humanize(stamp)
+}
+
+/// The civil date (year, month, day) of a count of days since 1970-01-01
+/// (Howard Hinnant's `civil_from_days`).
+pub(crate) fn civil_from_days(days: u64) -> (i64, i64, i64) {
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d)
+}
+
+fn humanize(ns: u64) -> String {
+    let secs = ns / 1_000_000_000;
+    let ms = (ns / 1_000_000) % 1000;
+    let days = secs / 86_400;
+    let rem = secs % 86_400;
+    let (h, m, s) = (rem / 3600, (rem % 3600) / 60, rem % 60);
+    let (y, mo, d) = civil_from_days(days);
+    format!("{y:04}-{mo:02}-{d:02}T{h:02}:{m:02}:{s:02}.{ms:03}Z")
 }
 
 /// Milliseconds since the Unix epoch of an RFC 3339 time

@@ -177,57 +177,6 @@ pub enum Error {
         waited: std::time::Duration,
     },
 
-    /// A snapshot file ([`crate::snapshot`]) that cannot be read: not a
-    /// snapshot, another format version, truncated, damaged (checksum) or
-    /// holding an entry that is not valid.
-    #[error("{source_name}: not a usable keycache snapshot: {why}")]
-    BadSnapshot {
-        /// Where the snapshot came from (a file name, `stdin`).
-        source_name: String,
-        /// What is wrong, with the byte offset where it helps.
-        why: String,
-    },
-
-    /// A merge plan ([`crate::merge`]) made from a snapshot of the store
-    /// that the store no longer matches: another writer changed an id the
-    /// plan changes. Nothing was written; take a new snapshot and plan again.
-    #[error("{dir}: {bank} entry {id:?} changed since the merge was planned ({why}); nothing was written: plan again")]
-    StalePlan {
-        /// The store directory.
-        dir: PathBuf,
-        /// The bank: `keys` or `denied_keys`.
-        bank: &'static str,
-        /// The id.
-        id: String,
-        /// What the plan expected and what the store holds.
-        why: String,
-    },
-
-    /// A merge ([`crate::merge`]) that is not made: the snapshot is the
-    /// store's own, from another cluster, a replay, too old, from a clock
-    /// too far ahead, or would revoke too many keys at once. Nothing was
-    /// written.
-    #[error("merge refused: {why}; nothing was written")]
-    MergeRefused {
-        /// Why, and what to do.
-        why: String,
-    },
-
-    /// A merge ([`crate::merge`]) refused because this store or the
-    /// snapshot names no cluster: neither `cluster.pub` nor `master.pub`
-    /// where it was looked for, so a snapshot of another cluster could not
-    /// be told from a peer's (a real master always has its key pair).
-    /// Nothing was written.
-    #[error("merge refused: {side} names no cluster: {why}; nothing was written")]
-    UnknownCluster {
-        /// The side without a key: this store's directory, or the snapshot.
-        side: String,
-        /// Whether that side is the snapshot (a caller may name its file).
-        snapshot: bool,
-        /// The files that are missing, and the way out.
-        why: String,
-    },
-
     /// A migration into an existing store ([`crate::migrate`]) whose tree
     /// holds key files older than the store's entries that would take keys
     /// out of accepted or rejected: files left from before an earlier
@@ -284,19 +233,24 @@ pub enum Error {
         names: String,
     },
 
+    /// An error of a caller's hook (a crate over the engine, such as the
+    /// peer merge beginning a history after a migration), as it is.
+    #[error(transparent)]
+    Hook(Box<dyn std::error::Error + Send + Sync>),
+
     /// A key-bank value with a state byte Salt does not know.
     #[error("unknown key state {0:?} (expected accepted, pending or rejected)")]
     UnknownState(String),
 }
 
 impl Error {
-    /// Wraps an `io::Error` with the path and the operation.
     /// Whether this is an I/O error of a file that does not exist.
     pub fn is_not_found(&self) -> bool {
         matches!(self, Error::Io { source, .. } if source.kind() == io::ErrorKind::NotFound)
     }
 
-    pub(crate) fn io(path: impl Into<PathBuf>, op: &'static str, source: io::Error) -> Self {
+    /// Wraps an `io::Error` with the path and the operation.
+    pub fn io(path: impl Into<PathBuf>, op: &'static str, source: io::Error) -> Self {
         Error::Io {
             path: path.into(),
             op,

@@ -297,9 +297,9 @@ pub(crate) fn create_new(path: &Path, own: &Ownership) -> Result<File> {
     Ok(f)
 }
 
-/// [`create_new`] without the directory fsync, for callers that sync the
+/// `create_new` without the directory fsync, for callers that sync the
 /// directory themselves before anything depends on the new name (rebuilds).
-pub(crate) fn create_new_unsynced(path: &Path, own: &Ownership) -> Result<File> {
+pub fn create_new_unsynced(path: &Path, own: &Ownership) -> Result<File> {
     let f = OpenOptions::new()
         .read(true)
         .write(true)
@@ -352,18 +352,18 @@ pub(crate) fn syncfs(f: &File) -> io::Result<()> {
 }
 
 /// Flushes a file's data to stable storage.
-pub(crate) fn sync_data(f: &File, path: &Path) -> Result<()> {
+pub fn sync_data(f: &File, path: &Path) -> Result<()> {
     f.sync_data().map_err(|e| Error::io(path, "fsync", e))
 }
 
 /// Makes the entries of `dir` (creations, renames) durable.
-pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
+pub fn sync_dir(dir: &Path) -> Result<()> {
     let d = File::open(dir).map_err(|e| Error::io(dir, "open", e))?;
     d.sync_all().map_err(|e| Error::io(dir, "fsync", e))
 }
 
 /// Renames `from` over `to`.
-pub(crate) fn rename(from: &Path, to: &Path) -> Result<()> {
+pub fn rename(from: &Path, to: &Path) -> Result<()> {
     std::fs::rename(from, to).map_err(|e| Error::io(to, "rename", e))
 }
 
@@ -391,7 +391,7 @@ pub(crate) fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
 }
 
 /// Nanoseconds since the Unix epoch.
-pub(crate) fn now_ns() -> u64 {
+pub fn now_ns() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)

@@ -56,7 +56,7 @@ pub const LOST_SUFFIX: &str = ".keycache-lost";
 pub const NEW_INDEX_SUFFIX: &str = ".keycache-new";
 
 /// The history's versions file, keycache's own, in the store directory
-/// (drawn in `docs/format.md`, "History files"; [`crate::history`]).
+/// (drawn in `docs/format.md`, "History files"; keycache-merge's `history`).
 pub const HISTORY_FILE: &str = ".keycache-history";
 /// The history's identity file, in the store directory: a store that has
 /// one takes part in merges.

@@ -16,10 +16,6 @@
 //! - [`table::Table`]: one bank of any name, ids and values as bytes.
 //! - [`master_keys`]: the master's own key files into the `master_keys`
 //!   bank, as Salt's `MasterKeys` reads them.
-//! - [`snapshot`] and [`merge`]: both banks as of one moment in one
-//!   checksummed file, and the three-way merge of a peer's snapshot, so
-//!   that the masters of a cluster with isolated filesystems converge on
-//!   one key state over any transport.
 //!
 //! The crate prints nothing and reads no environment variable: settings
 //! come in through [`OpenOptions`] and [`migrate::MigrateOptions`].
@@ -71,8 +67,7 @@ macro_rules! stop_point {
 }
 
 pub mod audit;
-pub mod bench;
-mod clock;
+pub mod clock;
 pub mod diff;
 pub mod error;
 pub mod export;
@@ -80,23 +75,19 @@ pub mod files;
 pub mod fit;
 pub mod format;
 mod heap;
-pub mod history;
-pub mod hlc;
 pub mod id;
 mod image;
 mod journal;
-mod key;
+pub mod key;
 #[allow(unsafe_code)]
 mod map;
 pub mod master_keys;
-pub mod merge;
 pub mod migrate;
 pub mod pem;
 pub mod rebuild;
 pub mod removals;
 pub mod report;
 mod roster;
-pub mod snapshot;
 pub mod store;
 pub mod table;
 #[cfg(test)]

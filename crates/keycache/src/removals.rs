@@ -2,7 +2,7 @@
 //! observation, so that a removal the observation cannot see (an entry
 //! added and removed between two observations) still leaves a tombstone.
 //!
-//! [`crate::history`] finds changes by comparing the store with the
+//! keycache-merge's `history` finds changes by comparing the store with the
 //! versions it recorded. An entry added and removed between two
 //! observations is in neither, so without this log it would leave no
 //! tombstone, and a peer's older accept of the same id would come back at
@@ -40,7 +40,7 @@ use crate::format::REMOVALS_FILE;
 
 /// One logged removal.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Removal {
+pub struct Removal {
     /// From the `denied_keys` bank (else `keys`).
     pub denied: bool,
     /// The id removed.
@@ -159,7 +159,7 @@ pub(crate) fn append(dir: &Path, ids: &[(bool, Vec<u8>)]) -> Result<()> {
 /// Marks the removals before `offset` as recorded by the versions file of
 /// sequence number `seq` (about to be written). Call it holding the `keys`
 /// bank's lock.
-pub(crate) fn mark(dir: &Path, seq: u64, offset: u64) -> Result<()> {
+pub fn mark(dir: &Path, seq: u64, offset: u64) -> Result<()> {
     append_bytes(dir, &record("KCM1", &format!("{seq:016x} {offset:016x}")))
 }
 
@@ -167,7 +167,7 @@ pub(crate) fn mark(dir: &Path, seq: u64, offset: u64) -> Result<()> {
 /// number `seq` (the one on disk) does not hold yet, and the length of the
 /// log read (what [`trim`] drops once they are recorded). Torn records are
 /// skipped.
-pub(crate) fn read(dir: &Path, seq: u64) -> Result<(Vec<Removal>, u64)> {
+pub fn read(dir: &Path, seq: u64) -> Result<(Vec<Removal>, u64)> {
     let path = dir.join(REMOVALS_FILE);
     let mut f = match crate::files::open_regular(&path, false) {
         Ok(f) => f,
@@ -208,7 +208,7 @@ pub(crate) fn read(dir: &Path, seq: u64) -> Result<(Vec<Removal>, u64)> {
 /// Drops the first `consumed` bytes of the log in `dir` (the records an
 /// observation read, now recorded in the saved history), keeping any
 /// appended since. Call it holding the `keys` bank's lock.
-pub(crate) fn trim(dir: &Path, consumed: u64) -> Result<()> {
+pub fn trim(dir: &Path, consumed: u64) -> Result<()> {
     if consumed == 0 {
         return Ok(());
     }

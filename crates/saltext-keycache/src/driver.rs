@@ -419,11 +419,11 @@ impl Driver {
         self.refuse_around_etcd(py, &open, b)?;
         py.detach(|| -> keycache::Result<()> {
             // The write that makes the store (its banks) begins its history
-            // (see keycache::history::begin_if_missing).
+            // (see keycache_merge::history::begin_if_missing).
             if !matches!(put, Put::Master(_)) {
                 let s = open.store()?;
                 if !s.keys_table().path().exists() && !s.denied_table().path().exists() {
-                    keycache::history::begin_if_missing(&s, &Default::default(), None)?;
+                    keycache_merge::history::begin_if_missing(&s, &Default::default(), None)?;
                 }
             }
             match put {

@@ -168,6 +168,11 @@ impl EtcdOptions {
         Ok(Some(o))
     }
 
+    /// The options as the master config reader gives them.
+    pub(crate) fn into_inner(self) -> EtcdSettings {
+        self.0
+    }
+
     /// The etcd prefix, resolved when the options were read.
     fn prefix(&self) -> &str {
         self.0.prefix.as_deref().unwrap_or_default()

@@ -27,6 +27,8 @@
 //!   `keys` and `denied_keys` banks go through etcd and wait for the local
 //!   replica, which `replicate` (the Salt engine's function) keeps; each
 //!   write's runtime and connection live only inside the call.
+//! * The runner functions (`salt-run keycache.*`, see `runner`) run the
+//!   library's jobs on Salt's opts, as the `keycache` command runs them.
 //! * The audit trail (`keycache::audit`): every change the driver makes
 //!   is recorded as made by this process (see `audit`): in the store's
 //!   log, or through etcd in the change's own transaction.
@@ -46,6 +48,7 @@ mod listing;
 mod master_pub;
 mod open;
 mod replicate;
+mod runner;
 mod seen;
 mod strs;
 mod values;
@@ -247,6 +250,12 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(etcd::last_etcd_revision, m)?)?;
     m.add_function(wrap_pyfunction!(audit::audit_history, m)?)?;
     m.add_function(wrap_pyfunction!(audit::audit_program, m)?)?;
+    m.add_function(wrap_pyfunction!(runner::run_migrate, m)?)?;
+    m.add_function(wrap_pyfunction!(runner::run_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(runner::run_verify, m)?)?;
+    m.add_function(wrap_pyfunction!(runner::run_diff, m)?)?;
+    m.add_function(wrap_pyfunction!(runner::run_etcd_status, m)?)?;
+    m.add_function(wrap_pyfunction!(runner::run_etcd_diff, m)?)?;
     m.add("KeycacheError", m.py().get_type::<KeycacheError>())?;
     m.add("MAX_KEPT_VALUES", strs::MAX_KEPT_VALUES)?;
     m.add("LIST_BESIDE_FROM", listing::BESIDE_FROM)?;

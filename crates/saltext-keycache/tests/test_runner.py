@@ -2,18 +2,17 @@
 
 Each test runs this venv's ``salt-run -c CONF`` (runners run in the
 ``salt-run`` process; no master is running) on a master config of its own
-under ``tmp_path``. The runner finds the ``keycache`` binary by its lookup:
-the tests put the directory of ``KEYCACHE_BIN`` first on PATH, so a venv
-without the binary (a source install) finds that one, and an install that
-ships it (the wheel) finds its own. ``KEYCACHE_EXPECT_RUNNER_BIN``, when set,
-is the path the runner must report having run (``keycache_bin`` of its
-reports): the wheel's. Only the tests of ``keycache_bin`` set the option.
+under ``tmp_path``. The runners call the library through the driver's
+native module, on the opts Salt hands them: no ``keycache`` binary is run,
+and the directory of ``KEYCACHE_BIN`` (the command the tests use to make
+and inspect stores) is kept off salt-run's PATH.
 With ``keycache_etcd``, status and diff are checked against a real etcd
 member (``etcd_support.Etcd``), seeded by ``keycache etcd seed``.
 """
 
 import base64
 import getpass
+import importlib.util
 import json
 import os
 import pathlib
@@ -21,7 +20,6 @@ import random
 import shutil
 import subprocess
 import sys
-import sysconfig
 
 import pytest
 
@@ -96,12 +94,11 @@ def make_master(root, junk=True, extra=None):
     return root / "conf"
 
 
-def run_env(path_first=True):
-    """The environment of salt-run: KEYCACHE_BIN's directory first on PATH,
-    or (``path_first`` False) removed from it."""
+def run_env():
+    """The environment of salt-run: PATH without the directory of KEYCACHE_BIN."""
     bindir = os.path.dirname(os.path.abspath(os.environ.get("KEYCACHE_BIN") or ""))
     rest = [p for p in os.environ.get("PATH", "").split(os.pathsep) if p and os.path.abspath(p) != bindir]
-    return dict(os.environ, NO_COLOR="1", PATH=os.pathsep.join(([bindir] if path_first else []) + rest))
+    return dict(os.environ, NO_COLOR="1", PATH=os.pathsep.join(rest))
 
 
 def salt_run(conf, fun, *args, env=None):
@@ -134,26 +131,6 @@ def cli(keycache_bin, *args, check=True):
     if check and proc.returncode != 0:
         raise AssertionError(f"keycache {' '.join(args)} exited {proc.returncode}: {proc.stdout}{proc.stderr}")
     return proc
-
-
-def expected_runner_bin(keycache_bin):
-    """The binary the runner's lookup must find here: $KEYCACHE_EXPECT_RUNNER_BIN,
-    else the first of <install root>/bin/keycache and the scripts directory's
-    keycache that exists, else KEYCACHE_BIN (first on PATH)."""
-    want = os.environ.get("KEYCACHE_EXPECT_RUNNER_BIN")
-    if want:
-        return want
-    import saltext.keycache  # pylint: disable=import-outside-toplevel
-
-    root = pathlib.Path(os.path.abspath(saltext.keycache.__file__)).parents[2]
-    for path in (root / "bin" / "keycache", pathlib.Path(sysconfig.get_path("scripts")) / "keycache"):
-        if os.access(path, os.X_OK):
-            return str(path)
-    return keycache_bin
-
-
-def assert_ran(ret, keycache_bin):
-    assert ret["keycache_bin"] == expected_runner_bin(keycache_bin), ret
 
 
 def migrate_text_counts(text):
@@ -238,7 +215,6 @@ def test_verify_clean_then_damaged(tmp_path, keycache_bin):
     code, ret, proc = salt_run(conf, "keycache.verify")
     assert code == 0, proc.stdout + proc.stderr
     assert ret["result"] is True and ret["findings"] == [] and "retcode" not in ret, ret
-    assert_ran(ret, keycache_bin)
 
     # One byte of web-01's key in the heap: its record's checksum fails.
     heap = pki / ".mmap_keys.idx.heap"
@@ -308,7 +284,6 @@ def test_status_counts(tmp_path, keycache_bin):
     assert ret["counts"] == {"accepted": 3, "pending": 3, "rejected": 1, "denied": 2}, ret
     assert ret["params"]["size"] == 1009, ret
     assert ret["result"] is True and "retcode" not in ret, ret
-    assert_ran(ret, keycache_bin)
 
 
 def test_diff_needs_etcd_or_another_store(tmp_path, keycache_bin):
@@ -325,7 +300,6 @@ def test_diff_needs_etcd_or_another_store(tmp_path, keycache_bin):
     code, ret, proc = salt_run(conf, "keycache.diff", f"other={peer}")
     assert code == 0, proc.stdout + proc.stderr
     assert ret["same"] is True and ret["result"] is True, ret
-    assert_ran(ret, keycache_bin)
 
     cli(keycache_bin, "accept", str(peer), "p1", "--size", "1009")
     code, ret, proc = salt_run(conf, "keycache.diff", f"other={peer}")
@@ -344,90 +318,63 @@ def test_an_error_of_the_command_is_the_runners(tmp_path, keycache_bin):
 
     assert code == 1, proc.stdout + proc.stderr
     assert ret["retcode"] == 1, ret
-    assert ret["error"].startswith("keycache stats ("), ret
-    assert "exited 2: " in ret["error"] and "1009" in ret["error"], ret
+    assert ret["error"].startswith("keycache.status: "), ret
+    assert "1009" in ret["error"], ret
     assert "PRIVATE KEY" not in proc.stdout + proc.stderr
 
 
-def test_keycache_bin_option(tmp_path, keycache_bin):
-    missing = tmp_path / "nowhere" / "keycache"
-    conf = make_master(tmp_path / "m", extra={"keycache_bin": str(missing)})
-    before = tree_snapshot(tmp_path / "m" / "pki")
-
-    code, ret, proc = salt_run(conf, "keycache.migrate")
-
-    assert code == 1, proc.stdout + proc.stderr
-    assert ret["retcode"] == 1, ret
-    assert ret["error"].startswith(
-        f"keycache: no keycache binary found; looked for {missing} (the master option keycache_bin). "
-    ), ret
-    # what a user of the wheel, the package or a source install can do
-    assert "salt-pip" in ret["error"] and "/usr/bin/keycache" in ret["error"] and "keycache_bin: PATH" in ret["error"], ret
-    assert tree_snapshot(tmp_path / "m" / "pki") == before
-
-    # The option names the binary: it is run, PATH lacking it.
-    write_config(tmp_path / "m", {"keycache_bin": keycache_bin})
-    code, ret, proc = salt_run(conf, "keycache.migrate", env=run_env(path_first=False))
-    assert code == 0, proc.stdout + proc.stderr
-    assert migrate_text_counts(ret) == COUNTS, ret
-    code, ret, proc = salt_run(conf, "keycache.status", env=run_env(path_first=False))
-    assert code == 0, proc.stdout + proc.stderr
-    assert ret["keycache_bin"] == keycache_bin, ret
-
-
-def test_a_command_past_keycache_runner_timeout_is_killed(tmp_path, keycache_bin):
-    """A command that never finishes is killed after
-    ``keycache_runner_timeout`` seconds and the function fails saying so;
-    a timeout that is not a number of seconds is refused before anything
-    runs."""
-    stuck = tmp_path / "stuck-keycache"
-    started = tmp_path / "started"
-    stuck.write_text(f"#!/bin/sh\necho $$ > {started}\nexec sleep 600\n")
-    stuck.chmod(0o755)
-    conf = make_master(tmp_path / "m", extra={"keycache_bin": str(stuck), "keycache_runner_timeout": 2})
-
-    code, ret, proc = salt_run(conf, "keycache.status")
-
-    assert code == 1, proc.stdout + proc.stderr
-    assert ret["retcode"] == 1, ret
-    assert ret["error"] == (
-        f"keycache stats ({stuck}) did not finish within 2 s (keycache_runner_timeout) and was killed"
-    ), ret
-    pid = int(started.read_text())
-    with pytest.raises(ProcessLookupError):
-        os.kill(pid, 0)  # killed and reaped, not left behind
-
-    started.unlink()
-    write_config(tmp_path / "m", {"keycache_bin": str(stuck), "keycache_runner_timeout": "soon"})
-    code, ret, proc = salt_run(conf, "keycache.status")
-    assert code == 1, proc.stdout + proc.stderr
-    assert ret["error"] == "keycache: keycache_runner_timeout is 'soon', not a number of seconds above 0", ret
-    assert not started.exists()
-
-    # Within its time the command runs as before.
-    write_config(tmp_path / "m", {"keycache_bin": keycache_bin, "keycache_runner_timeout": 60})
-    cli(keycache_bin, "migrate", "-c", str(conf))
-    code, ret, proc = salt_run(conf, "keycache.status")
-    assert code == 0, proc.stdout + proc.stderr
-
-
-def test_the_bin_directory_beside_the_package_comes_first(tmp_path, keycache_bin):
-    """salt-pip's layout: ``pip install --target DIR`` puts the package in
-    ``DIR/saltext`` and the wheel's scripts in ``DIR/bin``."""
+def test_the_runners_run_no_keycache_binary(tmp_path, monkeypatch):
+    """A source install carries no binary: the runners call the library
+    in-process. Here, in this process, with PATH emptied, no bin directory
+    beside the package and every way to start a process refused, each
+    runner function still does its job."""
+    import salt.config  # pylint: disable=import-outside-toplevel
     import saltext.keycache  # pylint: disable=import-outside-toplevel
 
-    target = tmp_path / "extras"
-    runners = target / "saltext" / "keycache" / "runners"
+    conf = make_master(tmp_path / "m", junk=False)
+    pki = tmp_path / "m" / "pki"
+    # The runner module alone, as a source install puts it: no bin/ beside.
+    runners = tmp_path / "src" / "saltext" / "keycache" / "runners"
     shutil.copytree(pathlib.Path(saltext.keycache.__file__).parent / "runners", runners)
-    (target / "bin").mkdir()
-    os.symlink(keycache_bin, target / "bin" / "keycache")
-    conf = make_master(tmp_path / "m", extra={"runner_dirs": [str(runners)]})
-    cli(keycache_bin, "migrate", "-c", str(conf))
+    spec = importlib.util.spec_from_file_location("keycache_runner_copy", runners / "keycache.py")
+    runner = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(runner)
+    runner.__opts__ = salt.config.master_config(str(conf / "master"))
+    runner.__context__ = {}
 
-    code, ret, proc = salt_run(conf, "keycache.status", env=run_env(path_first=False))
+    def refused(*args, **kwargs):
+        raise AssertionError(f"a process was started: {args} {kwargs}")
 
-    assert code == 0, proc.stdout + proc.stderr
-    assert ret["keycache_bin"] == str(target / "bin" / "keycache"), ret
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    for name in ("Popen", "run", "call", "check_call", "check_output"):
+        monkeypatch.setattr(subprocess, name, refused)
+    monkeypatch.setattr(os, "posix_spawn", refused)
+    monkeypatch.setattr(os, "execv", refused)
+
+    ret = runner.migrate(dry_run=True)
+    assert ret.splitlines()[0] == "PKI migration dry-run (no changes written):", ret
+    ret = runner.migrate()
+    assert migrate_text_counts(ret) == {"Accepted": 4, "Pending": 2, "Rejected": 1, "Denied": 2}, ret
+    assert "    written:   kc-run.pem, kc-run.pub, master.pem, master.pub" in ret.splitlines(), ret
+    ret = runner.status()
+    assert ret["counts"] == {"accepted": 4, "pending": 2, "rejected": 1, "denied": 2}, ret
+    assert ret["result"] is True and "retcode" not in ret and "keycache_bin" not in ret, ret
+    ret = runner.verify()
+    assert ret["result"] is True and ret["findings"] == [], ret
+    (pki / "minions" / "a1").unlink()
+    ret = runner.verify()
+    assert ret["result"] is False and ret["retcode"] == 1 and runner.__context__["retcode"] == 1, ret
+    runner.__context__.clear()
+    ret = runner.verify(repair=True)
+    assert ret["result"] is True and "retcode" not in ret, ret
+    assert (pki / "minions" / "a1").read_text() == pem("minions/a1")
+    peer = tmp_path / "peer"
+    shutil.copytree(pki, peer, symlinks=True)
+    ret = runner.diff(other=str(peer))
+    assert ret["same"] is True and ret["result"] is True, ret
+    ret = runner.history("a1")
+    assert isinstance(ret, list) and all(r["id"] == "a1" for r in ret), ret
+    assert "PRIVATE KEY" not in json.dumps(runner.status()) + json.dumps(runner.verify())
 
 
 def test_etcd_status_and_diff(tmp_path, keycache_bin, etcd):
@@ -441,7 +388,6 @@ def test_etcd_status_and_diff(tmp_path, keycache_bin, etcd):
     assert code == 0, proc.stdout + proc.stderr
     assert ret["same"] is True and ret["differences"] == [] and ret["result"] is True, ret
     assert ret["prefix"] == "/keycache/default/", ret
-    assert_ran(ret, keycache_bin)
 
     code, ret, proc = salt_run(conf, "keycache.status")
     assert code == 1, proc.stdout + proc.stderr
@@ -472,6 +418,6 @@ def test_a_refused_migration_writes_nothing_and_says_why(tmp_path, keycache_bin)
 
     assert code == 1, proc.stdout + proc.stderr
     assert ret["retcode"] == 1, ret
-    assert ret["error"].startswith(f"keycache migrate ({expected_runner_bin(keycache_bin)}) exited 2: "), ret
+    assert ret["error"].startswith("keycache.migrate: "), ret
     assert long_id in ret["error"], ret
     assert tree_snapshot(pki) == before

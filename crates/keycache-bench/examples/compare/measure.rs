@@ -1,4 +1,4 @@
-//! The measuring loop (the library's `keycache::bench::measure`, each thread
+//! The measuring loop (`keycache_bench::measure::measure`, each thread
 //! pinned to a CPU), the samples of the rounds and the run's settings.
 
 use std::collections::BTreeMap;
@@ -11,7 +11,7 @@ use serde_json::{json, Value as Json};
 use crate::util::{die, median};
 
 /// Runs `threads` threads for `seconds` with the library's measuring loop
-/// ([`keycache::bench::measure`]), each thread pinned to a CPU before it
+/// ([`keycache_bench::measure::measure`]), each thread pinned to a CPU before it
 /// makes its closure: thread `t` calls `f(i)` on units i = start_t,
 /// start_t+1, ... (wrapping at `units`, thread starts spread evenly), each
 /// unit being `per_unit` lookups. Returns lookups per second, all threads
@@ -28,7 +28,7 @@ where
     F: FnMut(usize) -> u64,
 {
     let time = Duration::from_secs_f64(seconds);
-    let m = keycache::bench::measure(threads, time, units, per_unit, |t| {
+    let m = keycache_bench::measure::measure(threads, time, units, per_unit, |t| {
         pin_to_cpu(t);
         make()
     })

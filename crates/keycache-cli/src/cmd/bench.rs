@@ -1,15 +1,15 @@
 //! `keycache bench`: lookup throughput of an existing store on this
 //! machine, with the measuring loop of the library
-//! ([`keycache::bench::measure`]) that the comparison tool of
+//! ([`keycache_bench::measure::measure`]) that the comparison tool of
 //! `keycache-bench` uses too.
 
 use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use keycache::bench::{measure, touch, Measured, Rate};
 use keycache::store::{KeyBatch, Store};
 use keycache::MinionId;
+use keycache_bench::measure::{measure, touch, Measured, Rate};
 
 use crate::args::{ConfiguredStore, Json, StoreArgs};
 use crate::output::{outln, print_json, CmdError, CmdResult};

@@ -4,9 +4,9 @@
 
 use std::process::ExitCode;
 
-use keycache::history::HistoryOptions;
 use keycache::report;
 use keycache::table::OpenOptions;
+use keycache_merge::history::HistoryOptions;
 
 use crate::args::{announce_lock_wait, ConfiguredStore, Json, StoreArgs, User};
 use crate::output::{esc_path, outln, print_json, CmdError, CmdResult};
@@ -79,12 +79,13 @@ pub(crate) fn run(a: Args) -> CmdResult {
         let mut now = opts.clone();
         now.params = keycache::Params::from_files(dir, now.params);
         let store = keycache::Store::open_with(dir, &now)?;
-        let begun = keycache::history::begin_if_missing(&store, &HistoryOptions::default(), None)?;
+        let begun =
+            keycache_merge::history::begin_if_missing(&store, &HistoryOptions::default(), None)?;
         // The removal log (`.keycache-removed`, which a history makes every
         // removal append to) folded into the history, as a snapshot folds
         // it: a master that never merges does not grow it for ever.
         if !begun {
-            if let Err(e) = keycache::snapshot::take(&store, &Default::default()) {
+            if let Err(e) = keycache_merge::snapshot::take(&store, &Default::default()) {
                 crate::output::errln!(
                     "keycache: {}: the removal log was not folded into the history (a snapshot \
                      or merge will): {e}",

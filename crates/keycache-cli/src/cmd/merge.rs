@@ -1,5 +1,5 @@
 //! `keycache merge`: a peer's snapshot merged into the store: per entry,
-//! the version that wins (see `keycache::merge`), in one batch under both
+//! the version that wins (see `keycache_merge::merge`), in one batch under both
 //! banks' locks, with the key tree in step; each change recorded in the
 //! audit trail (`keycache::audit`) as a `merge`.
 
@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use keycache::history::{show_ident, History, HistoryOptions, Kind, Version};
-use keycache::merge::{self, Base, BaseFile, MergeOptions, MergePlan, PlanCounts};
-use keycache::snapshot::{Entry, Snapshot};
+use keycache_merge::history::{show_ident, History, HistoryOptions, Kind, Version};
+use keycache_merge::merge::{self, Base, BaseFile, MergeOptions, MergePlan, PlanCounts};
+use keycache_merge::snapshot::{Entry, Snapshot};
 
 use crate::args::{announce_lock_wait, Json, Reason, StoreArgs};
 use crate::cmd::snapshot::lock_wait;
@@ -129,9 +129,9 @@ fn read(h: &History, path: &Path) -> Result<Snapshot, CmdError> {
 }
 
 /// `e`, naming the snapshot's file (`path`) when it is about the snapshot.
-fn name_snapshot(e: keycache::Error, path: &Path) -> keycache::Error {
+fn name_snapshot(e: keycache_merge::Error, path: &Path) -> keycache_merge::Error {
     match e {
-        keycache::Error::UnknownCluster {
+        keycache_merge::Error::UnknownCluster {
             side,
             snapshot: true,
             why,
@@ -141,7 +141,7 @@ fn name_snapshot(e: keycache::Error, path: &Path) -> keycache::Error {
             } else {
                 esc_path(path)
             };
-            keycache::Error::UnknownCluster {
+            keycache_merge::Error::UnknownCluster {
                 side: side.replacen("the snapshot", &format!("the snapshot {file}"), 1),
                 snapshot: true,
                 why,
@@ -293,7 +293,7 @@ pub(crate) fn run(a: Args) -> CmdResult {
     let history = History::load(store.dir(), &opts.history)?;
     let theirs = read(&history, &theirs_path)?;
     // Before the base is prepared: a refusal leaves no file behind.
-    let cluster = keycache::history::cluster_of(&store)?;
+    let cluster = keycache_merge::history::cluster_of(&store)?;
     merge::check_cluster_known(Some(store.dir()), cluster, &theirs, &opts)
         .map_err(|e| name_snapshot(e, &theirs_path))?;
     if let Some(b) = &base {

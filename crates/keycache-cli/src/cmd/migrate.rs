@@ -4,12 +4,13 @@ use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use keycache::master_keys::{self, MasterKeyOptions, MasterKeysReport, OnDiffer};
-use keycache::migrate::{self, MigrateOptions, Report as MigrateReport};
+use keycache::master_keys::{MasterKeysReport, OnDiffer};
+use keycache::migrate::{MigrateOptions, Report as MigrateReport};
 use keycache::table::OpenOptions;
+use keycache_config::migrate::{self, Dirs, Job, MasterId, MigrateError, Migrated};
 
 use crate::args::{announce_lock_wait, Json, StoreArgs, User};
-use crate::master_config::{MasterConfig, Origin, Setting};
+use crate::master_config::{Origin, Setting};
 use crate::output::{errln, esc, esc_path, outln, print_json, CmdError, CmdResult};
 
 /// The arguments of `keycache migrate`.
@@ -63,33 +64,6 @@ pub(crate) struct Args {
     json: Json,
     #[command(flatten)]
     layout: StoreArgs,
-}
-
-/// The report of `keycache migrate`: the key banks' and the master's keys'.
-#[derive(serde::Serialize)]
-struct Out<'a> {
-    #[serde(flatten)]
-    report: &'a MigrateReport,
-    master_keys: Option<MasterKeysReport>,
-    /// The master id the master_keys names were derived from, and where it
-    /// came from.
-    master_id: Option<&'a MasterId>,
-}
-
-/// The master's id as Salt's opts hold it, and where keycache found it.
-#[derive(Debug, Clone, serde::Serialize)]
-struct MasterId {
-    id: String,
-    from: String,
-}
-
-/// The master's own keys, collected and checked before anything is
-/// written.
-struct MasterPlan {
-    id: MasterId,
-    dir: PathBuf,
-    collected: master_keys::Collected,
-    plan: MasterKeysReport,
 }
 
 /// Runs `keycache migrate`.
@@ -158,47 +132,45 @@ pub(crate) fn run(a: Args) -> CmdResult {
         ownership,
         ..a.layout.options(params)
     };
-    let opts = MigrateOptions {
-        rebuild_settle: open.rebuild_settle,
-        params,
-        out: cluster_dir.clone(),
-        dry_run: a.dry_run,
-        replace: a.replace,
-        replace_states: a.replace_states,
-        skip_long_ids: a.skip_long_ids,
-        ownership,
+    let job = Job {
+        opts: MigrateOptions {
+            rebuild_settle: open.rebuild_settle,
+            params,
+            out: cluster_dir.clone(),
+            dry_run: a.dry_run,
+            replace: a.replace,
+            replace_states: a.replace_states,
+            skip_long_ids: a.skip_long_ids,
+            ownership,
+            // The store made, its history begins (for the peer merge).
+            made: Some(keycache_merge::history::begin_on_migration()),
+        },
+        master_id: (!a.no_master_keys).then(|| {
+            let flag = a.master_id.clone().map(|id| (id, "--master-id"));
+            migrate::master_id(flag, config.as_ref(), &pki_dir)
+        }),
+        on_differ: if a.replace_master_keys {
+            OnDiffer::Replace
+        } else {
+            OnDiffer::Refuse
+        },
+        dirs: Dirs {
+            pki_dir,
+            cluster_dir,
+            tree,
+        },
+        open,
     };
-    let on_differ = if a.replace_master_keys {
-        OnDiffer::Replace
-    } else {
-        OnDiffer::Refuse
-    };
-    // The master's keys are found and checked first: a refusal leaves the
-    // key banks untouched too.
-    let master = if a.no_master_keys {
-        None
-    } else {
-        let id = master_id(a.master_id.clone(), config.as_ref(), &pki_dir);
-        plan_master_keys(&pki_dir, cluster_dir.as_deref(), id, on_differ, &open)?
-    };
-    let report = migrate_with_progress(&tree, &opts)?;
-    let master_keys = match &master {
-        Some(m) if !a.dry_run => Some(master_keys::write(&m.dir, &m.collected, &open, on_differ)?),
-        Some(m) => Some(m.plan.clone()),
-        None => None,
-    };
+    let out = migrate_with_progress(&job)?;
     if a.json.json {
-        print_json(&Out {
-            report: &report,
-            master_keys,
-            master_id: master.as_ref().map(|m| &m.id),
-        });
+        print_json(&out);
     } else {
-        print_text(&report);
-        if let (Some(r), Some(m)) = (&master_keys, &master) {
-            print_master_keys(r, &m.id);
+        print_text(&out.report);
+        if let (Some(r), Some(m)) = (&out.master_keys, &out.master_id) {
+            print_master_keys(r, m);
         }
     }
+    let report = &out.report;
     let stale = report.changes.iter().filter(|c| c.stale).count();
     if report.dry_run && stale > 0 && !a.replace_states {
         errln!(
@@ -208,109 +180,6 @@ pub(crate) fn run(a: Args) -> CmdResult {
         );
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// The master's id as Salt's opts hold it: `--master-id`, else the master
-/// config's `id` (what Salt's `apply_master_config` keeps), else the one
-/// read off the `master.pem` symlink of a Salt 3008 pki_dir, else
-/// `master` (the names of a tree from before Salt 3008).
-fn master_id(flag: Option<String>, config: Option<&MasterConfig>, pki_dir: &Path) -> MasterId {
-    if let Some(id) = flag {
-        return MasterId {
-            id,
-            from: "--master-id".into(),
-        };
-    }
-    if let Some(s) = config.and_then(|c| c.id.as_ref()) {
-        if !s.value.is_empty() {
-            return MasterId {
-                id: s.value.clone(),
-                from: s.from.to_string(),
-            };
-        }
-    }
-    if let Some((id, target)) = master_id_of(pki_dir) {
-        return MasterId {
-            id,
-            from: format!("the master.pem symlink (-> {})", esc_path(&target)),
-        };
-    }
-    MasterId {
-        id: "master".into(),
-        from: "no --master-id, no `id` in a master config (-c), no master.pem symlink into \
-               PKI_DIR"
-            .into(),
-    }
-}
-
-/// The master's id off a Salt 3008 pki_dir: `master.pem` is a symlink to
-/// `<master_id>.pem` there (crypt.py `_setup_keys`), and the id is that
-/// with `_master`. The link's directory and `pki_dir` are compared
-/// resolved (canonical): Salt writes the link with the configured, absolute
-/// `pki_dir`, which a relative PKI_DIR given here does not spell alike.
-/// Returns the id and the link's target.
-fn master_id_of(pki_dir: &Path) -> Option<(String, PathBuf)> {
-    let target = std::fs::read_link(pki_dir.join("master.pem")).ok()?;
-    let name = target.file_name()?.to_str()?;
-    let stem = name.strip_suffix(".pem")?.to_owned();
-    if stem.is_empty() || stem == "master" {
-        return None;
-    }
-    let parent = match target.parent() {
-        Some(p) if !p.as_os_str().is_empty() => pki_dir.join(p),
-        _ => pki_dir.to_path_buf(),
-    };
-    let here = std::fs::canonicalize(pki_dir).ok()?;
-    (std::fs::canonicalize(parent).ok()? == here).then(|| (format!("{stem}_master"), target))
-}
-
-/// Collects the master's own keys and plans their write (a plan only: the
-/// write comes after the key banks'); `None` when the tree holds none of
-/// them. Refuses, writing nothing, when the bank holds other bytes under a
-/// name (unless `on_differ` replaces), and when the master has key files
-/// but the bank would not hold its pair under the names Salt's
-/// `MasterKeys` looks for (Salt would then generate a new one).
-fn plan_master_keys(
-    pki_dir: &Path,
-    cluster_dir: Option<&Path>,
-    id: MasterId,
-    on_differ: OnDiffer,
-    open: &OpenOptions,
-) -> Result<Option<MasterPlan>, CmdError> {
-    if !pki_dir.is_dir() {
-        // The migration refuses it, with its own message.
-        return Ok(None);
-    }
-    let mopts = MasterKeyOptions::new(id.id.clone());
-    let collected = master_keys::collect(pki_dir, cluster_dir, &mopts)?;
-    let own = master_keys::own_key_files(pki_dir, &mopts)?;
-    if collected.files.is_empty() && own.is_empty() {
-        return Ok(None);
-    }
-    let dir = master_keys::store_dir(pki_dir, cluster_dir).to_path_buf();
-    let plan = master_keys::plan(&dir, &collected, open, on_differ)?;
-    if !own.is_empty() && !plan.holds_master_pair(&mopts) {
-        let mid = mopts.master_id();
-        let files: Vec<String> = own.iter().map(|p| esc_path(p)).collect();
-        return Err(CmdError::usage(format!(
-            "{}: the master's key pair is not where Salt's MasterKeys looks for it \
-             ({mid}.pem, else master.pem, for the master id {} from {}), but the directory \
-             holds master key files ({}): migrated so, the master would generate a new pair \
-             and its minions (and cluster peers) would refuse it. Give the master's id as \
-             Salt's opts hold it (`id` in the master config read with -c, or --master-id ID), \
-             or leave the master_keys bank alone with --no-master-keys; nothing was written",
-            esc_path(pki_dir),
-            esc(&id.id),
-            id.from,
-            files.join(", ")
-        )));
-    }
-    Ok(Some(MasterPlan {
-        id,
-        dir,
-        collected,
-        plan,
-    }))
 }
 
 /// The master keys part of the text report: names only.
@@ -341,10 +210,7 @@ fn print_master_keys(r: &MasterKeysReport, id: &MasterId) {
 }
 
 /// Migrates, with a progress bar on stderr when it is a terminal.
-fn migrate_with_progress(
-    pki_dir: &std::path::Path,
-    opts: &MigrateOptions,
-) -> keycache::Result<MigrateReport> {
+fn migrate_with_progress(job: &Job) -> Result<Migrated, CmdError> {
     let bar = std::io::stderr().is_terminal().then(|| {
         let b = indicatif::ProgressBar::new(0);
         b.set_style(
@@ -361,11 +227,14 @@ fn migrate_with_progress(
             b.set_position(done);
         }
     };
-    let report = migrate::migrate(pki_dir, opts, &progress);
+    let out = migrate::migrate(job, &progress);
     if let Some(b) = &bar {
         b.finish_and_clear();
     }
-    report
+    out.map_err(|e| match e {
+        MigrateError::Store(e) => CmdError::from(e),
+        e => CmdError::usage(esc(&e.to_string())),
+    })
 }
 
 fn print_text(report: &MigrateReport) {

@@ -1,13 +1,13 @@
 //! `keycache snapshot`: the `keys` and `denied_keys` banks as of one moment,
 //! with each entry's version and the store's tombstones, in one checksummed
-//! file (see `keycache::snapshot`), to stdout or a file: what `keycache
+//! file (see `keycache_merge::snapshot`), to stdout or a file: what `keycache
 //! merge` on another peer reads.
 
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use keycache::snapshot::{self, Snapshot, SnapshotOptions};
+use keycache_merge::snapshot::{self, Snapshot, SnapshotOptions};
 
 use crate::args::{ConfiguredStore, StoreArgs};
 use crate::output::{errln, esc_path, CmdError, CmdResult};
@@ -71,9 +71,9 @@ pub(crate) fn run(a: Args) -> CmdResult {
     }
     let opts = SnapshotOptions {
         lock_wait: lock_wait(a.lock_wait)?,
-        history: keycache::history::HistoryOptions {
+        history: keycache_merge::history::HistoryOptions {
             horizon: Duration::from_secs(a.horizon_days.saturating_mul(86_400)),
-            ..keycache::history::HistoryOptions::default()
+            ..keycache_merge::history::HistoryOptions::default()
         },
     };
     let _ = &a.seen;

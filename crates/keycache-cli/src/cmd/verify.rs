@@ -1,7 +1,6 @@
 //! `keycache verify [--repair]`: the consistency check of both banks.
 
-use keycache::tree::{TreeDisagreement, TreeRepair};
-use keycache::verify::{check_store, missing_key_tree, BankFinding, VerifyReport};
+use keycache::verify::{check_and_mend, BankFinding, TreeVerify, VerifyReport};
 
 use crate::args::{ConfiguredStore, Json, StoreArgs};
 use crate::cmd::state::TreeMode;
@@ -36,25 +35,6 @@ pub(crate) struct Args {
     layout: StoreArgs,
 }
 
-/// What `keycache verify` prints with `--json`: the banks' report, and the
-/// tree's when it was checked.
-#[derive(serde::Serialize)]
-struct Out<'a> {
-    #[serde(flatten)]
-    report: &'a VerifyReport,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    tree: Option<TreeOut>,
-}
-
-/// The key tree's part of the report.
-#[derive(serde::Serialize)]
-struct TreeOut {
-    /// What disagrees with the store (after the repair, with `--repair`).
-    disagreements: Vec<TreeDisagreement>,
-    /// What `--repair` did.
-    repaired: Option<TreeRepair>,
-}
-
 /// Runs `keycache verify`: exit code 0 when the store (and its key tree,
 /// when checked) is clean, or was repaired back to clean without losing an
 /// entry.
@@ -62,83 +42,23 @@ pub(crate) fn run(a: Args) -> CmdResult {
     // The mode decides which state directories are compared and mended.
     let (store, mode, master) =
         TreeMode::open_master(a.tree, &a.layout, &a.store.dir(), TreeMode::Auto)?;
-    let tree_on = store.tree().is_on();
-    if a.repair && tree_on {
-        // Before anything is repaired: a tree mended toward no store loses
-        // every key file.
-        keycache::tree::require_store(&store)?;
-    }
-    let mut report = check_store(&store, a.repair)?;
-    // The entries a repair could not keep leave the store: each a change
-    // of the key state, recorded once the rebuild is done (what the entry
-    // held cannot be read: no states, no fingerprint).
-    let lost: Vec<keycache::audit::Record> = report
-        .repaired
-        .iter()
-        .flat_map(|r| r.lost.iter())
-        .map(|(id, _)| {
-            crate::args::actor(master.clone(), a.reason.reason.clone(), Some("repair"))
-                .record(id, std::time::SystemTime::now())
-        })
-        .collect();
-    keycache::audit::append(store.dir(), &lost)?;
-    // A store with accepted keys and no tree at all (auto finds none to
-    // compare): Salt's validate_token refuses every accepted minion.
-    let no_tree = if mode == TreeMode::Auto && !tree_on {
-        missing_key_tree(&store)?
-    } else {
-        None
-    };
-    let tree = if tree_on || (a.repair && no_tree.is_some()) {
-        let repaired = if a.repair {
-            Some(keycache::tree::mend(&store)?)
-        } else {
-            None
-        };
-        match keycache::tree::check(&store) {
-            Ok(disagreements) => Some(TreeOut {
-                disagreements,
-                repaired,
-            }),
-            // An entry of the damaged banks cannot be read: they are
-            // reported; the tree is compared once they are repaired.
-            Err(e) if e.is_corrupt() && !report.clean && !a.repair => None,
-            Err(e) => return Err(e.into()),
-        }
-    } else {
-        None
-    };
-    if let (Some(finding), false) = (no_tree, a.repair) {
-        report.findings.push(BankFinding {
-            bank: "keys",
-            finding,
-        });
-        report.clean = false;
-    }
-    let tree_ok = tree.as_ref().is_none_or(|t| t.disagreements.is_empty());
-    // `clean` says there is nothing to report: never beside the tree's
-    // findings.
-    if !tree_ok {
-        report.clean = false;
-    }
+    let actor = crate::args::actor(master, a.reason.reason.clone(), None);
+    let out = check_and_mend(&store, a.repair, mode == TreeMode::Auto, &actor)?;
     if a.json.json {
-        print_json(&Out {
-            report: &report,
-            tree,
-        });
+        print_json(&out);
     } else {
-        print_text(&report);
-        if let Some(t) = &tree {
+        print_text(&out.report);
+        if let Some(t) = &out.tree {
             print_tree(t);
         }
-        if report.clean && tree_ok {
+        if out.report.clean && out.tree_ok() {
             outln!("{}: clean", esc_path(store.dir()));
         }
     }
-    Ok(exit(report.passed() && tree_ok))
+    Ok(exit(out.passed()))
 }
 
-fn print_tree(t: &TreeOut) {
+fn print_tree(t: &TreeVerify) {
     if let Some(r) = &t.repaired {
         print_tree_changes("tree: ", "", &r.written, &r.removed);
     }

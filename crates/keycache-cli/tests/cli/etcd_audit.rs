@@ -15,8 +15,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use keycache::audit::{Actor, Record};
-use keycache::snapshot::Bank;
 use keycache::store::KeyState;
+use keycache::Bank;
 use keycache::MinionId;
 use keycache_etcd::write::{Decision, Writer};
 use keycache_etcd::{block_on, Settings, Value};

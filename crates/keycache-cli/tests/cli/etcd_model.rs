@@ -25,8 +25,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use keycache::snapshot::Bank;
 use keycache::store::KeyState;
+use keycache::Bank;
 use keycache::MinionId;
 use keycache_etcd::write::Writer;
 use keycache_etcd::Value as EtcdValue;

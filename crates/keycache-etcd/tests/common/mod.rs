@@ -6,9 +6,9 @@ use std::path::Path;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use keycache::snapshot::Bank;
 use keycache::store::Store;
 use keycache::tree::TreeSync;
+use keycache::Bank;
 use keycache::MinionId;
 use keycache_etcd::{block_on, ReplicaState, Replicator, Report, Settings, Value};
 use keycache_testkit::common::pem;

@@ -314,6 +314,7 @@ pub fn migrate_tree(data: &[u8]) {
         skip_long_ids: skip_long,
         ownership: None,
         rebuild_settle: Duration::ZERO,
+        made: Some(keycache_merge::history::begin_on_migration()),
     };
     let r = migrate::migrate(&pki, &mo, &|_, _| {});
     assert_eq!(snapshot(&pki), tree_before, "the tree changed");

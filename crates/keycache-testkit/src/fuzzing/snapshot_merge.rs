@@ -12,10 +12,10 @@
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use keycache::history::Kind;
-use keycache::merge::{self, Action, MergeOptions};
-use keycache::snapshot::{self, Snapshot, SnapshotOptions};
 use keycache::{KeyState, MinionId, OpenOptions, Store};
+use keycache_merge::history::Kind;
+use keycache_merge::merge::{self, Action, MergeOptions};
+use keycache_merge::snapshot::{self, Snapshot, SnapshotOptions};
 
 /// A store made once per process: a few keys in every state, a denied
 /// key, a tombstone, and its history on disk.
@@ -74,7 +74,7 @@ pub fn snapshot_merge(data: &[u8]) {
         ..MergeOptions::default()
     };
     // As `keycache merge` reads it, and in full.
-    let h = keycache::history::History::load(d, &opts.history).expect("history");
+    let h = keycache_merge::history::History::load(d, &opts.history).expect("history");
     let filtered = merge::read_snapshot(&h, &mut &data[..], "fuzz");
     let full = Snapshot::from_bytes(data, "fuzz");
     assert_eq!(
@@ -112,13 +112,13 @@ pub fn snapshot_merge(data: &[u8]) {
             Action::Held => {
                 assert_eq!(t.kind, Kind::Accepted);
                 assert_eq!(e.result.kind, Kind::Pending);
-                assert_eq!(e.result.pub_key, t.pub_key);
+                assert_eq!(e.result.public_key, t.public_key);
             }
             _ => assert_eq!(&e.result, t, "the plan writes their version as it is"),
         }
         if e.result.kind != Kind::Absent {
             assert!(
-                keycache::pem::check_public_key(&e.result.pub_key).is_ok(),
+                keycache::pem::check_public_key(&e.result.public_key).is_ok(),
                 "{:?}: not a public key",
                 e.id()
             );

@@ -84,7 +84,14 @@ pub struct MigrateOptions {
     pub ownership: Option<Ownership>,
     /// [`OpenOptions::rebuild_settle`] of the rebuild that swaps the banks in.
     pub rebuild_settle: std::time::Duration,
+    /// Called once the store is made, before [`migrate`] returns (not on a
+    /// dry run): the peer merge begins the store's history here.
+    pub made: Option<Made>,
 }
+
+/// A hook of [`MigrateOptions::made`]: the store just made, and the tree it
+/// was made from.
+pub type Made = std::sync::Arc<dyn Fn(&Store, &Path) -> Result<()> + Send + Sync>;
 
 impl Default for MigrateOptions {
     fn default() -> Self {
@@ -97,6 +104,7 @@ impl Default for MigrateOptions {
             skip_long_ids: false,
             ownership: None,
             rebuild_settle: crate::rebuild::DEFAULT_SETTLE,
+            made: None,
         }
     }
 }
@@ -559,10 +567,9 @@ pub fn migrate(
         } else {
             report.minions_removed = changes.removed;
         }
-        // The store is made: its history begins, a revocation stamped no
-        // earlier than its tree file's ctime.
-        let since = |bank, id: &str| crate::history::tree_ctime(pki_dir, bank, id);
-        crate::history::begin_if_missing(store, &Default::default(), Some(&since))?;
+        if let Some(made) = &opts.made {
+            made(store, pki_dir)?;
+        }
     }
     report.changes = tree.changes(&plan, pki_dir);
     report.kept = plan.kept;

@@ -154,13 +154,32 @@ impl Store {
     /// a merge checks every entry it replaces.
     /// `after` runs once the banks (and the tree) are written, still under
     /// both locks.
-    pub fn batch_locked<T>(
+    /// The errors of `f` and `after` are the caller's own (a crate over the
+    /// engine has its own error type), the batch's converted into it.
+    pub fn batch_locked<T, E: From<Error>>(
         &self,
-        f: impl FnOnce(&mut Batch<'_, '_>) -> Result<T>,
-        after: impl FnOnce() -> Result<()>,
-    ) -> Result<(T, Applied, TreeChanges)> {
+        f: impl FnOnce(&mut Batch<'_, '_>) -> std::result::Result<T, E>,
+        after: impl FnOnce() -> std::result::Result<(), E>,
+    ) -> std::result::Result<(T, Applied, TreeChanges), E> {
+        // The caller's error, carried through the batch (which aborts on
+        // it as on its own) and handed back as it was.
+        let theirs = std::cell::RefCell::new(None);
+        let keep = |e: E| {
+            *theirs.borrow_mut() = Some(e);
+            Error::Hook("the caller's batch failed".into())
+        };
         // A merge records its removals in the history itself: no log.
-        self.batch_inner(true, false, f, after)
+        let r = self.batch_inner(
+            true,
+            false,
+            |b| f(b).map_err(keep),
+            || after().map_err(keep),
+        );
+        match (r, theirs.into_inner()) {
+            (Ok(done), _) => Ok(done),
+            (Err(Error::Hook(_)), Some(e)) => Err(e),
+            (Err(e), _) => Err(e.into()),
+        }
     }
 
     /// Wipes `bank`, as Salt's `flush(bank)` does, with the tree in step:

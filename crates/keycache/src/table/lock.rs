@@ -41,15 +41,17 @@ impl Table {
     /// the writer's mapping: for reads that must see no write half-made
     /// (a snapshot of both banks). The `flock` is waited for at most
     /// `wait`, then [`Error::Busy`].
-    pub(crate) fn read_locked<T>(
+    /// `f`'s error is the caller's own (a crate over the engine has its
+    /// own error type), the lock's converted into it.
+    pub fn read_locked<T, E: From<Error>>(
         &self,
         wait: Duration,
-        f: impl FnOnce() -> Result<T>,
-    ) -> Result<T> {
+        f: impl FnOnce() -> std::result::Result<T, E>,
+    ) -> std::result::Result<T, E> {
         self.locked_within(Some(wait), |_| {
             self.refresh(true)?;
-            f()
-        })
+            Ok(f())
+        })?
     }
 
     /// [`Table::locked`], waiting for the `flock` at most `wait` when given.

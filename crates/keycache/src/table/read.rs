@@ -508,9 +508,9 @@ impl Table {
             }))
     }
 
-    /// [`Table::read_slot`] into buffers the caller reuses: `id` and
+    /// `Table::read_slot` into buffers the caller reuses: `id` and
     /// `value` are replaced by the entry's; returns its mtime and slot.
-    pub(crate) fn read_slot_into(
+    pub fn read_slot_into(
         &self,
         slot: u64,
         buf: &mut Vec<u8>,

@@ -130,7 +130,7 @@ pub(super) fn record_lost(t: &Table, lost: &[LostEntry], live: &HashSet<&[u8]>) 
 /// `YYYY-MM-DD HH:MM:SS UTC` of Unix seconds.
 pub(super) fn utc(secs: u64) -> String {
     let (days, rem) = (secs / 86_400, secs % 86_400);
-    let (y, m, d) = crate::hlc::civil_from_days(days);
+    let (y, m, d) = crate::clock::civil_from_days(days);
     format!(
         "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02} UTC",
         rem / 3600,

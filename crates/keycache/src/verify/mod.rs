@@ -534,6 +534,7 @@ fn segment_findings(t: &Table, scan: &Scan) -> Vec<Finding> {
 
 // -- The lost-entries file -------------------------------------------------------
 
+mod job;
 mod lost;
 mod repair;
 mod report;
@@ -541,6 +542,7 @@ mod report;
 mod tests;
 mod tree;
 
+pub use job::{check_and_mend, StoreVerify, TreeVerify};
 use lost::{lost_findings, record_lost};
 pub use lost::{lost_path, read_lost, LostEntry};
 use repair::orphaned_roster_entries;

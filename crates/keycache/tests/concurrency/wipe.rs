@@ -10,9 +10,9 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use keycache::format::KEYS_INDEX;
-use keycache::snapshot::Bank;
 use keycache::table::Table;
 use keycache::tree::TreeSync;
+use keycache::Bank;
 use keycache::{KeyState, MinionId, Store};
 
 use super::*;

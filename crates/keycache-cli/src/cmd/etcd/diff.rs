@@ -3,41 +3,21 @@
 
 use std::path::Path;
 
-use keycache_etcd::{block_on, status};
+use keycache_etcd::status;
 
 use crate::output::{esc, esc_path, exit, outln, print_json, CmdResult};
-
-/// What `keycache etcd diff` found.
-#[derive(Debug, serde::Serialize)]
-struct Out<'a> {
-    dir: &'a Path,
-    prefix: &'a str,
-    /// The etcd revision listed.
-    revision: i64,
-    same: bool,
-    differences: &'a [status::Difference],
-}
 
 /// Runs `keycache etcd diff`: exit code 1 when the store and etcd differ.
 pub(crate) fn run(a: super::Plain) -> CmdResult {
     let settings = super::required(&a.layout, "etcd diff")?;
     let store = a.layout.open(Path::new(""))?;
-    let (revision, d) = block_on(async {
-        let mut client = settings.connect().await?;
-        status::diff(&mut client, &settings, &store).await
-    })?;
-    let out = Out {
-        dir: store.dir(),
-        prefix: settings.layout.prefix(),
-        revision,
-        same: d.is_empty(),
-        differences: &d,
-    };
+    let out = status::diff_report(&settings, &store)?;
     if a.json.json {
         print_json(&out);
         return Ok(exit(out.same));
     }
-    for e in &d {
+    let (d, revision) = (&out.differences, out.revision);
+    for e in d {
         let what = format!("{}/{}", e.bank, esc(&e.id));
         match (&e.store, &e.etcd) {
             (Some(s), None) => outln!("only in the store: {what} ({s})"),
@@ -53,7 +33,7 @@ pub(crate) fn run(a: super::Plain) -> CmdResult {
         outln!(
             "same: {} holds what etcd holds under {} at revision {revision}",
             esc_path(store.dir()),
-            esc(out.prefix)
+            esc(&out.prefix)
         );
     }
     Ok(exit(out.same))

@@ -5,43 +5,22 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use anstyle::AnsiColor;
-use keycache_etcd::{block_on, status};
+use keycache_etcd::status;
 
 use crate::output::{esc, esc_path, exit, fmt_time, outln, paint, print_json, CmdResult};
-
-/// The status and the bound it was judged by.
-#[derive(Debug, serde::Serialize)]
-struct Out<'a> {
-    #[serde(flatten)]
-    status: &'a status::Status,
-    /// The store directory.
-    dir: &'a Path,
-    /// keycache_etcd's stale_after, in ms.
-    stale_after_ms: u128,
-}
 
 /// Runs `keycache etcd status`: exit code 1 when the replica is stale or
 /// etcd cannot be reached.
 pub(crate) fn run(a: super::Plain) -> CmdResult {
     let settings = super::required(&a.layout, "etcd status")?;
     let store = a.layout.open(Path::new(""))?;
-    let st = block_on(async {
-        let mut client = settings.connect().await;
-        let c = match &mut client {
-            Ok(c) => Ok(c),
-            Err(e) => Err(keycache_etcd::Error::Config(e.to_string())),
-        };
-        status::status(&settings, &store, c).await
-    })?;
-    let ok = !st.stale && st.etcd_error.is_none();
+    let report = status::status_report(&settings, &store)?;
+    let ok = report.ok();
     if a.json.json {
-        print_json(&Out {
-            status: &st,
-            dir: store.dir(),
-            stale_after_ms: settings.stale_after.as_millis(),
-        });
+        print_json(&report);
         return Ok(exit(ok));
     }
+    let st = &report.status;
     outln!("store:            {}", esc_path(store.dir()));
     outln!("prefix:           {}", esc(&st.prefix));
     outln!(

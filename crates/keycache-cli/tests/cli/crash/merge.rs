@@ -43,9 +43,9 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use crate::common::{check_ok, gen_pki_tree, small, Params, ParamsExt};
-use keycache::merge::{self, MergeOptions};
-use keycache::snapshot::{self, Snapshot, SnapshotOptions};
 use keycache::{tree, KeyState, MinionId, Store};
+use keycache_merge::merge::{self, MergeOptions};
+use keycache_merge::snapshot::{self, Snapshot, SnapshotOptions};
 use keycache_testkit::crash::{copy_dir, copy_tree, env_u64, Cli};
 use keycache_testkit::rng::Rng;
 use keycache_testkit::tracer;
@@ -187,7 +187,7 @@ fn versions(s: &Snapshot) -> Vec<String> {
                 e.id,
                 e.kind.name(),
                 e.stamp,
-                keycache::format::hash(&e.pub_key)
+                keycache::format::hash(&e.public_key)
             )
         })
         .collect()

@@ -28,8 +28,8 @@ use std::io::{BufRead, BufReader};
 use std::time::{Duration, Instant};
 
 use crate::common::{check_ok, env_u64, small, Params, ParamsExt};
-use keycache::history::Kind;
-use keycache::snapshot::Snapshot;
+use keycache_merge::history::Kind;
+use keycache_merge::snapshot::Snapshot;
 use serde_json::Value;
 
 /// Segments of 8 KiB: Salt's writer rolls one every dozen values.
@@ -146,7 +146,7 @@ fn read_snapshot(bytes: &[u8], ctx: &str) -> (State, u64, Tombstones) {
             continue;
         }
         let state = e.state().map_or("", |st| st.name()).to_owned();
-        let prev = s.insert((bank.clone(), e.id.clone()), (state, e.pub_key.clone()));
+        let prev = s.insert((bank.clone(), e.id.clone()), (state, e.public_key.clone()));
         assert!(
             prev.is_none(),
             "{ctx}: {bank}/{} twice in the snapshot",

@@ -27,8 +27,8 @@ use crate::common::{
     check_ok, files, files_changed as changes, gen_pki_tree, kc, reseal, small, snapshot_bytes,
     snapshot_parts, stderr, Params, ParamsExt, RawEntry,
 };
-use keycache::snapshot::{Snapshot, HEADER_LEN, MAGIC, TRAILER_LEN};
 use keycache::{KeyState, MinionId, Store};
+use keycache_merge::snapshot::{Snapshot, HEADER_LEN, MAGIC, TRAILER_LEN};
 
 fn layout() -> Params {
     small(1009, 16 * 1024)

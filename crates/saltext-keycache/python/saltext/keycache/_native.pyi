@@ -1,6 +1,6 @@
 """Type stubs of saltext.keycache._native (the pyo3 core)."""
 
-from typing import Any, Callable, Literal, Optional, Union
+from typing import Any, Callable, Literal, Mapping, Optional, Union
 
 MAX_KEPT_VALUES: int
 """How many value strs (public keys) a bank keeps between listings (100,000)."""
@@ -92,6 +92,31 @@ def audit_history(
 
 def audit_program() -> str:
     """The program this process's changes are recorded as: the base name of sys.argv[0]."""
+
+# The runner functions' jobs (salt-run keycache.*): the library's, as the keycache command runs
+# them, on Salt's master opts (__opts__: pki_dir, cluster_id, cluster_pki_dir, mmap_key_*, id,
+# keycache_tree, keycache_etcd). Each returns the document the command's --json prints and
+# whether it passed (the command's exit code 0); an error raises the registered error class.
+
+def run_migrate(
+    opts: Mapping[str, Any], *, dry_run: bool = False, replace_states: bool = False
+) -> tuple[dict[str, Any], bool]:
+    """keycache migrate: the master's localfs_key tree and own keys into its store (dry_run: nothing written)."""
+
+def run_stats(opts: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
+    """keycache stats: counts per state, each bank's slots, probe lengths and heap."""
+
+def run_verify(opts: Mapping[str, Any], *, repair: bool = False) -> tuple[dict[str, Any], bool]:
+    """keycache verify [--repair]: the banks and the key tree; passed when clean (or repaired clean)."""
+
+def run_diff(opts: Mapping[str, Any], other: str) -> tuple[dict[str, Any], bool]:
+    """keycache diff <the master's store> <other>: passed when they hold the same entries."""
+
+def run_etcd_status(opts: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
+    """keycache etcd status: the replica against etcd; passed when current and etcd answered."""
+
+def run_etcd_diff(opts: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
+    """keycache etcd diff: the master's store against etcd; passed when the same."""
 
 def set_error_class(cls: type) -> None:
     """Registers the exception class errors are raised as (Salt's SaltCacheError)."""

@@ -4,7 +4,8 @@
 use std::collections::BTreeSet;
 use std::process::Command;
 
-use keycache::snapshot::{Bank, Snapshot};
+use keycache::Bank;
+use keycache_merge::snapshot::Snapshot;
 use serde_json::Value;
 
 use crate::common::{check_ok, s, ParamsExt, Rng};

@@ -1,7 +1,7 @@
 //! Random operations on a peer: sign-ins, denied keys and accepts through
 //! Salt's own writer, then `keycache accept`, `reject` and `delete`.
 
-use keycache::snapshot::Bank;
+use keycache::Bank;
 use serde_json::{json, Value};
 
 use crate::common::{s, salt, Rng};

@@ -6,7 +6,7 @@
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
-use keycache::snapshot::Bank;
+use keycache::Bank;
 
 use crate::common;
 use crate::common::pem;

@@ -4,8 +4,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use keycache::history::{value_hash, Kind};
-use keycache::snapshot::{Bank, Snapshot};
+use keycache::Bank;
+use keycache_merge::history::{value_hash, Kind};
+use keycache_merge::snapshot::Snapshot;
 
 use super::store::Model;
 
@@ -26,11 +27,11 @@ fn versions(snap: &Snapshot) -> BTreeMap<(Bank, String), Ver> {
                 Kind::Absent => (4, None),
             };
             let hash = if val.is_some() {
-                value_hash(e.kind, &e.pub_key)
+                value_hash(e.kind, &e.public_key)
             } else {
                 0
             };
-            let key = String::from_utf8(e.pub_key.clone()).expect("a PEM key");
+            let key = String::from_utf8(e.public_key.clone()).expect("a PEM key");
             (
                 (e.bank, e.id.clone()),
                 ((e.stamp, rank, hash), val.map(|v| (v, key))),

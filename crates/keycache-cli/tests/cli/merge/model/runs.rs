@@ -2,7 +2,7 @@
 //! migrated from one tree), operations and merges in phases, then rounds
 //! until they agree.
 
-use keycache::snapshot::Bank;
+use keycache::Bank;
 
 use crate::common::{s, Rng};
 

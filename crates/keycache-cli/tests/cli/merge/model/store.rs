@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::process::Output;
 
-use keycache::snapshot::Bank;
+use keycache::Bank;
 
 use crate::common;
 use crate::common::{check_ok, small, Params};

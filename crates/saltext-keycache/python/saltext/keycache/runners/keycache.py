@@ -1,9 +1,6 @@
 """
 keycache: the ``keycache`` command's main jobs from ``salt-run``.
 
-For masters whose PATH lacks the ``keycache`` command (``salt-pip`` installs
-an extension's scripts into ``extras-3.N/bin``, off PATH):
-
 .. code-block:: bash
 
     salt-run keycache.migrate dry_run=True   # keycache migrate -c <config dir> --dry-run
@@ -15,31 +12,24 @@ an extension's scripts into ``extras-3.N/bin``, off PATH):
     salt-run keycache.diff other=/srv/peer   # keycache diff <this store> /srv/peer
     salt-run keycache.history web-01         # keycache history web-01 (the audit trail)
 
-``history`` reads the store's audit trail itself (through the driver's
-native module); every other function runs the ``keycache`` binary on the master config Salt handed
-the runner (``-c <directory of conf_file>``, ``--json``) and returns what it
-reports. The binary is, in order: the master option ``keycache_bin``; the
-``bin/keycache`` beside the directory holding the ``saltext`` package (where
-``pip install --target``, salt-pip's way, puts a wheel's scripts); the
-Python's scripts directory (a virtualenv's ``bin``); ``keycache`` on PATH.
+Each function calls the keycache library through the driver's native
+module (``saltext.keycache._native``), in the ``salt-run`` process, on the
+master options Salt handed the runner (``__opts__``: the store directory,
+the ``mmap_key_*`` layout, ``keycache_tree``, ``keycache_etcd``, ``id``),
+not on the config files read again. The jobs are the ``keycache``
+command's own, and each returns what the command's ``--json`` reports; no
+``keycache`` binary is needed, so a wheel and a source install behave
+alike. The etcd jobs are bounded by etcd's connect and request timeouts
+(``keycache_etcd.write_timeout``).
 
-The command gets ``keycache_runner_timeout`` seconds (master option, default
-900); past that it is killed and the function fails saying so, so that a
-command waiting on something that never answers does not hang ``salt-run``.
-
-A failure (no binary, an error of the command, a command past its time,
-findings of ``verify``, a stale replica, stores that differ) sets ``retcode`` 1 in the returned dict
-and in ``__context__``: ``salt-run`` exits 1, and ``success`` is false for
-the API and orchestration. Nothing here prints or returns a private key: the
-command never prints one.
+A failure (an error of the library, findings of ``verify``, a stale
+replica, stores that differ) sets ``retcode`` 1 in the returned dict and in
+``__context__``: ``salt-run`` exits 1, and ``success`` is false for the API
+and orchestration. Nothing here prints or returns a private key: the
+reports name the master's key files, never their bytes.
 """
 
-import json
 import logging
-import os
-import shutil
-import subprocess
-import sysconfig
 
 import salt.utils.data
 from salt.exceptions import SaltInvocationError
@@ -48,45 +38,9 @@ __virtualname__ = "keycache"
 
 log = logging.getLogger(__name__)
 
-# The directory holding the ``saltext`` package: <root>/saltext/keycache/runners/keycache.py.
-_INSTALL_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-
-
-# Seconds a command may run before it is killed (``keycache_runner_timeout``).
-DEFAULT_TIMEOUT = 900
-
 
 def __virtual__():
     return __virtualname__
-
-
-def _candidates(opts):
-    """``(where, path)`` of each place the binary is looked for, in order;
-    with ``keycache_bin`` set, that one alone."""
-    configured = opts.get("keycache_bin")
-    if configured:
-        return [("the master option keycache_bin", str(configured))]
-    places = [("the bin directory beside the saltext package", os.path.join(_INSTALL_ROOT, "bin", "keycache"))]
-    scripts = sysconfig.get_path("scripts")
-    if scripts:
-        places.append(("the Python's scripts directory", os.path.join(scripts, "keycache")))
-    return places
-
-
-def _find_binary(opts):
-    """The path of the ``keycache`` binary, or ``None`` and the text saying
-    where it was looked for."""
-    places = _candidates(opts)
-    for _, path in places:
-        if os.path.isfile(path) and os.access(path, os.X_OK):
-            return path, None
-    looked = [f"{path} ({where})" for where, path in places]
-    if not opts.get("keycache_bin"):
-        found = shutil.which("keycache")
-        if found:
-            return os.path.abspath(found), None
-        looked.append("keycache on PATH ({})".format(os.environ.get("PATH", "")))
-    return None, "; ".join(looked)
 
 
 def _fail(ret):
@@ -97,94 +51,37 @@ def _fail(ret):
     return ret
 
 
-def _error(message, binary=None):
-    ret = {"error": message}
-    if binary:
-        ret["keycache_bin"] = binary
-    return _fail(ret)
+def _error(message):
+    return _fail({"error": message})
 
 
-def _run(args, options=()):
-    """Runs ``keycache <args> -c <config dir> --json <options>``.
+def _run(fun, job, *args, **kwargs):
+    """Runs the native module's ``job`` on ``__opts__``.
 
-    Returns ``(document, exit code, binary, None)`` when the command printed
-    its JSON report and exited 0 or 1 (1: findings, differences, stale), or
-    ``(None, None, binary, error dict)``.
+    Returns ``(document, passed, None)``, or ``(None, None, error dict)``
+    when the library raised (its message, after ``keycache.<fun>: ``).
     """
-    binary, looked = _find_binary(__opts__)
-    if binary is None:
-        return None, None, None, _error(
-            "keycache: no keycache binary found; looked for "
-            f"{looked}. The saltext.keycache wheel carries it (salt-pip puts it in "
-            "extras-3.N/bin beside the package) and so does the keycache Debian package "
-            "(/usr/bin/keycache); a driver installed from source has none: install one of "
-            "those, or name a binary with keycache_bin: PATH in the master config"
-        )
-    conf_file = __opts__.get("conf_file")
-    if not conf_file:
-        return None, None, binary, _error("keycache: the master opts have no conf_file", binary)
-    argv = [binary, *args, "-c", os.path.dirname(conf_file), "--json", *options]
-    what = "keycache " + " ".join(args)
-    timeout = __opts__.get("keycache_runner_timeout", DEFAULT_TIMEOUT)
+    # pylint: disable=import-outside-toplevel
+    from saltext.keycache import _native
+
+    log.debug("keycache runner: %s", job)
     try:
-        timeout = float(timeout)
-    except (TypeError, ValueError):
-        timeout = -1.0
-    if not timeout > 0:
-        return None, None, binary, _error(
-            f"keycache: keycache_runner_timeout is {__opts__.get('keycache_runner_timeout')!r},"
-            " not a number of seconds above 0",
-            binary,
-        )
-    log.debug("keycache runner: running %s (timeout %s s)", argv, timeout)
-    try:
-        proc = subprocess.run(
-            argv,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            env=dict(os.environ, NO_COLOR="1"),
-            timeout=timeout,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        # subprocess.run has killed and reaped the command.
-        return None, None, binary, _error(
-            f"{what} ({binary}) did not finish within {timeout:g} s (keycache_runner_timeout) and was killed",
-            binary,
-        )
-    except OSError as exc:
-        return None, None, binary, _error(f"{what}: cannot run {binary}: {exc}", binary)
-    stdout = proc.stdout.decode("utf-8", "replace")
-    stderr = proc.stderr.decode("utf-8", "replace").strip()
-    if stderr:
-        log.debug("keycache runner: %s said on stderr: %s", what, stderr)
-    if proc.returncode in (0, 1):
-        try:
-            doc = json.loads(stdout)
-        except ValueError:
-            doc = None
-        if isinstance(doc, dict):
-            return doc, proc.returncode, binary, None
-    if proc.returncode < 0:
-        status = f"was killed by signal {-proc.returncode}"
-    else:
-        status = f"exited {proc.returncode}"
-    detail = stderr or stdout.strip() or "no output"
-    return None, None, binary, _error(f"{what} ({binary}) {status}: {detail}", binary)
+        doc, passed = getattr(_native, job)(__opts__, *args, **kwargs)
+    except Exception as exc:  # pylint: disable=broad-except
+        return None, None, _error(f"keycache.{fun}: {exc}")
+    return doc, passed, None
 
 
-def _report(doc, code, binary):
-    """``doc`` with the binary that made it and ``result``: whether the
-    command exited 0; failed when it exited 1."""
-    doc["keycache_bin"] = binary
-    doc["result"] = not code
-    return _fail(doc) if code else doc
+def _report(doc, passed):
+    """``doc`` with ``result``: whether it passed; failed when not."""
+    doc["result"] = bool(passed)
+    return doc if passed else _fail(doc)
 
 
 def _migrate_text(doc):
-    """``pki.migrate_to_mmap``'s text for a ``keycache migrate --json``
-    report: its lines first, then what keycache says more (the store, the
-    master's own keys, what was skipped)."""
+    """``pki.migrate_to_mmap``'s text for a migration's report (what
+    ``keycache migrate --json`` prints): its lines first, then what keycache
+    says more (the store, the master's own keys, what was skipped)."""
     migrated = doc.get("migrated") or {}
     counts = {state: int(migrated.get(state, 0)) for state in ("accepted", "pending", "rejected", "denied")}
     if doc.get("dry_run"):
@@ -273,16 +170,16 @@ def migrate(dry_run=False, replace_states=False):
         # Perform the migration
         salt-run keycache.migrate
     """
-    dry = salt.utils.data.is_true(dry_run)
-    options = ["--dry-run"] if dry else []
-    if salt.utils.data.is_true(replace_states):
-        options.append("--replace-states")
-    doc, code, binary, err = _run(["migrate"], options)
+    doc, passed, err = _run(
+        "migrate",
+        "run_migrate",
+        dry_run=salt.utils.data.is_true(dry_run),
+        replace_states=salt.utils.data.is_true(replace_states),
+    )
     if err is not None:
         return err
-    log.debug("keycache runner: migrated with %s", binary)
-    if code:
-        return _report(doc, code, binary)
+    if not passed:
+        return _report(doc, passed)
     return _migrate_text(doc)
 
 
@@ -300,9 +197,9 @@ def status():
 
         salt-run keycache.status
     """
-    args = ["etcd", "status"] if __opts__.get("keycache_etcd") else ["stats"]
-    doc, code, binary, err = _run(args)
-    return err if err is not None else _report(doc, code, binary)
+    job = "run_etcd_status" if __opts__.get("keycache_etcd") else "run_stats"
+    doc, passed, err = _run("status", job)
+    return err if err is not None else _report(doc, passed)
 
 
 def verify(repair=False):
@@ -322,8 +219,8 @@ def verify(repair=False):
         salt-run keycache.verify
         salt-run keycache.verify repair=True
     """
-    doc, code, binary, err = _run(["verify", "--repair"] if salt.utils.data.is_true(repair) else ["verify"])
-    return err if err is not None else _report(doc, code, binary)
+    doc, passed, err = _run("verify", "run_verify", repair=salt.utils.data.is_true(repair))
+    return err if err is not None else _report(doc, passed)
 
 
 def diff(other=None):
@@ -342,19 +239,21 @@ def diff(other=None):
         salt-run keycache.diff other=/var/lib/keycache/peer-b
     """
     if other is not None:
-        own = __opts__.get("cluster_pki_dir") if __opts__.get("cluster_id") else __opts__.get("pki_dir")
-        if not own:
+        # pylint: disable=import-outside-toplevel
+        from saltext.keycache import _options
+
+        if not _options.own_dir(__opts__):
             return _error("keycache.diff: the master config names no pki_dir (or cluster_pki_dir)")
-        doc, code, binary, err = _run(["diff"], [str(own), str(other)])
+        doc, passed, err = _run("diff", "run_diff", str(other))
     elif __opts__.get("keycache_etcd"):
-        doc, code, binary, err = _run(["etcd", "diff"])
+        doc, passed, err = _run("diff", "run_etcd_diff")
     else:
         return _error(
             "keycache.diff: nothing to compare this master's store with: it compares it with "
             "etcd when keycache_etcd is configured, or with another store directory: "
             "salt-run keycache.diff other=/path/to/store"
         )
-    return err if err is not None else _report(doc, code, binary)
+    return err if err is not None else _report(doc, passed)
 
 
 def history(id=None, since=None):  # pylint: disable=redefined-builtin

@@ -3,8 +3,8 @@
 //! wrong; a filtered read still checks everything.
 
 use super::*;
-use crate::id::MinionId;
 use crate::test_util::{pem, small_store};
+use keycache::id::MinionId;
 
 fn id(s: &str) -> MinionId {
     MinionId::new(s).expect("id")
@@ -49,7 +49,7 @@ fn take_copies_both_banks_sorted_with_kinds_and_versions() {
     );
     assert!(s.entries.iter().all(|e| e.stamp > 0));
     assert_eq!(
-        s.get(Bank::Denied, "web2").map(|e| e.pub_key.clone()),
+        s.get(Bank::Denied, "web2").map(|e| e.public_key.clone()),
         Some(pem("w2other"))
     );
     assert_eq!(s.cluster, None, "no cluster or master key in the directory");
@@ -66,7 +66,7 @@ fn deletions_travel_as_tombstones_and_generations_grow() {
     assert_eq!(first.store, second.store, "one identity per store");
     assert!(second.generation > first.generation);
     let t = second.get(Bank::Keys, "web1").expect("a tombstone");
-    assert_eq!((t.kind, t.pub_key.len()), (Kind::Absent, 0));
+    assert_eq!((t.kind, t.public_key.len()), (Kind::Absent, 0));
     assert!(t.stamp > first.get(Bank::Keys, "web1").expect("was there").stamp);
     // Unchanged entries keep their versions.
     assert_eq!(
@@ -163,7 +163,7 @@ fn wrong_magic_and_versions_are_named() {
     let mut v = b.clone();
     v[8] = 1;
     let n = v.len() - TRAILER_LEN;
-    let sum = crate::format::hash(&v[..n]);
+    let sum = keycache::format::hash(&v[..n]);
     v[n..].copy_from_slice(&sum.to_le_bytes());
     assert!(
         why(&v).contains("format version 1") && why(&v).contains("older keycache"),
@@ -197,7 +197,7 @@ fn entry(bank: Bank, id: &str, kind: Kind, key: &[u8]) -> Entry {
         id: id.into(),
         kind,
         stamp: 7,
-        pub_key: key.to_vec(),
+        public_key: key.to_vec(),
     }
 }
 
@@ -255,7 +255,7 @@ fn take_refuses_a_store_holding_private_key_material() {
         .keys_table()
         .put(
             b"leaky",
-            &crate::key::encode_key_value(KeyState::Accepted, private),
+            &keycache::key::encode_key_value(KeyState::Accepted, private),
         )
         .expect("raw put");
     let e = take(&store, &SnapshotOptions::default()).expect_err("refused");
@@ -273,7 +273,7 @@ fn a_held_lock_is_waited_for_at_most_the_bound() {
         .put(&id("a"), KeyState::Pending, &pem("a"))
         .expect("put");
     let lock =
-        std::fs::File::open(crate::format::lock_path(store.keys_table().path())).expect("lock");
+        std::fs::File::open(keycache::format::lock_path(store.keys_table().path())).expect("lock");
     lock.lock().expect("flock");
     let t0 = std::time::Instant::now();
     let opts = SnapshotOptions {
@@ -283,7 +283,10 @@ fn a_held_lock_is_waited_for_at_most_the_bound() {
     // flock locks are per open file description: this process's other
     // descriptor conflicts with the held one.
     let e = take(&store, &opts).expect_err("busy");
-    assert!(matches!(e, Error::Busy { .. }), "{e}");
+    assert!(
+        matches!(e, Error::Store(keycache::Error::Busy { .. })),
+        "{e}"
+    );
     assert!(t0.elapsed() >= Duration::from_millis(200));
     lock.unlock().expect("unlock");
     assert_eq!(take(&store, &opts).expect("take").entries.len(), 1);
@@ -325,7 +328,7 @@ fn a_snapshot_taken_into_a_file_holds_what_take_holds() {
         )
         .expect_err("the store itself refuses private keys");
     std::fs::remove_file(&path).expect("rm");
-    let before = std::fs::read(dir.path().join(crate::format::HISTORY_FILE)).expect("history");
+    let before = std::fs::read(dir.path().join(keycache::format::HISTORY_FILE)).expect("history");
     let err = take_to_file(
         &store,
         &SnapshotOptions {
@@ -337,7 +340,7 @@ fn a_snapshot_taken_into_a_file_holds_what_take_holds() {
     .expect_err("no directory to write in");
     assert!(err.to_string().contains("s.snap"), "{err}");
     assert_eq!(
-        std::fs::read(dir.path().join(crate::format::HISTORY_FILE)).expect("history"),
+        std::fs::read(dir.path().join(keycache::format::HISTORY_FILE)).expect("history"),
         before,
         "nothing saved"
     );

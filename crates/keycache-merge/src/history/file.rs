@@ -31,11 +31,11 @@ use std::path::Path;
 
 use super::{History, Identity, Kind, Peer, Record, Version, Versions};
 use crate::error::{Error, Result};
-use crate::files::Ownership;
 use crate::hlc::Hlc;
-use crate::key::Bank;
+use keycache::files::Ownership;
+use keycache::key::Bank;
 
-use crate::format::{HISTORY_FILE, IDENTITY_FILE};
+use keycache::format::{HISTORY_FILE, IDENTITY_FILE};
 
 const HIST_MAGIC: [u8; 8] = *b"KCHIST\r\n";
 const IDENT_MAGIC: [u8; 8] = *b"KCIDENT\n";
@@ -50,7 +50,7 @@ const HIST_VERSION: u32 = 2;
 const NO_PREV: u8 = 0xFF;
 
 fn bad(path: &Path, why: String) -> Error {
-    Error::Corrupt {
+    keycache::Error::Corrupt {
         path: path.to_path_buf(),
         id: None,
         why: format!(
@@ -58,6 +58,7 @@ fn bad(path: &Path, why: String) -> Error {
              store merges as a new peer)"
         ),
     }
+    .into()
 }
 
 /// A bounds-checked reader over a file's bytes.
@@ -117,10 +118,11 @@ fn read(path: &Path) -> Result<Option<Vec<u8>>> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(Error::io(path, "stat", e)),
         Ok(m) if !m.is_file() => {
-            return Err(Error::NotARegularFile {
+            return Err(keycache::Error::NotARegularFile {
                 path: path.to_path_buf(),
                 why: "a history file must be a regular file",
-            })
+            }
+            .into())
         }
         Ok(_) => {}
     }
@@ -146,7 +148,7 @@ fn checked<'a>(
     let body = &b[..b.len() - 8];
     let mut a = [0u8; 8];
     a.copy_from_slice(&b[b.len() - 8..]);
-    if u64::from_le_bytes(a) != crate::format::hash(body) {
+    if u64::from_le_bytes(a) != keycache::format::hash(body) {
         return Err(bad(path, "checksum mismatch".into()));
     }
     let version = u32::from_le_bytes([b[8], b[9], b[10], b[11]]);
@@ -345,9 +347,13 @@ pub(super) fn save_versions(dir: &Path, h: &History, own: &Ownership) -> Result<
         }
         b.extend_from_slice(id.as_bytes());
     }
-    let sum = crate::format::hash(&b);
+    let sum = keycache::format::hash(&b);
     b.extend_from_slice(&sum.to_le_bytes());
-    crate::files::replace_with(&dir.join(HISTORY_FILE), &b, own)
+    Ok(keycache::files::replace_with(
+        &dir.join(HISTORY_FILE),
+        &b,
+        own,
+    )?)
 }
 
 pub(super) fn save_identity(dir: &Path, h: &History, own: &Ownership) -> Result<()> {
@@ -370,7 +376,11 @@ pub(super) fn save_identity(dir: &Path, h: &History, own: &Ownership) -> Result<
         b.extend_from_slice(&p.generation.to_le_bytes());
         b.extend_from_slice(&p.merged_at.to_le_bytes());
     }
-    let sum = crate::format::hash(&b);
+    let sum = keycache::format::hash(&b);
     b.extend_from_slice(&sum.to_le_bytes());
-    crate::files::replace_with(&dir.join(IDENTITY_FILE), &b, own)
+    Ok(keycache::files::replace_with(
+        &dir.join(IDENTITY_FILE),
+        &b,
+        own,
+    )?)
 }

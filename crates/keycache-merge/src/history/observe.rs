@@ -51,7 +51,7 @@ impl History {
         // The removals logged since the last save. A new history has
         // nothing for them to revoke: a re-created store is a new store
         // (see `History::load`).
-        let (log, read) = crate::removals::read(store.dir(), self.seq)?;
+        let (log, read) = keycache::removals::read(store.dir(), self.seq)?;
         self.removals_read = read;
         let mut removed: HashSet<(Bank, &str)> = HashSet::new();
         if self.existed {
@@ -67,14 +67,14 @@ impl History {
             let mut it = table.iter()?;
             while let Some(r) = it.next_into(&mut idb, &mut value) {
                 let (mtime, slot) = r?;
-                let corrupt = |why: String| Error::Corrupt {
+                let corrupt = |why: String| keycache::Error::Corrupt {
                     path: table.path().into(),
                     id: Some(String::from_utf8_lossy(&idb).into_owned()),
                     why,
                 };
                 let id =
                     std::str::from_utf8(&idb).map_err(|_| corrupt("the id is not UTF-8".into()))?;
-                crate::id::validate(id)
+                keycache::id::validate(id)
                     .map_err(|e| corrupt(format!("not a valid minion id: {e}")))?;
                 let (state, pem): (Option<KeyState>, &[u8]) = match bank {
                     Bank::Keys => match decode_key_value(&value) {
@@ -83,7 +83,8 @@ impl History {
                             return Err(corrupt(format!(
                                 "slot {slot}: value of {} bytes is not [state 1..3][public key]",
                                 value.len()
-                            )))
+                            ))
+                            .into())
                         }
                     },
                     Bank::Denied => {

@@ -31,7 +31,7 @@ impl WallClock {
 
 impl Default for WallClock {
     fn default() -> WallClock {
-        WallClock::new(crate::files::now_ns)
+        WallClock::new(keycache::files::now_ns)
     }
 }
 
@@ -63,34 +63,7 @@ impl Hlc {
 }
 
 /// A stamp as a person reads it: UTC, to the millisecond.
-pub fn show(stamp: u64) -> String {
-    humanize(stamp)
-}
-
-/// The civil date (year, month, day) of a count of days since 1970-01-01
-/// (Howard Hinnant's `civil_from_days`).
-pub(crate) fn civil_from_days(days: u64) -> (i64, i64, i64) {
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    (y, m, d)
-}
-
-fn humanize(ns: u64) -> String {
-    let secs = ns / 1_000_000_000;
-    let ms = (ns / 1_000_000) % 1000;
-    let days = secs / 86_400;
-    let rem = secs % 86_400;
-    let (h, m, s) = (rem / 3600, (rem % 3600) / 60, rem % 60);
-    let (y, mo, d) = civil_from_days(days);
-    format!("{y:04}-{mo:02}-{d:02}T{h:02}:{m:02}:{s:02}.{ms:03}Z")
-}
+pub use keycache::clock::show_ns as show;
 
 #[cfg(test)]
 mod tests {

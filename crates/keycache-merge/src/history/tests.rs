@@ -6,9 +6,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::*;
-use crate::format::{HISTORY_FILE, IDENTITY_FILE};
 use crate::test_util::{pem, small_store};
-use crate::MinionId;
+use keycache::format::{HISTORY_FILE, IDENTITY_FILE};
+use keycache::MinionId;
 
 fn id(s: &str) -> MinionId {
     MinionId::new(s).expect("id")
@@ -206,7 +206,7 @@ fn merge_left_in_flight(
     h.save(dir, o).expect("save");
     store
         .batch_locked(
-            |b| {
+            |b| -> keycache::Result<()> {
                 for (mid, tag) in &ids[..written] {
                     b.put(&id(mid), KeyState::Accepted, &pem(tag))?;
                 }
@@ -391,7 +391,7 @@ fn as_version_1(v2: &[u8]) -> Vec<u8> {
         o += 10 + rest;
     }
     assert_eq!(o, body.len());
-    let sum = crate::format::hash(&out);
+    let sum = keycache::format::hash(&out);
     out.extend_from_slice(&sum.to_le_bytes());
     out
 }
@@ -543,7 +543,7 @@ fn as_identity_version_1(v2: &[u8]) -> Vec<u8> {
     out[8..12].copy_from_slice(&1u32.to_le_bytes());
     out[12..16].copy_from_slice(&0u32.to_le_bytes());
     out.extend_from_slice(&body[72..]);
-    let sum = crate::format::hash(&out);
+    let sum = keycache::format::hash(&out);
     out.extend_from_slice(&sum.to_le_bytes());
     out
 }

@@ -80,9 +80,9 @@ use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::hlc::{Hlc, WallClock};
-use crate::key::Bank;
-use crate::key::{decode_key_value, KeyState};
-use crate::store::Store;
+use keycache::key::Bank;
+use keycache::key::{decode_key_value, KeyState};
+use keycache::store::Store;
 
 mod file;
 mod observe;
@@ -207,8 +207,8 @@ impl Version {
 /// The hash a version records of a value: xxh3 of the public key (a
 /// denied key without Salt's trailing NULs) seeded with the kind byte,
 /// never 0.
-pub fn value_hash(kind: Kind, pub_key: &[u8]) -> u64 {
-    xxhash_rust::xxh3::xxh3_64_with_seed(pub_key, u64::from(kind.byte())).max(1)
+pub fn value_hash(kind: Kind, public_key: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64_with_seed(public_key, u64::from(kind.byte())).max(1)
 }
 
 /// What the history holds of one entry.
@@ -299,7 +299,7 @@ pub struct History {
     pub(crate) existed: bool,
     /// The file's sequence number: bumped by every save of the versions.
     pub(crate) seq: u64,
-    /// How much of the removal log ([`crate::removals`]) the last
+    /// How much of the removal log ([`keycache::removals`]) the last
     /// observation consumed: dropped from the log by the next save.
     removals_read: u64,
     mark: u32,
@@ -389,7 +389,7 @@ pub fn begin_if_missing(
     since: Option<Since<'_>>,
 ) -> Result<bool> {
     let dir = store.dir();
-    let ident = dir.join(crate::format::IDENTITY_FILE);
+    let ident = dir.join(keycache::format::IDENTITY_FILE);
     let missing = || match std::fs::symlink_metadata(&ident) {
         Ok(_) => Ok(false),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(true),
@@ -419,6 +419,18 @@ pub fn begin_if_missing(
     })
 }
 
+/// The hook a migration calls once it made the store
+/// ([`keycache::migrate::MigrateOptions::made`]): the store's history
+/// begins, a revocation stamped no earlier than its tree file's ctime
+/// ([`tree_ctime`]).
+pub fn begin_on_migration() -> keycache::migrate::Made {
+    std::sync::Arc::new(|store: &Store, pki_dir: &Path| {
+        let since = |bank, id: &str| tree_ctime(pki_dir, bank, id);
+        begin_if_missing(store, &HistoryOptions::default(), Some(&since))?;
+        Ok(())
+    })
+}
+
 /// The ctime (unix ns) of the `localfs_key` tree file under `pki_dir` of a
 /// rejected key (`minions_rejected/<id>`) or a denied one
 /// (`minions_denied/<id>`): the latest the revocation can have been
@@ -426,9 +438,10 @@ pub fn begin_if_missing(
 pub fn tree_ctime(pki_dir: &Path, bank: Bank, id: &str) -> Option<u64> {
     use std::os::unix::fs::MetadataExt;
     let sub = match bank {
-        Bank::Keys => "minions_rejected",
-        Bank::Denied => "minions_denied",
-    };
+        Bank::Keys => keycache::tree::TreeDir::MinionsRejected,
+        Bank::Denied => keycache::tree::TreeDir::MinionsDenied,
+    }
+    .name();
     let m = std::fs::symlink_metadata(pki_dir.join(sub).join(id)).ok()?;
     let s = u64::try_from(m.ctime()).ok()?;
     let ns = u64::try_from(m.ctime_nsec()).ok()?;
@@ -448,8 +461,8 @@ impl History {
     /// the versions, the clock and the peers (its values came from the
     /// original at those stamps).
     pub fn load(dir: &Path, opts: &HistoryOptions) -> Result<History> {
-        let wiped = !dir.join(crate::format::KEYS_INDEX).exists()
-            && !dir.join(crate::format::DENIED_INDEX).exists();
+        let wiped = !dir.join(keycache::format::KEYS_INDEX).exists()
+            && !dir.join(keycache::format::DENIED_INDEX).exists();
         match file::load(dir)? {
             Some(mut h)
                 if !(wiped && h.entries.iter().any(|(_, _, r)| r.cur.kind != Kind::Absent)) =>
@@ -505,7 +518,7 @@ impl History {
     /// changed (tombstones past the horizon dropped), then the identity.
     /// Call it holding both banks' locks.
     pub fn save(&mut self, dir: &Path, opts: &HistoryOptions) -> Result<()> {
-        let own = crate::files::Ownership::for_dir(dir)?;
+        let own = keycache::files::Ownership::for_dir(dir)?;
         // Removals read are recorded by a new versions file (see `mark`).
         self.dirty |= self.removals_read > 0;
         if self.dirty {
@@ -517,16 +530,19 @@ impl History {
             self.entries.sort();
             self.seq += 1;
             if self.removals_read > 0 {
-                crate::removals::mark(dir, self.seq, self.removals_read)?;
+                keycache::removals::mark(dir, self.seq, self.removals_read)?;
             }
             file::save_versions(dir, self, &own)?;
-            self.saved_at = crate::files::now_ns();
+            self.saved_at = keycache::files::now_ns();
             self.dirty = false;
         }
         file::save_identity(dir, self, &own)?;
         // The removals read are in the versions now (a crash before this
         // reads them again: the same tombstones, see `observe`).
-        crate::removals::trim(dir, std::mem::take(&mut self.removals_read))
+        Ok(keycache::removals::trim(
+            dir,
+            std::mem::take(&mut self.removals_read),
+        )?)
     }
 
     /// The sequence number the versions file has on disk now (0 when it
@@ -619,13 +635,13 @@ pub const CLUSTER_KEYS: [&str; 2] = ["cluster.pub", "master.pub"];
 /// `None` when there is none (merges then cannot tell clusters apart).
 pub fn cluster_of(store: &Store) -> Result<Option<Ident>> {
     let dir = store.dir();
-    let bank_opts = crate::table::OpenOptions {
+    let bank_opts = keycache::table::OpenOptions {
         params: *store.keys_table().params(),
-        ..crate::table::OpenOptions::default()
+        ..keycache::table::OpenOptions::default()
     };
-    let bank = if dir.join(crate::format::MASTER_INDEX).exists() {
-        Some(crate::table::Table::open(
-            dir.join(crate::format::MASTER_INDEX),
+    let bank = if dir.join(keycache::format::MASTER_INDEX).exists() {
+        Some(keycache::table::Table::open(
+            dir.join(keycache::format::MASTER_INDEX),
             &bank_opts,
         )?)
     } else {
@@ -648,7 +664,7 @@ pub fn cluster_of(store: &Store) -> Result<Option<Ident>> {
         };
         if let Some(k) = key {
             let t = k.trim_ascii();
-            if !t.is_empty() && !crate::pem::holds_private_key(t) {
+            if !t.is_empty() && !keycache::pem::holds_private_key(t) {
                 return Ok(Some(xxhash_rust::xxh3::xxh3_128(t).to_le_bytes()));
             }
         }
@@ -668,15 +684,15 @@ fn random_ident() -> Ident {
         // enough to tell stores apart.
         static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let t = crate::files::now_ns();
+        let t = keycache::files::now_ns();
         let seed = [
             t.to_le_bytes(),
             u64::from(std::process::id()).to_le_bytes(),
             n.to_le_bytes(),
         ]
         .concat();
-        b[..8].copy_from_slice(&crate::format::hash(&seed).to_le_bytes());
-        let h = crate::format::hash(&b[..8]);
+        b[..8].copy_from_slice(&keycache::format::hash(&seed).to_le_bytes());
+        let h = keycache::format::hash(&b[..8]);
         b[8..].copy_from_slice(&h.to_le_bytes());
     }
     b

@@ -8,10 +8,10 @@ use std::sync::Arc;
 use super::*;
 use crate::history::cluster_of;
 use crate::hlc::WallClock;
-use crate::key::KeyState;
 use crate::snapshot::{self, SnapshotOptions};
 use crate::test_util::{pem, small_store};
-use crate::MinionId;
+use keycache::key::KeyState;
+use keycache::MinionId;
 
 fn id(s: &str) -> MinionId {
     MinionId::new(s).expect("id")
@@ -158,7 +158,7 @@ fn an_entry_added_and_deleted_between_two_observations_leaves_a_tombstone() {
     let old_b = t.snap(&t.b);
     put(&t.a, "m1", KeyState::Accepted, "k1");
     t.a.remove(&id("m1")).expect("delete");
-    let log = t.a.dir().join(crate::format::REMOVALS_FILE);
+    let log = t.a.dir().join(keycache::format::REMOVALS_FILE);
     assert!(
         std::fs::metadata(&log).expect("the log").len() > 0,
         "the removal is logged"
@@ -243,7 +243,7 @@ fn a_store_that_never_merged_logs_no_removal() {
     let t = two();
     put(&t.a, "m1", KeyState::Accepted, "k1");
     t.a.remove(&id("m1")).expect("delete");
-    assert!(!t.a.dir().join(crate::format::REMOVALS_FILE).exists());
+    assert!(!t.a.dir().join(keycache::format::REMOVALS_FILE).exists());
 }
 
 #[test]
@@ -451,7 +451,7 @@ fn values_that_are_not_public_keys_refuse_the_merge_naming_the_id() {
             id: "zzjunk".into(),
             kind: Kind::Accepted,
             stamp: s.generation - 1,
-            pub_key: key,
+            public_key: key,
         });
         let e = merge(&t.b, &s, &t.mo).expect_err("junk");
         assert!(
@@ -477,7 +477,7 @@ fn an_old_accept_unknown_to_an_old_store_is_held_pending() {
         id: "old1".into(),
         kind: Kind::Accepted,
         stamp: s.generation - 35 * day,
-        pub_key: pem("old"),
+        public_key: pem("old"),
     });
     let p = merge(&t.b, &s, &t.mo).expect("merge").0;
     assert_eq!(p.counts().held, 1);

@@ -16,7 +16,7 @@ use std::cell::OnceCell;
 use std::collections::HashMap;
 
 use super::Record;
-use crate::key::Bank;
+use keycache::key::Bank;
 
 /// A hasher for keys that are hashes already.
 #[derive(Debug, Default, Clone, Copy)]

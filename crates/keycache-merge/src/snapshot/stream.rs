@@ -7,10 +7,10 @@ use std::path::Path;
 
 use super::codec::{check_entry, Writer};
 use super::{prepare_file_with, Bank, EntryRef, SnapshotOptions};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::history::{History, Kind};
-use crate::key::decode_key_value;
-use crate::store::Store;
+use keycache::key::decode_key_value;
+use keycache::store::Store;
 
 /// Takes a snapshot of `store` as [`super::take`] does, written to the file
 /// `path` (atomically: a temporary file beside it, renamed once complete
@@ -62,7 +62,7 @@ pub fn take_to_file(store: &Store, opts: &SnapshotOptions, path: &Path) -> Resul
                         id,
                         kind: r.cur.kind,
                         stamp: r.cur.stamp,
-                        pub_key: pem,
+                        public_key: pem,
                     };
                     check_entry(&e, n as u64, &name)?;
                     wr.entry_ref(&e)?;
@@ -79,7 +79,7 @@ pub fn take_to_file(store: &Store, opts: &SnapshotOptions, path: &Path) -> Resul
 /// The public key of live entry `id` of `table`, read from `slot` (where
 /// the observation just saw it; by id when the slot is not known).
 fn value_of<'v>(
-    table: &crate::table::Table,
+    table: &keycache::table::Table,
     id: &str,
     slot: u32,
     bank: Bank,
@@ -97,15 +97,13 @@ fn value_of<'v>(
             None => false,
         },
     };
-    let corrupt = |why: &str| Error::Corrupt {
+    let corrupt = |why: &str| keycache::Error::Corrupt {
         path: table.path().into(),
         id: Some(id.to_owned()),
         why: why.into(),
     };
     if !found {
-        return Err(corrupt(
-            "gone from its bank during the snapshot, under its lock",
-        ));
+        return Err(corrupt("gone from its bank during the snapshot, under its lock").into());
     }
     Ok(match bank {
         Bank::Keys => decode_key_value(value)

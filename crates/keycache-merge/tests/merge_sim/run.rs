@@ -3,7 +3,8 @@
 
 use std::sync::atomic::Ordering;
 
-use keycache::{Error, KeyState};
+use keycache::KeyState;
+use keycache_merge::Error;
 
 use crate::model::{show, Know, Setup, IDS};
 use crate::sim::{trace, Sim};

@@ -65,11 +65,11 @@ impl<'w, W: Write> Writer<'w, W> {
         b[0] = super::bank_byte(e.bank);
         b[1] = e.kind.byte();
         b[2..4].copy_from_slice(&(e.id.len() as u16).to_le_bytes());
-        b[4..8].copy_from_slice(&(e.pub_key.len() as u32).to_le_bytes());
+        b[4..8].copy_from_slice(&(e.public_key.len() as u32).to_le_bytes());
         b[8..16].copy_from_slice(&e.stamp.to_le_bytes());
         self.put(&b)?;
         self.put(e.id.as_bytes())?;
-        self.put(e.pub_key)
+        self.put(e.public_key)
     }
 
     pub(super) fn finish(self) -> Result<()> {
@@ -242,7 +242,7 @@ impl<'n, R: Read> Reader<'n, R> {
             id,
             kind,
             stamp,
-            pub_key: &self.key,
+            public_key: &self.key,
         };
         check_entry(&e, n, self.name)?;
         if let Some((pb, pid)) = &self.prev {
@@ -303,13 +303,13 @@ pub(super) fn check_entry(e: &EntryRef<'_>, n: u64, name: &str) -> Result<()> {
         source_name: name.to_owned(),
         why: format!("entry {n} ({:?}, {}): {why}", e.id, e.bank),
     };
-    crate::id::validate(e.id).map_err(|err| bad(err.to_string()))?;
+    keycache::id::validate(e.id).map_err(|err| bad(err.to_string()))?;
     if e.id.len() > u16::MAX as usize {
         return Err(bad("the id is too long for the format".into()));
     }
     match (e.bank, e.kind) {
         (_, Kind::Absent) => {
-            if !e.pub_key.is_empty() {
+            if !e.public_key.is_empty() {
                 return Err(bad("a tombstone with a key".into()));
             }
             return Ok(());
@@ -320,16 +320,16 @@ pub(super) fn check_entry(e: &EntryRef<'_>, n: u64, name: &str) -> Result<()> {
         }
         _ => {}
     }
-    if e.pub_key.is_empty() {
+    if e.public_key.is_empty() {
         return Err(bad("an empty public key".into()));
     }
-    if e.pub_key.len() > MAX_KEY_BYTES {
+    if e.public_key.len() > MAX_KEY_BYTES {
         return Err(bad(format!(
             "a public key of {} bytes, more than {MAX_KEY_BYTES}",
-            e.pub_key.len()
+            e.public_key.len()
         )));
     }
-    if crate::pem::holds_private_key(e.pub_key) {
+    if keycache::pem::holds_private_key(e.public_key) {
         return Err(bad("the value holds a PRIVATE KEY block".into()));
     }
     Ok(())

@@ -15,7 +15,7 @@
 //! 3. a new replica from an empty store: 100,000 keys (and `--big N`),
 //!    with the key tree on, as a master runs it.
 //!
-//! `cargo run --release -p keycache-etcd --example etcd_bench -- [--members 3] [--big 1000000] [--only lag|accept|new]`
+//! `cargo run --release -p keycache-bench --example etcd_bench -- [--members 3] [--big 1000000] [--only lag|accept|new]`
 //! (`KEYCACHE_PYTHON` names the venv's python, or `KEYCACHE_ETCD` the
 //! directory of the etcd binary).
 
@@ -24,9 +24,9 @@ use std::path::Path;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use keycache::snapshot::Bank;
 use keycache::store::{KeyState, Store};
 use keycache::tree::TreeSync;
+use keycache::Bank;
 use keycache::{MinionId, OpenOptions};
 use keycache_etcd::write::{Decision, Writer};
 use keycache_etcd::{block_on, ReplicaState, Replicator, Report, Settings, Value};

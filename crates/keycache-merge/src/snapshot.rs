@@ -42,8 +42,8 @@ use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::history::{value_hash, History, HistoryOptions, Ident, Kind, Version};
-use crate::key::KeyState;
-use crate::store::Store;
+use keycache::key::KeyState;
+use keycache::store::Store;
 
 mod codec;
 mod stream;
@@ -63,9 +63,9 @@ pub const TRAILER_LEN: usize = 8;
 /// Bit of the header's flags: the cluster is known.
 pub const FLAG_CLUSTER: u32 = 1;
 /// The largest public key a snapshot may carry (as `migrate` reads).
-pub use crate::pem::MAX_KEY_BYTES;
+pub use keycache::pem::MAX_KEY_BYTES;
 
-pub use crate::key::Bank;
+pub use keycache::key::Bank;
 
 /// A bank's byte in a snapshot entry.
 pub(crate) fn bank_byte(b: Bank) -> u8 {
@@ -97,7 +97,7 @@ pub struct Entry {
     pub stamp: u64,
     /// The public key, PEM bytes as stored (a denied key without Salt's
     /// trailing NULs, as Salt reads it); empty for a tombstone.
-    pub pub_key: Vec<u8>,
+    pub public_key: Vec<u8>,
 }
 
 /// An entry as the reader holds it before deciding to keep it.
@@ -112,19 +112,19 @@ pub struct EntryRef<'a> {
     /// The version's stamp.
     pub stamp: u64,
     /// The public key (empty for a tombstone).
-    pub pub_key: &'a [u8],
+    pub public_key: &'a [u8],
 }
 
-/// The version of an entry of `kind` stamped `stamp` holding `pub_key` (a
+/// The version of an entry of `kind` stamped `stamp` holding `public_key` (a
 /// tombstone's hash is 0).
-fn version_of(stamp: u64, kind: Kind, pub_key: &[u8]) -> Version {
+fn version_of(stamp: u64, kind: Kind, public_key: &[u8]) -> Version {
     Version {
         stamp,
         kind,
         hash: if kind == Kind::Absent {
             0
         } else {
-            value_hash(kind, pub_key)
+            value_hash(kind, public_key)
         },
     }
 }
@@ -132,7 +132,7 @@ fn version_of(stamp: u64, kind: Kind, pub_key: &[u8]) -> Version {
 impl EntryRef<'_> {
     /// The entry's version.
     pub fn version(&self) -> Version {
-        version_of(self.stamp, self.kind, self.pub_key)
+        version_of(self.stamp, self.kind, self.public_key)
     }
 
     /// An owned copy.
@@ -142,7 +142,7 @@ impl EntryRef<'_> {
             id: self.id.to_owned(),
             kind: self.kind,
             stamp: self.stamp,
-            pub_key: self.pub_key.to_vec(),
+            public_key: self.public_key.to_vec(),
         }
     }
 }
@@ -155,13 +155,13 @@ impl Entry {
             id: &self.id,
             kind: self.kind,
             stamp: self.stamp,
-            pub_key: &self.pub_key,
+            public_key: &self.public_key,
         }
     }
 
     /// The entry's version.
     pub fn version(&self) -> Version {
-        version_of(self.stamp, self.kind, &self.pub_key)
+        version_of(self.stamp, self.kind, &self.public_key)
     }
 
     /// The state in the `keys` bank, if the entry holds one.
@@ -187,7 +187,7 @@ pub struct Snapshot {
 #[derive(Debug, Clone)]
 pub struct SnapshotOptions {
     /// How long to wait for each bank's lock before giving up with
-    /// [`Error::Busy`]. Default 10 s.
+    /// [`keycache::Error::Busy`]. Default 10 s.
     pub lock_wait: Duration,
     /// The history's horizon and clock.
     pub history: HistoryOptions,
@@ -205,15 +205,16 @@ impl Default for SnapshotOptions {
 /// An error when `pem`, the value of (`bank`, `id`), holds a private key:
 /// never put in a snapshot.
 fn refuse_private(store: &Store, bank: Bank, id: &str, pem: &[u8]) -> Result<()> {
-    if crate::pem::holds_private_key(pem) {
-        return Err(Error::Corrupt {
+    if keycache::pem::holds_private_key(pem) {
+        return Err(keycache::Error::Corrupt {
             path: store.dir().into(),
             id: Some(id.to_owned()),
             why: format!(
                 "the {bank} value holds a PRIVATE KEY block: never put in a snapshot (delete or \
                  replace the key, then take the snapshot again)"
             ),
-        });
+        }
+        .into());
     }
     Ok(())
 }
@@ -231,7 +232,7 @@ pub fn take(store: &Store, opts: &SnapshotOptions) -> Result<Snapshot> {
     let h = &opts.history;
     let cluster = crate::history::cluster_of(store)?;
     let (mut entries, hist, generation) = k.read_locked(w, || {
-        d.read_locked(w, || {
+        d.read_locked(w, || -> Result<_> {
             let mut hist = History::load(store.dir(), h)?;
             let mut v = Vec::new();
             hist.observe(store, h, false, |bank, id, _state, pem, ver| {
@@ -241,7 +242,7 @@ pub fn take(store: &Store, opts: &SnapshotOptions) -> Result<Snapshot> {
                     id: id.to_owned(),
                     kind: ver.kind,
                     stamp: ver.stamp,
-                    pub_key: pem.to_vec(),
+                    public_key: pem.to_vec(),
                 });
                 Ok(())
             })?;
@@ -253,7 +254,7 @@ pub fn take(store: &Store, opts: &SnapshotOptions) -> Result<Snapshot> {
                         id: id.to_owned(),
                         kind: Kind::Absent,
                         stamp: ver.stamp,
-                        pub_key: Vec::new(),
+                        public_key: Vec::new(),
                     });
                 }
             }
@@ -401,9 +402,9 @@ pub struct PreparedFile {
 impl PreparedFile {
     /// Renames the file into place and fsyncs the directory.
     pub fn commit(mut self) -> Result<()> {
-        crate::files::rename(&self.tmp, &self.path)?;
+        keycache::files::rename(&self.tmp, &self.path)?;
         self.done = true;
-        crate::files::sync_dir(&self.dir)
+        Ok(keycache::files::sync_dir(&self.dir)?)
     }
 }
 
@@ -432,11 +433,11 @@ pub(crate) fn prepare_file_with(
     let tmp = dir.join(format!(
         ".{name}.keycache-tmp.{}.{}",
         std::process::id(),
-        crate::files::now_ns()
+        keycache::files::now_ns()
     ));
-    let own = crate::files::Ownership {
+    let own = keycache::files::Ownership {
         owner: None,
-        mode: crate::files::DEFAULT_MODE,
+        mode: keycache::files::DEFAULT_MODE,
         explicit: false,
     };
     let prepared = PreparedFile {
@@ -445,15 +446,17 @@ pub(crate) fn prepare_file_with(
         dir,
         done: false,
     };
-    let f = crate::files::create_new_unsynced(&tmp, &own).map_err(|e| match e {
-        Error::Io { source, .. } => Error::io(path, "create (beside it, a temporary file)", source),
-        e => e,
+    let f = keycache::files::create_new_unsynced(&tmp, &own).map_err(|e| match e {
+        keycache::Error::Io { source, .. } => {
+            Error::io(path, "create (beside it, a temporary file)", source)
+        }
+        e => e.into(),
     })?;
     let mut w = std::io::BufWriter::new(&f);
     body(&mut w)?;
     w.flush().map_err(|e| Error::io(path, "write", e))?;
     drop(w);
-    crate::files::sync_data(&f, path)?;
+    keycache::files::sync_data(&f, path)?;
     Ok(prepared)
 }
 

@@ -8,11 +8,11 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use keycache::history::HistoryOptions;
-use keycache::hlc::WallClock;
-use keycache::merge::{self, Base, BaseFile, MergeOptions};
-use keycache::snapshot::{self, Bank, SnapshotOptions};
 use keycache::{KeyState, OpenOptions, Params, Store};
+use keycache_merge::history::HistoryOptions;
+use keycache_merge::hlc::WallClock;
+use keycache_merge::merge::{self, Base, BaseFile, MergeOptions};
+use keycache_merge::snapshot::{self, Bank, SnapshotOptions};
 use keycache_testkit::common::Rng;
 
 use crate::model::{
@@ -241,7 +241,7 @@ impl Sim {
     }
 
     /// A new peer whose store is made from `tree` and its history begun
-    /// ([`keycache::history::begin_if_missing`]): by a migration when
+    /// ([`keycache_merge::history::begin_if_missing`]): by a migration when
     /// `migrated` (a rejected or denied entry stamped at its file's time,
     /// so that two stores migrated from one tree hold one version of it),
     /// else by the Salt driver's first write (stamped at the creation).
@@ -264,10 +264,10 @@ impl Sim {
                 .find(|e| e.bank == b && IDS[e.id] == id)
                 .map(|e| e.at)
         };
-        let since: Option<keycache::history::Since<'_>> = migrated.then_some(&ctime);
+        let since: Option<keycache_merge::history::Since<'_>> = migrated.then_some(&ctime);
         // Not asserted: without a history begun here, the sim's
         // invariants are what fail.
-        keycache::history::begin_if_missing(&st, &self.hist(), since).expect("begin");
+        keycache_merge::history::begin_if_missing(&st, &self.hist(), since).expect("begin");
         self.observed(&dir, made);
         let first = match tree.acts {
             Some(k) => k,
@@ -337,14 +337,14 @@ impl Sim {
         dir: &Path,
         bytes: &[u8],
         base: Option<&Path>,
-    ) -> keycache::Result<()> {
+    ) -> keycache_merge::Result<()> {
         let t = self.tick();
         let store = self.store(dir);
         let mo = MergeOptions {
             history: self.hist(),
             ..MergeOptions::default()
         };
-        let h = keycache::history::History::load(dir, &mo.history)?;
+        let h = keycache_merge::history::History::load(dir, &mo.history)?;
         let theirs = merge::read_snapshot(&h, &mut &bytes[..], "peer")?;
         if let Some(p) = base {
             if let BaseFile::Base(b) = Base::read_file(p)? {

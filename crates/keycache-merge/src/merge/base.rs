@@ -76,7 +76,7 @@ impl Base {
         }
         let mut sum = [0u8; 8];
         sum.copy_from_slice(&b[LEN - 8..]);
-        if u64::from_le_bytes(sum) != crate::format::hash(&b[..LEN - 8]) {
+        if u64::from_le_bytes(sum) != keycache::format::hash(&b[..LEN - 8]) {
             return Err(bad("checksum mismatch"));
         }
         let mut store = [0u8; 16];
@@ -98,7 +98,7 @@ impl Base {
         b.extend_from_slice(&1u32.to_le_bytes());
         b.extend_from_slice(&self.store);
         b.extend_from_slice(&self.generation.to_le_bytes());
-        let sum = crate::format::hash(&b);
+        let sum = keycache::format::hash(&b);
         b.extend_from_slice(&sum.to_le_bytes());
         prepare_file_with(path, |w| {
             w.write_all(&b)

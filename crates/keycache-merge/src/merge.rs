@@ -12,9 +12,9 @@
 //! one that lost its base files merges like any other.
 //!
 //! ```
-//! use keycache::history::History;
-//! use keycache::merge::{self, MergeOptions};
-//! use keycache::snapshot::{self, Snapshot, SnapshotOptions};
+//! use keycache_merge::history::History;
+//! use keycache_merge::merge::{self, MergeOptions};
+//! use keycache_merge::snapshot::{self, Snapshot, SnapshotOptions};
 //! use keycache::{KeyState, MinionId, OpenOptions, Params, Store};
 //!
 //! # fn main() -> keycache::Result<()> {
@@ -84,9 +84,9 @@ use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::history::{show_ident, History, HistoryOptions, Ident, Kind, Version};
-use crate::key::Bank;
 use crate::snapshot::{Entry, Snapshot};
-use crate::store::Store;
+use keycache::key::Bank;
+use keycache::store::Store;
 
 mod apply;
 mod base;
@@ -379,11 +379,12 @@ fn check_value(e: &Entry) -> Result<()> {
         source_name: "merge".into(),
         why: format!("{} entry {:?}: {why}; nothing was written", e.bank, e.id),
     };
-    crate::id::validate(&e.id).map_err(|err| bad(err.to_string()))?;
-    if e.pub_key.len() > crate::snapshot::MAX_KEY_BYTES {
-        return Err(bad(format!("a public key of {} bytes", e.pub_key.len())));
+    keycache::id::validate(&e.id).map_err(|err| bad(err.to_string()))?;
+    if e.public_key.len() > crate::snapshot::MAX_KEY_BYTES {
+        return Err(bad(format!("a public key of {} bytes", e.public_key.len())));
     }
-    crate::pem::check_public_key(&e.pub_key).map_err(|p| bad(format!("not a public key: {p}")))
+    keycache::pem::check_public_key(&e.public_key)
+        .map_err(|p| bad(format!("not a public key: {p}")))
 }
 
 /// Plans the merge of `theirs` into a store of cluster `cluster` whose

@@ -5,10 +5,10 @@
 use super::{MergeOptions, MergePlan};
 use crate::error::{Error, Result};
 use crate::history::{value_hash, History, Kind, Peer};
-use crate::id::MinionId;
-use crate::key::Bank;
-use crate::store::Store;
-use crate::tree::TreeChanges;
+use keycache::id::MinionId;
+use keycache::key::Bank;
+use keycache::store::Store;
+use keycache::tree::TreeChanges;
 
 /// What [`super::merge`] wrote.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -23,7 +23,7 @@ pub struct MergeReport {
 
 /// The hash of what the store holds for (`bank`, `id`) now; 0 when absent.
 fn current(
-    b: &crate::store::Batch<'_, '_>,
+    b: &keycache::store::Batch<'_, '_>,
     store: &Store,
     bank: Bank,
     id: &MinionId,
@@ -100,9 +100,9 @@ pub(super) fn commit(
             for (e, id) in plan.entries.iter().zip(&ids) {
                 let r = &e.result;
                 match (e.bank(), r.kind.state()) {
-                    (Bank::Keys, Some(s)) => b.put(id, s, &r.pub_key)?,
+                    (Bank::Keys, Some(s)) => b.put(id, s, &r.public_key)?,
                     (Bank::Keys, None) => b.remove(id)?,
-                    (Bank::Denied, _) if r.kind == Kind::Denied => b.deny(id, &r.pub_key)?,
+                    (Bank::Denied, _) if r.kind == Kind::Denied => b.deny(id, &r.public_key)?,
                     (Bank::Denied, _) => b.remove_denied(id)?,
                 }
             }
