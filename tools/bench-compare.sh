@@ -8,6 +8,12 @@
 #   tools/bench-compare.sh salt       # keycache against Salt 3008.5 only: lookups, listing, migration
 #   tools/bench-compare.sh lmdb       # keycache against LMDB/heed and the HashMaps: lookups, open, writes, callgrind
 #   tools/bench-compare.sh quick      # 10k and 100k stores, 2 short rounds
+#   tools/bench-compare.sh scaling    # lookups across threads only (section `scaling`):
+#                                     # keycache, LMDB/heed, hashbrown in an RwLock, each with a
+#                                     # writer beside its readers, on 1, 2, 4, ... every CPU;
+#                                     # defaults --threads max --sizes 1000000 (an option given
+#                                     # replaces its default; `--generate rust` makes the store
+#                                     # in seconds instead of migrating a tree)
 #   tools/bench-compare.sh all --rounds 3 ...   # extra options go to `compare run`
 #
 # Salt's migration is run on the 10k tree only (about 1 min: one locked,
@@ -45,12 +51,21 @@ case "$mode" in
   quick)
     args+=(--sizes 10000,100000 --rounds 2 --seconds 0.25 --salt-seconds 0.5)
     ;;
+  scaling)
+    # Defaults for the options not given (clap refuses a single-valued
+    # option twice, and would add a list's values to the default's).
+    given() { local o; for o in "${@:2}"; do [[ "$o" == "$1" || "$o" == "$1="* ]] && return 0; done; return 1; }
+    given --only "$@" || args+=(--only scaling)
+    given --threads "$@" || args+=(--threads max)
+    given --sizes "$@" || args+=(--sizes 1000000)
+    given --contenders "$@" || args+=(--contenders lmdb,maps)
+    ;;
   *)
-    echo "usage: $0 [all|salt|lmdb|quick] [compare options]" >&2
+    echo "usage: $0 [all|salt|lmdb|quick|scaling] [compare options]" >&2
     exit 2
     ;;
 esac
-if [[ "$mode" != lmdb ]]; then
+if [[ "$mode" != lmdb && "$mode" != scaling ]]; then
   echo "==> Salt 3008.5 venv (tools/setup-venv.sh)" >&2
   py=$(tools/setup-venv.sh | tail -n 1)
   args+=(--python "$py")
@@ -62,7 +77,8 @@ echo "==> load: $(cat /proc/loadavg)" >&2
 target/release/examples/compare run "${args[@]}" --json "$data/results-$mode.json" "$@" \
   | tee "$data/report-$mode.md"
 
-# The chart, with matplotlib from a venv of its own.
+# The chart, with matplotlib from a venv of its own (of the lookup section).
+[[ "$mode" == scaling ]] && exit 0
 venv=target/bench-venv
 if [[ ! -x "$venv/bin/python" ]] || ! "$venv/bin/python" -c 'import matplotlib' 2>/dev/null; then
   echo "==> matplotlib venv at $venv" >&2

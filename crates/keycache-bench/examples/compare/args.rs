@@ -34,6 +34,47 @@ pub(crate) enum Cmd {
     Rss(LookupArgs),
     /// Internal: a loop of lookups for callgrind to count.
     CallgrindLoop(CallgrindArgs),
+    /// Internal: the writer process of section `scaling`, which changes
+    /// existing keys at a fixed rate until its stdin closes.
+    #[command(hide = true)]
+    Writer(WriterArgs),
+}
+
+/// A list of thread counts: `1,2,4` (each at least 1), or `max` (also
+/// `all`): 1, 2, 4, ... doubling, then every CPU the process may use
+/// (`std::thread::available_parallelism`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Threads(pub(crate) Vec<usize>);
+
+/// Parses `--threads` (see [`Threads`]).
+pub(crate) fn threads(s: &str) -> Result<Threads, String> {
+    let mut v = Vec::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        if part == "max" || part == "all" {
+            let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+            let mut t = 1;
+            while t < cpus {
+                v.push(t);
+                t *= 2;
+            }
+            v.push(cpus);
+        } else {
+            match part.parse::<usize>() {
+                Ok(t) if t >= 1 => v.push(t),
+                _ => {
+                    return Err(format!(
+                        "{part:?}: a thread count (1 or more), `max` or `all`"
+                    ))
+                }
+            }
+        }
+    }
+    v.sort_unstable();
+    v.dedup();
+    if v.is_empty() {
+        return Err("no thread count".into());
+    }
+    Ok(Threads(v))
 }
 
 /// A count: digits, `_` allowed as a separator (`1_000_000`).
@@ -61,13 +102,28 @@ pub(crate) struct RunArgs {
     /// contender.
     #[arg(long, value_name = "SALT_VENV_PYTHON")]
     pub(crate) python: Option<PathBuf>,
-    /// Sections: lookup, list, migrate, open, write, callgrind.
+    /// Sections: lookup, list, migrate, open, write, callgrind, scaling
+    /// (`scaling` runs only when named).
     #[arg(
         long,
         value_delimiter = ',',
         default_value = "lookup,list,migrate,open,write,callgrind"
     )]
     pub(crate) only: Vec<String>,
+    /// Thread counts of section `scaling`: a comma list (`1,2,4,8`), or
+    /// `max` (1, 2, 4, ... up to every CPU the process may use).
+    #[arg(long, value_parser = threads, default_value = "1,2")]
+    pub(crate) threads: Threads,
+    /// Writes per second of the writer (process or thread) that runs beside
+    /// the readers of section `scaling`.
+    #[arg(long, value_parser = count, default_value = "1000")]
+    pub(crate) writer_rate: u64,
+    /// How the stores are made: `tree` (a `tools/gen-pki-tree.py` tree
+    /// migrated with `keycache migrate`: needs python3 and the keycache
+    /// binary) or `rust` (puts of the same kind of ids and keys straight
+    /// from this tool, in batches; no tree, so no list or migrate section).
+    #[arg(long, default_value = "tree", value_parser = ["tree", "rust"])]
+    pub(crate) generate: String,
     /// Contenders: salt, lmdb, maps.
     #[arg(long, value_delimiter = ',', default_value = "salt,lmdb,maps")]
     pub(crate) contenders: Vec<String>,
@@ -130,6 +186,30 @@ impl LookupArgs {
             .as_deref()
             .unwrap_or_else(|| die("contender lmdb needs --lmdb"))
     }
+}
+
+/// The writer process of section `scaling`: what it writes to, and how fast.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct WriterArgs {
+    /// The keycache store to write to.
+    #[arg(long)]
+    pub(crate) store: Option<PathBuf>,
+    /// Its table size.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub(crate) size: u64,
+    /// The LMDB environment to write to.
+    #[arg(long)]
+    pub(crate) lmdb: Option<PathBuf>,
+    /// A file of ids present in both, one a line (the first 65,536 are
+    /// used; those in state accepted are changed).
+    #[arg(long)]
+    pub(crate) ids: PathBuf,
+    /// Writes per second (each target).
+    #[arg(long, value_parser = count, default_value = "1000")]
+    pub(crate) rate: u64,
+    /// Stops after this many seconds even if its stdin stays open.
+    #[arg(long, default_value_t = 3600.0)]
+    pub(crate) max_seconds: f64,
 }
 
 #[derive(Debug, Clone, clap::Args)]

@@ -1,12 +1,13 @@
 //! The data measured on, made once under `--data` and reused: trees from
 //! `tools/gen-pki-tree.py`, stores migrated from them with `keycache migrate`,
-//! id lists, LMDB environments.
+//! id lists, LMDB environments; or (`--generate rust`) stores put straight
+//! from this tool, under names of their own (`store-N-rs`, ...).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use keycache::{MinionId, Store};
-use keycache_bench::{build_lmdb, minion_id, open_options, table_size_for};
+use keycache_bench::{build_lmdb, build_store, minion_id, open_options, table_size_for};
 use keycache_testkit::rng::Rng;
 
 use crate::util::{die, log, repo};
@@ -14,6 +15,9 @@ use crate::util::{die, log, repo};
 pub(crate) struct Data {
     pub(crate) dir: PathBuf,
     pub(crate) keycache: PathBuf,
+    /// Stores made by puts from this tool (`keycache_bench::build_store`)
+    /// rather than migrated from a tree.
+    pub(crate) rust: bool,
 }
 
 pub(crate) struct Prepared {
@@ -50,11 +54,39 @@ impl Data {
         tree
     }
 
+    /// What the names of this kind of data end with: `-rs` for stores put
+    /// from this tool, nothing for migrated ones.
+    fn tag(&self) -> &'static str {
+        if self.rust {
+            "-rs"
+        } else {
+            ""
+        }
+    }
+
     pub(crate) fn prepare(&self, n: u64) -> Prepared {
-        let tree = self.tree(n);
+        let tag = self.tag();
         let size = table_size_for(n);
-        let store = self.dir.join(format!("store-{n}"));
+        let store = self.dir.join(format!("store-{n}{tag}"));
         let done = store.join(".compare-complete");
+        let tree = if self.rust {
+            self.dir.join(format!("tree-{n}"))
+        } else {
+            self.tree(n)
+        };
+        if self.rust && !done.exists() {
+            let _ = std::fs::remove_dir_all(&store);
+            log(&format!(
+                "putting {n} minions into store-{n}{tag} (size {size})"
+            ));
+            let t0 = std::time::Instant::now();
+            drop(build_store(&store, n, size));
+            log(&format!(
+                "store-{n}{tag}: {:.1} s",
+                t0.elapsed().as_secs_f64()
+            ));
+            std::fs::write(&done, b"").unwrap();
+        }
         if !done.exists() {
             let _ = std::fs::remove_dir_all(&store);
             std::fs::create_dir_all(&store).unwrap();
@@ -73,9 +105,9 @@ impl Data {
             }
             std::fs::write(&done, b"").unwrap();
         }
-        let hits_file = self.dir.join(format!("ids-{n}-hit.txt"));
-        let misses_file = self.dir.join(format!("ids-{n}-miss.txt"));
-        let sample_file = self.dir.join(format!("ids-{n}-sample10k.txt"));
+        let hits_file = self.dir.join(format!("ids-{n}{tag}-hit.txt"));
+        let misses_file = self.dir.join(format!("ids-{n}{tag}-miss.txt"));
+        let sample_file = self.dir.join(format!("ids-{n}{tag}-sample10k.txt"));
         if !sample_file.exists() {
             let s = Store::open_with(&store, &open_options(size)).unwrap();
             let mut hits: Vec<String> = s.keys(None).unwrap().map(|r| r.unwrap().0).collect();
@@ -103,8 +135,10 @@ impl Data {
     }
 
     pub(crate) fn lmdb(&self, p: &Prepared, entries: &[(String, u8, Vec<u8>)]) -> PathBuf {
-        let dir = self.dir.join(format!("lmdb-{}", p.n));
-        let done = self.dir.join(format!("lmdb-{}.complete", p.n));
+        let dir = self.dir.join(format!("lmdb-{}{}", p.n, self.tag()));
+        let done = self
+            .dir
+            .join(format!("lmdb-{}{}.complete", p.n, self.tag()));
         if !done.exists() {
             let _ = std::fs::remove_dir_all(&dir);
             log(&format!(

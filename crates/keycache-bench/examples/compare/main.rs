@@ -15,9 +15,13 @@
 //!     [--seconds 0.5] [--salt-seconds 1] [--python PY] [--only SECTIONS]
 //!     [--contenders salt,lmdb,maps] [--migrate-sizes 10000,100000]
 //!     [--salt-migrate-max N] [--data DIR] [--json FILE]
+//!     [--threads 1,2,4|max] [--writer-rate 1000] [--generate tree|rust]
 //! ```
 //!
-//! Sections (`--only`): lookup, list, migrate, open, write, callgrind.
+//! Sections (`--only`): lookup, list, migrate, open, write, callgrind,
+//! scaling. `scaling` (lookups on `--threads 1,2,4,...` or `max`, each
+//! contender with a writer beside its readers: another process for keycache
+//! and LMDB) runs only when named.
 //! Salt's migration (one locked, fsynced insert per key: 6-13 ms a key) is
 //! run on trees of at most `--salt-migrate-max` minions (default 10000);
 //! for larger trees its time is extrapolated from its time per key on the
@@ -30,12 +34,13 @@
 //! medians over the rounds.
 //!
 //! Internal subcommands (run as child processes): `noop`, `open-first`,
-//! `rss`, `callgrind-loop`.
+//! `rss`, `callgrind-loop`, `writer` (the writer process of `scaling`).
 //!
 //! Modules: [`args`] (the command line), [`run`] (`compare run`: the
 //! sections, then the report), one module per section ([`lookup`],
 //! [`list`], [`migrate`], [`open`], [`write`], [`callgrind`]: its
-//! measurements and its report table), and what they share: [`data`] (trees,
+//! measurements and its report table; [`scaling`] with its writer process,
+//! [`writer`]), and what they share: [`data`] (trees,
 //! stores, id lists, LMDB environments), [`measure`] (the library's
 //! measuring loop with pinned threads, the samples), [`contenders`] (one
 //! lookup of each contender, Salt's driver), [`report`] and [`util`]. The
@@ -52,8 +57,10 @@ mod migrate;
 mod open;
 mod report;
 mod run;
+mod scaling;
 mod util;
 mod write;
+mod writer;
 
 use clap::Parser;
 
@@ -67,5 +74,6 @@ fn main() {
         Cmd::OpenFirst(a) => open::cmd_open_first(&a),
         Cmd::Rss(a) => open::cmd_rss(&a),
         Cmd::CallgrindLoop(a) => callgrind::cmd_callgrind_loop(&a),
+        Cmd::Writer(a) => writer::cmd_writer(&a),
     }
 }

@@ -16,6 +16,7 @@ use crate::measure::{Cfg, Samples};
 use crate::migrate::{report_migrate, section_migrate, MIGRATE_TABLE};
 use crate::open::{report_open, section_open, OPEN_TABLE};
 use crate::report::{machine, Report};
+use crate::scaling::{report_scaling, section_scaling};
 use crate::util::{die, repo, size_label};
 use crate::write::{report_write, section_write, WRITE_TABLE};
 
@@ -47,24 +48,33 @@ pub(crate) fn cmd_run(a: &RunArgs) {
             .keycache
             .clone()
             .unwrap_or_else(|| repo().join("target/release/keycache")),
+        rust: a.generate == "rust",
     };
     std::fs::create_dir_all(&data.dir).unwrap();
-    if !data.keycache.exists() {
+    let has = |s: &str| only.iter().any(|o| o == s);
+    if data.rust && (has("list") || has("migrate")) {
+        die("--generate rust makes no trees: leave out the list and migrate sections (--only)");
+    }
+    if (!data.rust || has("migrate")) && !data.keycache.exists() {
         die(&format!(
             "{} missing: cargo build --release --bin keycache",
             data.keycache.display()
         ));
     }
     let salt_max = a.salt_migrate_max;
-    let has = |s: &str| only.iter().any(|o| o == s);
     let started = Instant::now();
     let m0 = machine();
     let mut lookups = Vec::new();
     let mut lists = Vec::new();
     let mut opens = Vec::new();
     let mut grinds = Vec::new();
+    let mut scalings = Vec::new();
+    let threads = &a.threads.0;
     for &n in &sizes {
         let p = data.prepare(n);
+        if has("scaling") {
+            scalings.push((n, section_scaling(&cfg, &data, &p, threads, a.writer_rate)));
+        }
         if has("lookup") {
             lookups.push((n, section_lookup(&cfg, &data, &p)));
         }
@@ -130,10 +140,18 @@ pub(crate) fn cmd_run(a: &RunArgs) {
             )
         })
         .collect();
-    r.line(&format!(
+    if data.rust {
+        r.line(&format!(
+            "Stores: puts of {} from this tool (`keycache_bench::build_store`: ids `role-NNNNNNN.dcN.example.com`, 90% accepted, 6% pending, 4% rejected; 451-byte PEM keys); {}. Absent ids have the same shape. Every lookup hands back state and key and the caller sums every byte of the key.\n",
+            if sizes.len() == 1 { "the minions" } else { "every store's minions" },
+            table_sizes.join(", ")
+        ));
+    } else {
+        r.line(&format!(
         "Stores: `keycache migrate` of `tools/gen-pki-tree.py` trees (90% accepted, 5% pending, 3% rejected, 2% denied; 451-byte PEM keys); {}. Existing ids are the `keys` bank's, absent ids have the same shape. Every lookup hands back state and key and the caller sums every byte of the key.\n",
         table_sizes.join(", ")
     ));
+    }
     r.section(!lookups.is_empty(), LOOKUP_TABLE, |r| {
         report_lookup(r, &lookups, &cfg)
     });
@@ -145,6 +163,9 @@ pub(crate) fn cmd_run(a: &RunArgs) {
     r.section(!writes.0.is_empty(), WRITE_TABLE, |r| {
         report_write(r, &writes)
     });
+    if !scalings.is_empty() {
+        report_scaling(&mut r, &scalings, threads, a.writer_rate);
+    }
     report_callgrind(&mut r, &grinds);
     if !r.targets.is_empty() {
         r.line("### Targets");
@@ -180,6 +201,9 @@ pub(crate) fn cmd_run(a: &RunArgs) {
     r.json.insert("open".into(), to_json(&opens));
     r.json.insert("callgrind".into(), to_json(&grinds));
     r.json.insert("write".into(), writes.to_json());
+    r.json.insert("scaling".into(), to_json(&scalings));
+    r.json.insert("threads".into(), json!(threads));
+    r.json.insert("writer_rate".into(), json!(a.writer_rate));
     r.json.insert(
         "targets".into(),
         json!(r
