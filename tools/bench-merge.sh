@@ -16,7 +16,7 @@
 #   2. `keycache merge` of a peer's snapshot that differs from the store in 1%
 #      of its keys (N/200 deleted, N/250 rejected, N/1000 accepted on the
 #      peer), the two stores having agreed before (merged each other), as the
-#      README's timer finds them.
+#      docs/install.md's timer finds them.
 #   3. Salt's own path for the same keys: salt.cluster.state_sync's
 #      install_keys_chunk (one mmap_key `store` per key, in chunks of 200, as
 #      a joining master installs a peer's keys): all of the snapshot's entries

@@ -1,7 +1,7 @@
 //! Helpers of the snapshot and merge tests (over [`crate::common`]):
 //! listings of a store directory for "nothing was written" checks,
 //! snapshot files crafted byte by byte, Salt's `validate_token` on many
-//! masters, masters made from a localfs_key tree, and the README's timer
+//! masters, masters made from a localfs_key tree, and docs/install.md's timer
 //! recipe.
 
 use std::path::{Path, PathBuf};
@@ -218,7 +218,7 @@ pub fn vt_passing(keys: &Path, pkis: &[&Path], ids: &[&str]) -> Vec<Vec<String>>
         .collect()
 }
 
-// --- Masters and the README's timer recipe -------------------------------
+// --- Masters and docs/install.md's timer recipe -------------------------------
 
 /// A Salt master's pki dir `root/name` (mode 0700): the localfs_key
 /// directories, `pending` (id, PEM) in `minions_pre/`, migrated into banks
@@ -281,7 +281,7 @@ pub fn base_path(root: &Path, a: &Path, b: &Path) -> PathBuf {
     root.join(format!("base-{}-from-{}", name(a), name(b)))
 }
 
-/// The README's timer recipe on master `a` for peer `b`, through a file:
+/// docs/install.md's timer recipe on master `a` for peer `b`, through a file:
 /// `keycache snapshot B --seen <b's base for a> -o SNAP`, then `keycache
 /// merge A SNAP --base <a's base for b> --write-base <the same> MORE`
 /// (`extra`, the layout's arguments, given to both). The snapshot must

@@ -6,7 +6,7 @@ Setup (two_masters_support.py): master A on 127.0.0.1 and master B on
 multi-master setups do (so keycache sees one cluster, named by ``master.pub``),
 and one salt-minion with ``master: [127.0.0.1, 127.0.0.2]`` signed in to both.
 The masters have no channel between them: keys go from one store to the other
-only through the README's merge timer, run here behind the running masters'
+only through docs/install.md's merge timer, run here behind the running masters'
 backs (``keycache snapshot -c <peer> --seen ...`` into
 ``keycache merge -c <this> FILE --base F --write-base F``).
 

@@ -9,7 +9,7 @@ alone, two minions sign in to it (pending), A is stopped and its whole
 both.
 
 Each master accepts one minion before the first merge round (``keycache
-accept``: minion 1 on A, minion 2 on B); then the README's merge timer runs by
+accept``: minion 1 on A, minion 2 on B); then docs/install.md's merge timer runs by
 hand, B from A and A from B, twice. Every accept must survive: both minions
 answer ``salt <id> test.ping`` from both masters.
 

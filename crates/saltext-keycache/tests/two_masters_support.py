@@ -170,7 +170,7 @@ class Master:
     def wait_ping_true(self, alive, timeout=60):
         mm.wait_salt_ping_true(self.conf, MINION_ID, f" from master {self.name}", alive, timeout)
 
-    # -- the README's merge timer ----------------------------------------------
+    # -- docs/install.md's merge timer ----------------------------------------------
 
     def base_of(self, peer):
         return self.merge_dir / f"from-{peer.name}.snap"
@@ -342,7 +342,7 @@ class TwoMasters:
             )
 
     def pull(self, dst, src, keep=None):
-        """The README's timer on ``dst`` pulling from ``src``: snapshot, then merge; the run.
+        """docs/install.md's timer on ``dst`` pulling from ``src``: snapshot, then merge; the run.
 
         ``keep``: also keep the snapshot under that name (for replaying it later).
         """

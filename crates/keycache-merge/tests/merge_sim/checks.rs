@@ -47,7 +47,7 @@ impl Sim {
     /// other one's `hi`. A tick apart at least: a clock's stamps run ahead
     /// of the wall by a few nanoseconds within one tick. The timer's
     /// snapshot after an action (some of the time) narrows the bounds, as
-    /// the README's timer does.
+    /// docs/install.md's timer does.
     pub(crate) fn check_kept(&self, held: &Held, know: &Know, what: &str) {
         let mut by: BTreeMap<(u8, usize), Vec<&Action>> = BTreeMap::new();
         for &a in &know.acts {

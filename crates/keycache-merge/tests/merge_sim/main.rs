@@ -1,5 +1,5 @@
 //! Simulation of 2 to 4 peers of a cluster exchanging snapshots by the
-//! README's timer recipe (`snapshot` piped into `merge --base F
+//! docs/install.md's timer recipe (`snapshot` piped into `merge --base F
 //! --write-base F`, in process), with operator actions (accept, reject,
 //! delete, deny, re-key, new minions) made on the banks directly, as Salt's
 //! own writers make them (the history finds them), and the events that

@@ -1,7 +1,7 @@
 //! Crash safety of `keycache merge` (x86_64 Linux, through ptrace): the
 //! merge of a peer's snapshot (keys added, deleted, moved between states,
 //! given another key; denied keys added, replaced and removed) into a
-//! pki_dir that holds the banks and the localfs_key tree, by the README's
+//! pki_dir that holds the banks and the localfs_key tree, by docs/install.md's
 //! timer recipe (`--base` and `--write-base` the same file), killed with
 //! SIGKILL at a sample of its system calls (the entry of the call: before a
 //! write, an fsync, a rename, an unlink; the history's writes included) and

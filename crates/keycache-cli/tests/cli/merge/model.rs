@@ -1,5 +1,5 @@
 //! The merges' model test: isolated peers converge on one key state
-//! through `keycache snapshot` and `keycache merge` (the README's timer
+//! through `keycache snapshot` and `keycache merge` (docs/install.md's timer
 //! recipe: `--seen`, `--base` and `--write-base` given as the timers give
 //! them), and no revoked key comes back.
 //!

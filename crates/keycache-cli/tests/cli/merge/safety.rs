@@ -3,7 +3,7 @@
 //! a revoked key back or took another cluster's state, each asserting the
 //! safety property itself on Salt masters (pki dirs with banks and the
 //! localfs_key tree, judged by Salt 3008.5's own
-//! `ReqServerChannel.validate_token`), through the CLI and the README's
+//! `ReqServerChannel.validate_token`), through the CLI and docs/install.md's
 //! timer recipe (`keycache snapshot B --seen ... | keycache merge A -
 //! --base F --write-base F`):
 //!
