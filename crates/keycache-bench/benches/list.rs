@@ -4,7 +4,7 @@
 //!
 //! `cargo bench --bench list`: 100k minions (`KEYCACHE_BENCH_MINIONS` to
 //! change), store and tree in a temporary directory. Salt's own
-//! `mmap_key.list_all` is in `tools/bench-compare.sh`.
+//! `mmap_key.list_all` is in `tools/bench.sh compare`.
 
 #![allow(missing_docs)] // criterion_group! makes undocumented public items
 mod common;

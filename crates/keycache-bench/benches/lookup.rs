@@ -7,7 +7,7 @@
 //! (`KEYCACHE_BENCH_MINIONS=1000000` for 1M) in a temporary directory.
 //! Every lookup hands back state and key and the caller sums every byte of
 //! the key. The side-by-side comparison with Salt's own Python reader, two
-//! threads and several store sizes is `tools/bench-compare.sh`.
+//! threads and several store sizes is `tools/bench.sh compare`.
 
 #![allow(missing_docs)] // criterion_group! makes undocumented public items
 mod common;

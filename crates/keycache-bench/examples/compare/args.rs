@@ -12,7 +12,7 @@ use crate::util::die;
 /// Python `mmap_key`.
 ///
 /// Prints a Markdown report of medians and ratios; see
-/// tools/bench-compare.sh. Without a subcommand it runs `run`.
+/// tools/bench.sh compare. Without a subcommand it runs `run`.
 #[derive(Debug, Parser)]
 #[command(name = "compare", args_conflicts_with_subcommands = true)]
 pub(crate) struct Cli {

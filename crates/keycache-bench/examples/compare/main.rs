@@ -6,7 +6,7 @@
 //! xxh3, measures what those two duties of a reader of shared memory cost
 //! on their own.
 //!
-//! Run it through `tools/bench-compare.sh` (which builds everything, sets up
+//! Run it through `tools/bench.sh compare` (which builds everything, sets up
 //! the Salt venv and draws the chart); directly:
 //!
 //! ```text

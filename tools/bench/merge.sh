@@ -3,11 +3,11 @@
 # 3008.5's own path for the same keys, and prints one Markdown report of
 # medians (run by hand, not in CI).
 #
-#   tools/bench-merge.sh                 # everything (~20 min on 2 cores, nearly all of it Salt)
-#   tools/bench-merge.sh --rounds 7      # keycache rounds per figure (default 5)
-#   tools/bench-merge.sh --salt-rounds 1 # Salt rounds per figure (default 3; each 2-3 min at 100k; 0: no Salt)
-#   tools/bench-merge.sh --no-1m         # leave out the 1M-key snapshot/list comparison
-#   tools/bench-merge.sh --keys 2000     # the merge figures with N minions (default 100000; a quick check)
+#   tools/bench.sh merge                 # everything (~20 min on 2 cores, nearly all of it Salt)
+#   tools/bench.sh merge --rounds 7      # keycache rounds per figure (default 5)
+#   tools/bench.sh merge --salt-rounds 1 # Salt rounds per figure (default 3; each 2-3 min at 100k; 0: no Salt)
+#   tools/bench.sh merge --no-1m         # leave out the 1M-key snapshot/list comparison
+#   tools/bench.sh merge --keys 2000     # the merge figures with N minions (default 100000; a quick check)
 #
 # What it measures (release build; every round on a fresh copy of its store,
 # copied outside the timed part; page cache warm):
@@ -37,12 +37,12 @@
 #
 # Data (trees from tools/gen-pki-tree.py, stores from `keycache migrate`, the
 # peer put in step by merges) is generated under target/bench-data on the
-# first run and reused (the trees are shared with tools/bench-compare.sh);
+# first run and reused (the trees are shared with tools/bench.sh compare);
 # the 1M store takes ~2.5 GB.
 # Needs: cargo, python3; the Salt venv of tools/setup-venv.sh (or
 # KEYCACHE_PYTHON).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
 rounds=5
 salt_rounds=3
@@ -54,7 +54,7 @@ while [[ $# -gt 0 ]]; do
     --salt-rounds) salt_rounds=$2; shift 2 ;;
     --no-1m) with_1m=0; shift ;;
     --keys) n=$2; shift 2 ;;
-    *) echo "usage: $0 [--rounds N] [--salt-rounds N] [--no-1m] [--keys N]" >&2; exit 2 ;;
+    *) echo "usage: tools/bench.sh merge [--rounds N] [--salt-rounds N] [--no-1m] [--keys N]" >&2; exit 2 ;;
   esac
 done
 if ! [[ $n =~ ^[0-9]+$ ]] || ((n < 1000)); then
@@ -78,7 +78,7 @@ mkdir -p "$work"
 
 log() { echo "==> $*" >&2; }
 
-# A tree of N minions (shared with bench-compare.sh), made once.
+# A tree of N minions (shared with tools/bench/compare.sh), made once.
 tree() {
   local n=$1 t=$data/tree-$1
   if [[ ! -e $t.json ]]; then
@@ -186,16 +186,16 @@ if ! "$kc" diff "$dst" "$peer" > /dev/null; then
 fi
 
 # --- Salt's own path: install_keys_chunk, one store per key --------------------
-python3 tools/bench-merge/snap2items.py "$snapN" "$work/items-$n.json" >&2
-python3 tools/bench-merge/snap2items.py "$snap_peer" "$work/items-peer.json" >&2
-python3 tools/bench-merge/snap2items.py "$snap_peer" "$work/items-changed.json" --only-changed-from "$snapN" >&2
+python3 tools/bench/merge_snap2items.py "$snapN" "$work/items-$n.json" >&2
+python3 tools/bench/merge_snap2items.py "$snap_peer" "$work/items-peer.json" >&2
+python3 tools/bench/merge_snap2items.py "$snap_peer" "$work/items-changed.json" --only-changed-from "$snapN" >&2
 salt_run() { # NAME ITEMS PREP
   local name=$1 items=$2 prep=$3 samples=()
   if [[ $salt_rounds == 0 ]]; then echo nan; return; fi
   for ((i = 0; i < salt_rounds; i++)); do
     eval "$prep"
     local out
-    out=$("$py" tools/bench-merge/salt_install.py --pki-dir "$dst" --items "$items" --size "$size")
+    out=$("$py" tools/bench/merge_salt_install.py --pki-dir "$dst" --items "$items" --size "$size")
     samples+=("$(python3 -c "import json,sys; print(json.loads(sys.argv[1])['seconds'])" "$out")")
   done
   echo "${samples[*]}" > "$work/$name.times"

@@ -4,17 +4,17 @@
 # Python mmap_key, prints one report of medians and ratios (Markdown) and
 # draws the lookup chart.
 #
-#   tools/bench-compare.sh            # everything (~30 min on 2 cores)
-#   tools/bench-compare.sh salt       # keycache against Salt 3008.5 only: lookups, listing, migration
-#   tools/bench-compare.sh lmdb       # keycache against LMDB/heed and the HashMaps: lookups, open, writes, callgrind
-#   tools/bench-compare.sh quick      # 10k and 100k stores, 2 short rounds
-#   tools/bench-compare.sh scaling    # lookups across threads only (section `scaling`):
+#   tools/bench.sh compare            # everything (~30 min on 2 cores)
+#   tools/bench.sh compare salt       # keycache against Salt 3008.5 only: lookups, listing, migration
+#   tools/bench.sh compare lmdb       # keycache against LMDB/heed and the HashMaps: lookups, open, writes, callgrind
+#   tools/bench.sh compare quick      # 10k and 100k stores, 2 short rounds
+#   tools/bench.sh compare scaling    # lookups across threads only (section `scaling`):
 #                                     # keycache, LMDB/heed, hashbrown in an RwLock, each with a
 #                                     # writer beside its readers, on 1, 2, 4, ... every CPU;
 #                                     # defaults --threads max --sizes 1000000 (an option given
 #                                     # replaces its default; `--generate rust` makes the store
 #                                     # in seconds instead of migrating a tree)
-#   tools/bench-compare.sh all --rounds 3 ...   # extra options go to `compare run`
+#   tools/bench.sh compare all --rounds 3 ...   # extra options go to `compare run`
 #
 # Salt's migration is run on the 10k tree only (about 1 min: one locked,
 # fsynced insert per key); its time for the 100k tree is extrapolated per key
@@ -30,7 +30,7 @@
 # and matplotlib (a venv under target/bench-venv); valgrind for the
 # instruction counts (skipped when missing).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
 mode=${1:-all}
 [[ $# -gt 0 ]] && shift
@@ -61,7 +61,7 @@ case "$mode" in
     given --contenders "$@" || args+=(--contenders lmdb,maps)
     ;;
   *)
-    echo "usage: $0 [all|salt|lmdb|quick|scaling] [compare options]" >&2
+    echo "usage: tools/bench.sh compare [all|salt|lmdb|quick|scaling] [compare options]" >&2
     exit 2
     ;;
 esac
@@ -92,6 +92,6 @@ else
   png=$data/perf-lookups-$mode.png
 fi
 if python3 -c "import json,sys; sys.exit(0 if json.load(open('$data/results-$mode.json')).get('lookup') else 1)"; then
-  "$venv/bin/python" tools/bench-chart.py "$data/results-$mode.json" "$png" >&2
+  "$venv/bin/python" tools/bench/chart.py "$data/results-$mode.json" "$png" >&2
   echo "chart: $png" >&2
 fi

@@ -1,4 +1,4 @@
-"""The modules of tools/bench-driver.py (run that script, not this package):
+"""The modules of tools/bench.sh driver (run that script, not this package):
 
 - common: paths, constants, logging;
 - data: keys, population, trees and stores;

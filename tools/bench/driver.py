@@ -3,7 +3,7 @@
 
 Run with the venv's python (the one with salt==3008.5 and saltext.keycache):
 
-    .venv/bin/python tools/bench-driver.py [--sizes 10000,100000] [--rounds 3]
+    tools/bench.sh driver [--sizes 10000,100000] [--rounds 3]
         [--seconds 0.5] [--only pair,direct,list,store] [--drivers ...]
         [--data DIR] [--json] [--cpu N] [--localfs-max N] [--store-count 10000]
 
@@ -59,7 +59,7 @@ document on stdout instead (the table then goes to stderr). The exit status is n
 only on errors (a driver failing or answering differently from the others); targets are
 reported, not asserted.
 
-Code: this script (arguments, the run) and the package tools/bench_driver/ (data,
+Code: this script (arguments, the run) and the package tools/bench/bench_driver/ (data,
 drivers, measure, report, common).
 """
 
@@ -164,7 +164,7 @@ def main(argv=None):
     import salt.version
 
     meta = {
-        "command": " ".join([os.path.basename(sys.executable), "tools/bench-driver.py"] + (argv if argv is not None else sys.argv[1:])),
+        "command": " ".join(["tools/bench.sh", "driver"] + (argv if argv is not None else sys.argv[1:])),
         "salt": salt.version.__version__,
         "python": platform.python_version(),
         "cpus": os.cpu_count(),

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The abi3 build of saltext.keycache against a version-specific one, side by side.
 
-    .venv/bin/python tools/bench-abi3.py [--sizes 10000,100000] [--rounds 5] [--seconds 0.3]
+    tools/bench.sh abi3 [--sizes 10000,100000] [--rounds 5] [--seconds 0.3]
         [--data DIR]
 
 The shipped wheel is built for CPython's stable ABI (abi3, 3.10+), which
@@ -9,7 +9,7 @@ takes some of pyo3's fast paths away. This builds the same sources without
 the `abi3` feature (a cp3XY wheel for this Python, `maturin build
 --no-default-features`, zig and manylinux2014 like tools/build-wheel.sh),
 installs each wheel with `pip install --target` into its own directory under
-target/bench-abi3/, and runs tools/bench-driver.py (`--only pair,list
+target/bench-abi3/, and runs tools/bench.sh driver (`--only pair,list
 --drivers keycache,noop`, one round per run) alternately on each, the order
 swapped every round, so that both see the same machine. Each run is checked to
 have imported the build it was given.
@@ -29,7 +29,7 @@ import statistics
 import subprocess
 import sys
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WORK = os.path.join(REPO, "target", "bench-abi3")
 
 
@@ -92,7 +92,7 @@ def main():
     order = list(builds)
     for r in range(a.rounds):
         for b in (order if r % 2 == 0 else order[::-1]):
-            cmd = [sys.executable, os.path.join(REPO, "tools", "bench-driver.py"), "--json", "--rounds", "1",
+            cmd = [sys.executable, os.path.join(REPO, "tools", "bench", "driver.py"), "--json", "--rounds", "1",
                    "--seconds", str(a.seconds), "--sizes", a.sizes, "--only", "pair,list",
                    "--drivers", "keycache,noop", "--data", a.data]
             run = subprocess.run(cmd, env=env_for(builds[b]), capture_output=True, text=True)

@@ -6,7 +6,7 @@
 # thread, plain hashbrown as the ceiling) on 1, 2, 4, ... every CPU, at 100k
 # and 1M keys, 3 rounds.
 #
-#   tools/bench-scaling-device.sh [extra compare options]
+#   tools/bench.sh scaling-device [extra compare options]
 #
 # Needs only a Rust toolchain and this repository: no network (the build is
 # `--offline`: the crates must be in ~/.cargo already, or set COMPARE_BIN to a
@@ -24,7 +24,7 @@
 # scaling.json, the machine's CPU layout in scaling-machine.txt and the
 # tool's log in scaling.log beside it.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
 out=${OUT:-target/bench-data-scaling}
 data=${SCALING_DATA:-target/bench-data-scaling}

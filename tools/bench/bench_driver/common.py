@@ -1,11 +1,11 @@
-"""Paths, constants and logging shared by the modules of tools/bench-driver.py."""
+"""Paths, constants and logging shared by the modules of tools/bench.sh driver."""
 
 import os
 import sys
 
 
-# tools/, the directory of bench-driver.py and gen-pki-tree.py.
-HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# tools/, the directory of gen-pki-tree.py (this package is in tools/bench/).
+HERE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 REPO = os.path.dirname(HERE)
 PEM_POOL = 256
 SEED = 1
