@@ -198,32 +198,56 @@ impl Dir {
     }
 
     /// Writes `pem` under `name`, first half: a temporary file (0600,
-    /// `own`'s owner, or the replaced file's), written, not yet fsynced. Staging a group of files before committing any lets
-    /// the first fsync carry the data of all of them (one journal commit
-    /// instead of one per file on ext4 and XFS).
-    fn stage(&self, name: &str, pem: &[u8], own: &Ownership, op: &'static str) -> Result<Staged> {
+    /// `own`'s owner, or the replaced file's), written, not yet fsynced.
+    /// Staging a group of files before committing any lets the first fsync
+    /// carry the data of all of them (one journal commit instead of one per
+    /// file on ext4 and XFS). `pid` (this process's, read once per group)
+    /// names the temporary; one left by an earlier failure of this process
+    /// is only looked at when the exclusive create finds it, so a file
+    /// costs one `lstat` (of `name`) here, and a new one none in
+    /// [`Dir::commit`].
+    fn stage(
+        &self,
+        name: &str,
+        pem: &[u8],
+        own: &Ownership,
+        op: &'static str,
+        pid: u32,
+    ) -> Result<Staged> {
         use rustix::fs::{Mode, OFlags};
         let shown = self.shown(name);
-        let mut own = match self.entry(name)? {
+        let (mut own, fresh) = match self.entry(name)? {
             Node::Other(m) => return Err(self.by.not_a_key_file(&shown, m.not_regular())),
-            Node::File(m) => own.replacing_file(m.uid(), m.gid(), m.mode()),
-            Node::Absent => *own,
+            Node::File(m) => (own.replacing_file(m.uid(), m.gid(), m.mode()), false),
+            Node::Absent => (*own, true),
         };
         own.mode = self.by.key_mode(own.mode);
-        let tmp = format!("{TEMP_PREFIX}{}.{name}", std::process::id());
+        let tmp = format!("{TEMP_PREFIX}{pid}.{name}");
         let tmp_shown = self.shown(&tmp);
-        if let Node::File(_) = self.entry(&tmp)? {
-            self.unlink(&tmp)
-                .map_err(|e| Error::io(&tmp_shown, op, e))?;
-        }
-        let mut f = rustix::fs::openat(
-            &self.fd,
-            tmp.as_str(),
-            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::from_raw_mode(0o600),
-        )
-        .map(File::from)
-        .map_err(|e| Error::io(&tmp_shown, op, e.into()))?;
+        let create = || {
+            rustix::fs::openat(
+                &self.fd,
+                tmp.as_str(),
+                OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::from_raw_mode(0o600),
+            )
+        };
+        let fd = match create() {
+            Err(rustix::io::Errno::EXIST) => {
+                // Ours, from a write of this process that failed before its
+                // rename: removed if it is a regular file (anything else
+                // makes the second create fail).
+                if let Node::File(_) = self.entry(&tmp)? {
+                    self.unlink(&tmp)
+                        .map_err(|e| Error::io(&tmp_shown, op, e))?;
+                }
+                create()
+            }
+            r => r,
+        };
+        let mut f = fd
+            .map(File::from)
+            .map_err(|e| Error::io(&tmp_shown, op, e.into()))?;
         let done = own
             .apply(&f, &tmp_shown)
             .and_then(|()| f.write_all(pem).map_err(|e| Error::io(&tmp_shown, op, e)));
@@ -232,6 +256,7 @@ impl Dir {
                 file: Some(f),
                 tmp,
                 name: name.to_owned(),
+                fresh,
             }),
             Err(e) => {
                 let _ = self.unlink(&tmp);
@@ -242,18 +267,38 @@ impl Dir {
 
     /// Second half of a write: fsync (a staged file still open; a closed
     /// one was made durable by its group's write-back), then the rename
-    /// over the name (refused if a non-regular entry was planted there
-    /// meanwhile). The directory is not fsynced (see [`Dir::sync`]).
+    /// over the name, refused if a non-regular entry was planted there
+    /// meanwhile. A new name (absent when staged) is renamed without
+    /// replacing (`RENAME_NOREPLACE`), so only a name taken since costs a
+    /// look; a replaced file's name is looked at first. The directory is
+    /// not fsynced (see [`Dir::sync`]).
     fn commit(&self, st: Staged, op: &'static str) -> Result<()> {
         let shown = self.shown(&st.name);
         let data = st.file.as_ref().map_or(Ok(()), File::sync_data);
         let done = data
             .map_err(|e| Error::io(self.shown(&st.tmp), op, e))
-            .and_then(|()| match self.entry(&st.name)? {
-                Node::Other(m) => Err(self.by.not_a_key_file(&shown, m.not_regular())),
-                _ => self
-                    .rename_to(&st.tmp, self, &st.name)
-                    .map_err(|e| Error::io(&shown, op, e)),
+            .and_then(|()| {
+                if st.fresh {
+                    match rustix::fs::renameat_with(
+                        &self.fd,
+                        st.tmp.as_str(),
+                        &self.fd,
+                        st.name.as_str(),
+                        rustix::fs::RenameFlags::NOREPLACE,
+                    ) {
+                        Ok(()) => return Ok(()),
+                        // Taken since the stage, or a filesystem without
+                        // the flag: looked at, as a replacement is.
+                        Err(rustix::io::Errno::EXIST | rustix::io::Errno::INVAL) => {}
+                        Err(e) => return Err(Error::io(&shown, op, e.into())),
+                    }
+                }
+                match self.entry(&st.name)? {
+                    Node::Other(m) => Err(self.by.not_a_key_file(&shown, m.not_regular())),
+                    _ => self
+                        .rename_to(&st.tmp, self, &st.name)
+                        .map_err(|e| Error::io(&shown, op, e)),
+                }
             });
         if done.is_err() {
             let _ = self.unlink(&st.tmp);
@@ -329,6 +374,8 @@ pub(crate) struct Staged {
     file: Option<File>,
     tmp: String,
     name: String,
+    /// The name was absent when staged.
+    fresh: bool,
 }
 
 /// How many files are staged before they are committed when each gets its
@@ -361,12 +408,13 @@ pub(crate) fn write_many(
     // (100,000 key files: seconds instead of half a minute). Each file's
     // data is durable before its rename either way.
     let whole = items.len() >= SYNC_WHOLE;
+    let pid = std::process::id();
     for group in items.chunks(if whole { GROUP_WHOLE } else { GROUP }) {
         let mut staged: Vec<(usize, Staged)> = Vec::with_capacity(group.len());
         let mut failed = None;
         for (d, name, pem, own) in group {
             let Some(dir) = &dirs[*d] else { continue };
-            match dir.stage(name, pem, own, op) {
+            match dir.stage(name, pem, own, op, pid) {
                 Ok(mut st) => {
                     if whole {
                         st.file = None;
@@ -430,4 +478,79 @@ pub(crate) fn is_dead_temporary(name: &str) -> bool {
         return false;
     };
     pid != std::process::id() && !Path::new("/proc").join(pid.to_string()).exists()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dir(t: &Path) -> Dir {
+        Dir::open_root(t, Writer::Tree).unwrap()
+    }
+
+    fn own(t: &Path) -> Ownership {
+        Ownership::for_dir(t).unwrap()
+    }
+
+    #[test]
+    fn a_temporary_this_process_left_is_replaced() {
+        let t = tempfile::tempdir().unwrap();
+        let d = dir(t.path());
+        let pid = std::process::id();
+        let tmp = t.path().join(format!("{TEMP_PREFIX}{pid}.m1"));
+        std::fs::write(&tmp, b"left by a failed write").unwrap();
+        let st = d.stage("m1", b"KEY", &own(t.path()), "write", pid).unwrap();
+        d.commit(st, "write").unwrap();
+        assert_eq!(std::fs::read(t.path().join("m1")).unwrap(), b"KEY");
+        assert!(!tmp.exists());
+    }
+
+    #[test]
+    fn a_directory_in_place_of_the_temporary_refuses_the_write() {
+        let t = tempfile::tempdir().unwrap();
+        let d = dir(t.path());
+        let pid = std::process::id();
+        let tmp = t.path().join(format!("{TEMP_PREFIX}{pid}.m1"));
+        std::fs::create_dir(&tmp).unwrap();
+        assert!(d.stage("m1", b"KEY", &own(t.path()), "write", pid).is_err());
+        assert!(tmp.is_dir());
+        assert!(!t.path().join("m1").exists());
+    }
+
+    #[test]
+    fn what_is_planted_at_a_new_name_after_the_stage_is_refused_and_kept() {
+        let t = tempfile::tempdir().unwrap();
+        let d = dir(t.path());
+        let pid = std::process::id();
+        let outside = t.path().join("outside");
+        std::fs::write(&outside, b"not a key").unwrap();
+        for (name, plant) in [
+            (
+                "m1",
+                &(|p: &Path| std::fs::create_dir(p)) as &dyn Fn(&Path) -> std::io::Result<()>,
+            ),
+            ("m2", &|p: &Path| std::os::unix::fs::symlink("outside", p)),
+        ] {
+            let st = d.stage(name, b"KEY", &own(t.path()), "write", pid).unwrap();
+            let at = t.path().join(name);
+            plant(&at).unwrap();
+            let e = d.commit(st, "write").unwrap_err();
+            assert!(in_the_way(&e), "{name}: {e}");
+            let m = std::fs::symlink_metadata(&at).unwrap();
+            assert!(!m.is_file(), "{name}: replaced");
+            assert!(!t.path().join(format!("{TEMP_PREFIX}{pid}.{name}")).exists());
+        }
+        assert_eq!(std::fs::read(&outside).unwrap(), b"not a key");
+    }
+
+    #[test]
+    fn a_file_written_at_a_new_name_after_the_stage_is_replaced() {
+        let t = tempfile::tempdir().unwrap();
+        let d = dir(t.path());
+        let pid = std::process::id();
+        let st = d.stage("m1", b"KEY", &own(t.path()), "write", pid).unwrap();
+        std::fs::write(t.path().join("m1"), b"OTHER").unwrap();
+        d.commit(st, "write").unwrap();
+        assert_eq!(std::fs::read(t.path().join("m1")).unwrap(), b"KEY");
+    }
 }
