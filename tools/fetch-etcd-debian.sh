@@ -25,20 +25,12 @@
 set -euo pipefail
 
 script_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-repo="$(cd "$script_dir/.." && pwd)"
-dest="${1:-$repo/target/etcd-debian}"
-case "$dest" in
-  /*) ;;
-  *) dest="$PWD/$dest" ;;
-esac
-dest="${dest%/}"
-suite="${KEYCACHE_DEBIAN_SUITE:-trixie}"
-bin="$dest/root/usr/bin"
-stamp="$dest/version"
+# DEST and what lies under it, log and die, the private apt and the checks
+# and record of a cold run (tools/lib-debian-fetch.sh, tools/debian-apt.sh).
+# shellcheck source=tools/lib-debian-fetch.sh
+source "$script_dir/lib-debian-fetch.sh"
+fetch_setup etcd-debian "$@"
 tools=(etcd etcdctl etcdutl)
-
-log() { printf 'fetch-etcd-debian: %s\n' "$*" >&2; }
-die() { printf 'fetch-etcd-debian: error: %s\n' "$*" >&2; exit 1; }
 
 # "etcd Version: 3.5.16" / "etcdctl version: 3.5.16" / "etcdutl version: 3.5.16"
 # -> 3.5.16 (the first line's last word).
@@ -51,36 +43,14 @@ tool_version() {
   printf '%s\n' "$out" | sed -n '1s/.*[[:space:]]\([^[:space:]]*\)$/\1/p'
 }
 
-# The mirror, the private apt configuration and the warm run
-# (tools/debian-apt.sh).
-# shellcheck source=tools/debian-apt.sh
-source "$script_dir/debian-apt.sh"
 exit_if_warm "$bin" etcd
 setup_private_apt
 server_ver="$(candidate etcd-server)"
 client_ver="$(candidate etcd-client)"
 download_and_unpack "etcd-server=$server_ver" "etcd-client=$client_ver"
 
-# 3.5.16-4 -> 3.5.16 (no epoch, no Debian revision, no +dfsg/+ds/~ suffix).
-upstream="${server_ver#*:}"
-upstream="${upstream%-*}"
-upstream="${upstream%%[+~]*}"
-if ! check_tools "$upstream"; then
-  for t in "${tools[@]}"; do
-    [[ -e "$bin/$t" ]] && ldd "$bin/$t" >&2 || true
-  done
-  die "the binaries of etcd-server $server_ver / etcd-client $client_ver do not run here or report another version"
-fi
-# ldd: say what they link against (Debian builds them dynamically, libc6 only).
-for t in "${tools[@]}"; do
-  if ldd_out="$(ldd "$bin/$t" 2>&1)"; then
-    log "$t links: $(printf '%s' "$ldd_out" | awk '{print $1}' | tr '\n' ' ')"
-  else
-    log "$t: $ldd_out"
-  fi
-done
-printf 'suite=%s\nmirror=%s\netcd-server=%s\netcd-client=%s\nupstream=%s\n' \
-  "$suite" "$mirror" "$server_ver" "$client_ver" "$upstream" >"$stamp"
-rm -rf "$apt_dir" "$dest/debs"
+upstream="$(upstream_of "$server_ver")"
+finish_fetch "$upstream" "etcd-server $server_ver / etcd-client $client_ver" \
+  "etcd-server=$server_ver" "etcd-client=$client_ver"
 log "etcd $upstream of Debian $suite (etcd-server $server_ver, etcd-client $client_ver) in $bin"
 echo "$bin"

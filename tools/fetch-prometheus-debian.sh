@@ -16,12 +16,12 @@
 # /etc/apt/sources.list; KEYCACHE_DEBIAN_MIRROR overrides it), through an apt
 # configuration of its own under DEST/apt: its own sources list
 # ("deb <mirror> trixie main"), package lists, cache and an empty dpkg status,
-# none of the machine's apt.conf.d hooks, no lock. The mirror discovery and
-# the private apt configuration are those of tools/fetch-etcd-debian.sh. The
-# machine's sources, lists, cache and installed packages are not touched;
-# nothing is installed: both .debs are unpacked with `dpkg -x` into DEST/root
-# (their other dependencies, the web UI's JavaScript libraries, which the two
-# binaries and the HTTP API do not need, are not fetched).
+# none of the machine's apt.conf.d hooks, no lock (tools/debian-apt.sh, as for
+# tools/fetch-etcd-debian.sh). The machine's sources, lists, cache and
+# installed packages are not touched; nothing is installed: both .debs are
+# unpacked with `dpkg -x` into DEST/root (their other dependencies, the web
+# UI's JavaScript libraries, which the two binaries and the HTTP API do not
+# need, are not fetched).
 # Root is not needed.
 #
 # Idempotent: when DEST/root holds prometheus and promtool of the version
@@ -36,20 +36,12 @@
 set -euo pipefail
 
 script_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-repo="$(cd "$script_dir/.." && pwd)"
-dest="${1:-$repo/target/prometheus-debian}"
-case "$dest" in
-  /*) ;;
-  *) dest="$PWD/$dest" ;;
-esac
-dest="${dest%/}"
-suite="${KEYCACHE_DEBIAN_SUITE:-trixie}"
-bin="$dest/root/usr/bin"
-stamp="$dest/version"
+# DEST and what lies under it, log and die, the private apt and the checks
+# and record of a cold run (tools/lib-debian-fetch.sh, tools/debian-apt.sh).
+# shellcheck source=tools/lib-debian-fetch.sh
+source "$script_dir/lib-debian-fetch.sh"
+fetch_setup prometheus-debian "$@"
 tools=(prometheus promtool)
-
-log() { printf 'fetch-prometheus-debian: %s\n' "$*" >&2; }
-die() { printf 'fetch-prometheus-debian: error: %s\n' "$*" >&2; exit 1; }
 
 # "prometheus, version 2.53.3+ds1 (branch: ..., revision: ...)" /
 # "promtool, version 2.53.3+ds1 (...)" -> 2.53.3 (the first line's third
@@ -60,35 +52,14 @@ tool_version() {
   printf '%s\n' "$out" | awk 'NR == 1 { v = $3; sub(/[+~].*/, "", v); print v }'
 }
 
-# The mirror, the private apt configuration and the warm run
-# (tools/debian-apt.sh).
-# shellcheck source=tools/debian-apt.sh
-source "$script_dir/debian-apt.sh"
 exit_if_warm "$dest/root" prometheus
 setup_private_apt
 ver="$(candidate prometheus)"
 tool_ver="$(candidate promtool)"
 download_and_unpack "prometheus=$ver" "promtool=$tool_ver"
 
-# 2.53.3+ds1-1 -> 2.53.3 (no epoch, no Debian revision, no +ds/~ suffix).
-upstream="${ver#*:}"
-upstream="${upstream%-*}"
-upstream="${upstream%%[+~]*}"
-if ! check_tools "$upstream"; then
-  for t in "${tools[@]}"; do
-    [[ -e "$bin/$t" ]] && ldd "$bin/$t" >&2 || true
-  done
-  die "the binaries of prometheus $ver / promtool $tool_ver do not run here or report another version"
-fi
-for t in "${tools[@]}"; do
-  if ldd_out="$(ldd "$bin/$t" 2>&1)"; then
-    log "$t links: $(printf '%s' "$ldd_out" | awk '{print $1}' | tr '\n' ' ')"
-  else
-    log "$t: $ldd_out"
-  fi
-done
-printf 'suite=%s\nmirror=%s\nprometheus=%s\npromtool=%s\nupstream=%s\n' \
-  "$suite" "$mirror" "$ver" "$tool_ver" "$upstream" >"$stamp"
-rm -rf "$apt_dir" "$dest/debs"
+upstream="$(upstream_of "$ver")"
+finish_fetch "$upstream" "prometheus $ver / promtool $tool_ver" \
+  "prometheus=$ver" "promtool=$tool_ver"
 log "prometheus $upstream of Debian $suite (prometheus $ver, promtool $tool_ver) in $bin"
 echo "$dest/root"

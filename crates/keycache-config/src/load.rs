@@ -252,17 +252,8 @@ impl MasterConfig {
         o: &Opts,
     ) -> Result<MasterConfig, ConfigError> {
         let mut notes = loader.notes;
-        let cluster_id = o.get("cluster_id");
-        let clustered = cluster_id.is_some_and(|e| e.node.kind.truthy());
-        let cluster_id = match cluster_id {
-            None => None,
-            Some(e) => match &e.node.kind {
-                Kind::Null => None,
-                Kind::Str(s) => Some(setting(e, "cluster_id", s.clone())),
-                Kind::Int(i) => Some(setting(e, "cluster_id", i.to_string())),
-                _ => return Err(type_err(e, "cluster_id", "a string")),
-            },
-        };
+        let clustered = o.get("cluster_id").is_some_and(|e| e.node.kind.truthy());
+        let cluster_id = opt_name(o, "cluster_id")?;
         let mut cluster_pki_dir = opt_str(o, "cluster_pki_dir", true)?;
         if cluster_id.is_none() {
             if let Some(s) = cluster_pki_dir.take() {
@@ -307,15 +298,7 @@ impl MasterConfig {
                 _ => return Err(type_err(e, "keys.cache_driver", "a string or null")),
             },
         };
-        let id = match o.get("id") {
-            None => None,
-            Some(e) => match &e.node.kind {
-                Kind::Null => None,
-                Kind::Str(s) => Some(setting(e, "id", s.clone())),
-                Kind::Int(i) => Some(setting(e, "id", i.to_string())),
-                _ => return Err(type_err(e, "id", "a string")),
-            },
-        };
+        let id = opt_name(o, "id")?;
         let etcd = match o.get("keycache_etcd") {
             None => None,
             Some(e) => {
@@ -400,6 +383,20 @@ fn opt_str(o: &Opts, key: &str, nullable: bool) -> Result<Option<Setting<String>
 
 /// A non-negative integer option (a boolean is refused, though Python
 /// would take `true` as 1).
+/// A name Salt also takes as an integer (`cluster_id`, `id`), kept as its
+/// decimal string; null is unset.
+fn opt_name(o: &Opts, key: &str) -> Result<Option<Setting<String>>, ConfigError> {
+    let Some(e) = o.get(key) else {
+        return Ok(None);
+    };
+    match &e.node.kind {
+        Kind::Null => Ok(None),
+        Kind::Str(s) => Ok(Some(setting(e, key, s.clone()))),
+        Kind::Int(i) => Ok(Some(setting(e, key, i.to_string()))),
+        _ => Err(type_err(e, key, "a string")),
+    }
+}
+
 fn opt_int(o: &Opts, key: &str) -> Result<Option<Setting<u64>>, ConfigError> {
     let Some(e) = o.get(key) else {
         return Ok(None);

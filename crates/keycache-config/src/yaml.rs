@@ -221,6 +221,16 @@ impl<'a> Composer<'a> {
         })
     }
 
+    /// The next node of a collection, or `None` at the collection's end
+    /// (the event `end` picks).
+    fn compose_item(&mut self, end: fn(&Event<'a>) -> bool) -> Result<Option<Composed>, YamlError> {
+        let (ev, sp) = self.next_event()?;
+        if end(&ev) {
+            return Ok(None);
+        }
+        self.compose(ev, sp).map(Some)
+    }
+
     fn compose(&mut self, ev: Event<'a>, span: Span) -> Result<Composed, YamlError> {
         let (node, anchor) = match ev {
             Event::Alias(id) => {
@@ -247,24 +257,15 @@ impl<'a> Composer<'a> {
             Event::SequenceStart(anchor, tag) => {
                 let tag = tag.map_or_else(|| format!("{CORE}seq"), |t| tag_string(&t));
                 let mut items = Vec::new();
-                loop {
-                    let (ev, sp) = self.next_event()?;
-                    if matches!(ev, Event::SequenceEnd) {
-                        break;
-                    }
-                    items.push(self.compose(ev, sp)?);
+                while let Some(item) = self.compose_item(|e| matches!(e, Event::SequenceEnd))? {
+                    items.push(item);
                 }
                 (Composed::Seq { items, tag, span }, anchor)
             }
             Event::MappingStart(anchor, tag) => {
                 let tag = tag.map_or_else(|| format!("{CORE}map"), |t| tag_string(&t));
                 let mut pairs = Vec::new();
-                loop {
-                    let (ev, sp) = self.next_event()?;
-                    if matches!(ev, Event::MappingEnd) {
-                        break;
-                    }
-                    let k = self.compose(ev, sp)?;
+                while let Some(k) = self.compose_item(|e| matches!(e, Event::MappingEnd))? {
                     let (ev, sp) = self.next_event()?;
                     let v = self.compose(ev, sp)?;
                     pairs.push((k, v));

@@ -11,7 +11,7 @@ use etcd_client::GetOptions;
 use keycache::audit::{Actor, Record};
 use keycache::store::{KeyState, Store};
 use keycache::Bank;
-use keycache_etcd::write::{Decision, Writer};
+use keycache_etcd::write::Decision;
 use keycache_etcd::{block_on, Report, Settings, Value};
 use keycache_testkit::common::pem;
 use keycache_testkit::etcd::Cluster;
@@ -133,21 +133,6 @@ fn check(got: &[Record], want: &[Want<'_>]) {
     }
 }
 
-/// A writer for the store in `dir` recording as `by`, given to `f`, on a
-/// runtime of this call (a client does not outlive its runtime).
-fn with_writer<T>(
-    st: &Settings,
-    dir: &Path,
-    by: Option<&Actor>,
-    f: impl AsyncFnOnce(&mut Writer) -> keycache_etcd::Result<T>,
-) -> keycache_etcd::Result<T> {
-    block_on(async {
-        let mut w = Writer::connect(st.clone(), dir).await?;
-        w.set_actor(by.cloned());
-        f(&mut w).await
-    })
-}
-
 /// Signs `ids` in (pending, each its own key); the revision.
 fn sign_in(st: &Settings, dir: &Path, by: Option<&Actor>, ids: &[&str]) -> i64 {
     let ids: Vec<_> = ids.iter().map(|i| id(i)).collect();
@@ -167,18 +152,9 @@ fn sign_in(st: &Settings, dir: &Path, by: Option<&Actor>, ids: &[&str]) -> i64 {
 /// Accepts the pending keys of `ids`; the revision.
 fn accept(st: &Settings, dir: &Path, by: Option<&Actor>, ids: &[&str]) -> i64 {
     let ids: Vec<_> = ids.iter().map(|i| id(i)).collect();
-    with_writer(st, dir, by, async |w| {
-        w.update(&ids, |_, cur| match &cur.key {
-            Some((KeyState::Pending, p)) => Decision::Write(vec![(
-                Bank::Keys,
-                Some(Value::Key(KeyState::Accepted, p.clone())),
-            )]),
-            _ => Decision::Skip("not pending".into()),
-        })
-        .await
-    })
-    .expect("accept")
-    .revision
+    with_writer(st, dir, by, async |w| w.update(&ids, accept_pending).await)
+        .expect("accept")
+        .revision
 }
 
 /// Writes with an actor through two masters (an update on A, a driver
@@ -191,11 +167,7 @@ fn accept(st: &Settings, dir: &Path, by: Option<&Actor>, ids: &[&str]) -> i64 {
 fn every_master_logs_every_record_at_the_revision_etcd_committed_it() {
     let c = Cluster::start(1);
     let st = settings(&c, "/keycache/audit1/");
-    let (a, b, later) = (
-        tempfile::tempdir().expect("dir"),
-        tempfile::tempdir().expect("dir"),
-        tempfile::tempdir().expect("dir"),
-    );
+    let [a, b, later] = dirs();
     let (seen_a, sink_a) = sink();
     let _ra = Running::reporting(&st, a.path(), sink_a);
     let _rb = Running::start(&st, b.path());
@@ -293,10 +265,7 @@ fn every_master_logs_every_record_at_the_revision_etcd_committed_it() {
 fn a_write_returns_with_its_record_in_its_masters_log() {
     let c = Cluster::start(1);
     let st = settings(&c, "/keycache/audit4/");
-    let dirs = [
-        tempfile::tempdir().expect("dir"),
-        tempfile::tempdir().expect("dir"),
-    ];
+    let dirs: [_; 2] = dirs();
     let _r: Vec<Running> = dirs.iter().map(|d| Running::start(&st, d.path())).collect();
     for d in &dirs {
         wait_for(d.path(), c.revision());
@@ -326,19 +295,13 @@ fn a_write_returns_with_its_record_in_its_masters_log() {
 fn a_prefix_of_audit_keys_alone_is_an_empty_prefix() {
     let c = Cluster::start(1);
     let st = settings(&c, "/keycache/audit2/");
-    let (a, d) = (
-        tempfile::tempdir().expect("dir"),
-        tempfile::tempdir().expect("dir"),
-    );
+    let [a, d] = dirs();
     let _ra = Running::start(&st, a.path());
     wait_for(a.path(), c.revision());
     let alice = actor("alice", "a");
     sign_in(&st, a.path(), Some(&alice), &["x"]);
     with_writer(&st, a.path(), Some(&alice), async |w| {
-        w.update(&[id("x")], |_, _| {
-            Decision::Write(vec![(Bank::Keys, None), (Bank::Denied, None)])
-        })
-        .await
+        w.update(&[id("x")], delete_everywhere).await
     })
     .expect("delete");
     assert_eq!(audit_kvs(&st).len(), 2);
@@ -381,11 +344,9 @@ fn a_prefix_of_audit_keys_alone_is_an_empty_prefix() {
 /// that finds nothing to trim deletes nothing.
 #[test]
 fn the_retention_deletes_only_the_audit_keys_older_than_the_cutoff() {
-    let c = Cluster::start(1);
-    let mut st = settings(&c, "/keycache/audit3/");
+    let (c, mut st, a) = one_member("/keycache/audit3/");
     st.audit_retention = Duration::from_secs(3600);
     st.check_every = Duration::from_millis(200);
-    let a = tempfile::tempdir().expect("dir");
     let now = SystemTime::now();
     let ages = [3 * 3600, 3600 + 60, 3600 - 60, 0];
     let record = |i: usize| Record {

@@ -4,14 +4,40 @@
 
 mod common;
 
+use std::path::Path;
+use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
 use keycache::store::{KeyState, Store};
 use keycache::tree::TreeSync;
-use keycache_etcd::{block_on, ReplicaState, Report};
+use keycache_etcd::{block_on, ReplicaState, Report, Settings};
 use keycache_testkit::etcd::Cluster;
 
 use common::*;
+
+/// A replicator of the store in `dir`, and the result of each of its
+/// consistency checks as it comes.
+fn checking(st: &Settings, dir: &Path) -> (Running, Receiver<&'static str>) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let r = Running::reporting(st, dir, move |rep| {
+        if let Report::Checked { result, .. } = rep {
+            let _ = tx.send(*result);
+        }
+    });
+    (r, rx)
+}
+
+/// The first check result other than `equal`, or the first to come once
+/// `within` has passed.
+fn first_not_equal(rx: &Receiver<&'static str>, within: Duration) -> &'static str {
+    let start = Instant::now();
+    loop {
+        let r = rx.recv_timeout(Duration::from_secs(10)).expect("a check");
+        if r != "equal" || start.elapsed() > within {
+            return r;
+        }
+    }
+}
 
 /// The anchor of a replica is read back from etcd's history: the same
 /// change is the same history; another value, version or revision at that
@@ -98,17 +124,10 @@ fn an_anchor_tells_the_history_a_replica_applied_from_any_other() {
 /// state records the check.
 #[test]
 fn the_consistency_check_finds_a_replica_changed_behind_its_back_and_lists_again() {
-    let c = Cluster::start(1);
-    let mut st = settings(&c, "/keycache/t12/");
+    let (c, mut st, dir) = one_member("/keycache/t12/");
     st.check_every = Duration::from_secs(1);
-    let dir = tempfile::tempdir().expect("dir");
     put_key(&c, "/keycache/t12/keys/p", 2, "p");
-    let (tx, rx) = std::sync::mpsc::channel();
-    let _r = Running::reporting(&st, dir.path(), move |rep| {
-        if let Report::Checked { result, .. } = rep {
-            let _ = tx.send(*result);
-        }
-    });
+    let (_r, rx) = checking(&st, dir.path());
     wait_for(dir.path(), c.revision());
     assert_eq!(
         rx.recv_timeout(Duration::from_secs(10)).expect("a check"),
@@ -119,13 +138,7 @@ fn the_consistency_check_finds_a_replica_changed_behind_its_back_and_lists_again
         .set_state(&id("p"), KeyState::Accepted)
         .expect("accept locally");
     assert!(dir.path().join("minions/p").exists());
-    let start = Instant::now();
-    let result = loop {
-        let r = rx.recv_timeout(Duration::from_secs(10)).expect("a check");
-        if r != "equal" || start.elapsed() > Duration::from_secs(10) {
-            break r;
-        }
-    };
+    let result = first_not_equal(&rx, Duration::from_secs(10));
     assert_eq!(result, "differed");
     let start = Instant::now();
     while open(dir.path())
@@ -154,9 +167,7 @@ fn the_consistency_check_finds_a_replica_changed_behind_its_back_and_lists_again
 /// longer describes those files, and the replicator lists again.
 #[test]
 fn bank_files_replaced_behind_a_running_replicator_are_listed_again() {
-    let c = Cluster::start(1);
-    let st = settings(&c, "/keycache/t13/");
-    let dir = tempfile::tempdir().expect("dir");
+    let (c, st, dir) = one_member("/keycache/t13/");
     put_key(&c, "/keycache/t13/keys/a", 1, "a");
     let (tx, rx) = std::sync::mpsc::channel();
     let _r = Running::reporting(&st, dir.path(), move |rep| {
@@ -193,10 +204,8 @@ fn bank_files_replaced_behind_a_running_replicator_are_listed_again() {
 /// same difference: `not_held`, and no more lists while it stays the same.
 #[test]
 fn entries_a_full_bank_cannot_hold_are_listed_once_more_not_for_ever() {
-    let c = Cluster::start(1);
-    let mut st = settings(&c, "/keycache/t14/");
+    let (c, mut st, dir) = one_member("/keycache/t14/");
     st.check_every = Duration::from_secs(1);
-    let dir = tempfile::tempdir().expect("dir");
     for i in 0..12 {
         put_key(
             &c,
@@ -250,10 +259,8 @@ fn entries_a_full_bank_cannot_hold_are_listed_once_more_not_for_ever() {
 /// notifications are exact (etcd 3.5.8 and later), not skipped.
 #[test]
 fn a_quiet_prefix_is_checked_at_the_last_proof_where_progress_is_exact() {
-    let c = Cluster::start(1);
-    let mut st = settings(&c, "/keycache/t15/");
+    let (c, mut st, dir) = one_member("/keycache/t15/");
     st.check_every = Duration::from_secs(1);
-    let dir = tempfile::tempdir().expect("dir");
     put_key(&c, "/keycache/t15/keys/q", 1, "q");
     let version = c.etcdctl(&["version"]).expect("version");
     let exact = version
@@ -264,12 +271,7 @@ fn a_quiet_prefix_is_checked_at_the_last_proof_where_progress_is_exact() {
             (p.len() == 3).then(|| (p[0], p[1], p[2]) >= (3, 5, 8))
         })
         .expect("etcdctl's version");
-    let (tx, rx) = std::sync::mpsc::channel();
-    let _r = Running::reporting(&st, dir.path(), move |rep| {
-        if let Report::Checked { result, .. } = rep {
-            let _ = tx.send(*result);
-        }
-    });
+    let (_r, rx) = checking(&st, dir.path());
     wait_for(dir.path(), c.revision());
     assert_eq!(
         rx.recv_timeout(Duration::from_secs(10)).expect("check"),
@@ -283,14 +285,8 @@ fn a_quiet_prefix_is_checked_at_the_last_proof_where_progress_is_exact() {
     // A proof past the compaction revision first.
     std::thread::sleep(Duration::from_millis(2_500));
     c.compact(c.revision());
-    let start = Instant::now();
-    let after = loop {
-        let r = rx.recv_timeout(Duration::from_secs(10)).expect("check");
-        // A check already under way may still say equal.
-        if r != "equal" || start.elapsed() > Duration::from_secs(3) {
-            break r;
-        }
-    };
+    // A check already under way may still say equal.
+    let after = first_not_equal(&rx, Duration::from_secs(3));
     assert_eq!(
         after,
         if exact { "equal" } else { "skipped" },
@@ -304,10 +300,8 @@ fn a_quiet_prefix_is_checked_at_the_last_proof_where_progress_is_exact() {
 /// removed by hand may be a revocation, which an operator looks at.
 #[test]
 fn a_key_file_removed_by_hand_is_reported_and_not_written_back() {
-    let c = Cluster::start(1);
-    let mut st = settings(&c, "/keycache/t16/");
+    let (c, mut st, dir) = one_member("/keycache/t16/");
     st.check_every = Duration::from_secs(1);
-    let dir = tempfile::tempdir().expect("dir");
     put_key(&c, "/keycache/t16/keys/a", 1, "a");
     let (tx, rx) = std::sync::mpsc::channel();
     let _r = Running::reporting(&st, dir.path(), move |rep| {

@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use keycache::store::{KeyState, Store};
 use keycache::Bank;
-use keycache_etcd::write::{Decision, Writer};
 use keycache_etcd::{block_on, ReplicaState, Report, Value};
 use keycache_testkit::common::pem;
 use keycache_testkit::etcd::Cluster;
@@ -31,14 +30,21 @@ fn seed_store(dir: &Path, n: usize) {
     .expect("seed store");
 }
 
+/// Puts `v` at `key` with etcdctl and waits until the replica in `dir`
+/// holds it; the revision of the put.
+fn put_applied(c: &Cluster, dir: &Path, key: &str, v: &Value) -> i64 {
+    let raw = String::from_utf8(v.encode()).expect("utf8");
+    c.etcdctl(&["put", key, &raw]).expect("put");
+    let rev = c.revision();
+    wait_for(dir, rev);
+    rev
+}
+
 #[test]
 fn a_seeded_prefix_is_listed_into_an_empty_store_and_writes_come_back_through_the_watch() {
     let c = Cluster::start(1);
     let st = settings(&c, "/keycache/t1/");
-    let (src, dst) = (
-        tempfile::tempdir().expect("dir"),
-        tempfile::tempdir().expect("dir"),
-    );
+    let [src, dst] = dirs();
     seed_store(src.path(), 50);
     let seed = || {
         block_on(async {
@@ -68,16 +74,8 @@ fn a_seeded_prefix_is_listed_into_an_empty_store_and_writes_come_back_through_th
     assert!(!dst.path().join("minions/m1").exists());
 
     // salt-key -a m1 through etcd: returns once the replica holds it.
-    let w = block_on(async {
-        let mut w = Writer::connect(st.clone(), dst.path()).await?;
-        w.update(&[id("m1"), id("m0")], |_, cur| match &cur.key {
-            Some((KeyState::Pending, p)) => Decision::Write(vec![(
-                Bank::Keys,
-                Some(Value::Key(KeyState::Accepted, p.clone())),
-            )]),
-            _ => Decision::Skip("not pending".into()),
-        })
-        .await
+    let w = with_writer(&st, dst.path(), None, async |w| {
+        w.update(&[id("m1"), id("m0")], accept_pending).await
     })
     .expect("accept");
     assert_eq!(w.done, [id("m1")]);
@@ -91,12 +89,8 @@ fn a_seeded_prefix_is_listed_into_an_empty_store_and_writes_come_back_through_th
     assert!(dst.path().join("minions/m1").is_file());
 
     // A delete (salt-key -d) takes the tree file away.
-    block_on(async {
-        let mut w = Writer::connect(st.clone(), dst.path()).await?;
-        w.update(&[id("m0")], |_, _| {
-            Decision::Write(vec![(Bank::Keys, None), (Bank::Denied, None)])
-        })
-        .await
+    with_writer(&st, dst.path(), None, async |w| {
+        w.update(&[id("m0")], delete_everywhere).await
     })
     .expect("delete");
     assert_eq!(s.get(&id("m0")).expect("get"), None);
@@ -105,14 +99,11 @@ fn a_seeded_prefix_is_listed_into_an_empty_store_and_writes_come_back_through_th
 
 #[test]
 fn a_write_fails_cleanly_when_no_replica_applies_it_and_a_stale_driver_write_is_refused() {
-    let c = Cluster::start(1);
-    let mut st = settings(&c, "/keycache/t2/");
+    let (c, mut st, dir) = one_member("/keycache/t2/");
     st.write_timeout = Duration::from_millis(300);
-    let dir = tempfile::tempdir().expect("dir");
     let put_x = |state| {
-        block_on(async {
-            let mut w = Writer::connect(st.clone(), dir.path()).await?;
-            let v = Value::Key(state, pem("x", 100).into_bytes());
+        let v = Value::Key(state, pem("x", 100).into_bytes());
+        with_writer(&st, dir.path(), None, async |w| {
             w.put_if(Bank::Keys, &id("x"), None, Some(v)).await
         })
     };
@@ -152,9 +143,8 @@ fn a_write_fails_cleanly_when_no_replica_applies_it_and_a_stale_driver_write_is_
         .expect("state")
     };
     let put_new = |name: &str| {
-        block_on(async {
-            let mut w = Writer::connect(st.clone(), dir.path()).await?;
-            let v = Value::Key(KeyState::Pending, pem(name, 100).into_bytes());
+        let v = Value::Key(KeyState::Pending, pem(name, 100).into_bytes());
+        with_writer(&st, dir.path(), None, async |w| {
             w.put_if(Bank::Keys, &id(name), None, Some(v)).await
         })
     };
@@ -180,9 +170,7 @@ fn a_write_fails_cleanly_when_no_replica_applies_it_and_a_stale_driver_write_is_
 
 #[test]
 fn a_compacted_revision_lists_again_and_values_that_grant_nothing_are_removed() {
-    let c = Cluster::start(1);
-    let st = settings(&c, "/keycache/t3/");
-    let dir = tempfile::tempdir().expect("dir");
+    let (c, st, dir) = one_member("/keycache/t3/");
     let put = |k: &str, state: u8| put_key(&c, &format!("/keycache/t3/keys/{k}"), state, k);
     put("a", 1);
     put("b", 1);
@@ -221,35 +209,19 @@ fn a_compacted_revision_lists_again_and_values_that_grant_nothing_are_removed() 
 
 #[test]
 fn an_accept_that_races_a_reject_elsewhere_reads_again_and_never_overwrites_it() {
-    let c = Cluster::start(1);
-    let st = settings(&c, "/keycache/t4/");
-    let dir = tempfile::tempdir().expect("dir");
-    let key_value = |state: u8| {
-        let mut v = vec![state];
-        v.extend_from_slice(pem("r", 100).as_bytes());
-        String::from_utf8(v).expect("utf8")
-    };
-    c.etcdctl(&["put", "/keycache/t4/keys/r", &key_value(2)])
-        .expect("put pending");
+    let (c, st, dir) = one_member("/keycache/t4/");
+    put_key(&c, "/keycache/t4/keys/r", 2, "r");
     let _r = Running::start(&st, dir.path());
     wait_for(dir.path(), c.revision());
     let mut calls = 0;
-    let w = block_on(async {
-        let mut w = Writer::connect(st.clone(), dir.path()).await?;
-        w.update(&[id("r")], |_, cur| {
+    let w = with_writer(&st, dir.path(), None, async |w| {
+        w.update(&[id("r")], |i, cur| {
             calls += 1;
             if calls == 1 {
                 // Another master rejects r between this read and the write.
-                c.etcdctl(&["put", "/keycache/t4/keys/r", &key_value(3)])
-                    .expect("reject elsewhere");
+                put_key(&c, "/keycache/t4/keys/r", 3, "r");
             }
-            match &cur.key {
-                Some((KeyState::Pending, p)) => Decision::Write(vec![(
-                    Bank::Keys,
-                    Some(Value::Key(KeyState::Accepted, p.clone())),
-                )]),
-                other => Decision::Skip(format!("is {:?}", other.as_ref().map(|k| k.0))),
-            }
+            accept_pending(i, cur)
         })
         .await
     })
@@ -266,21 +238,14 @@ fn an_accept_that_races_a_reject_elsewhere_reads_again_and_never_overwrites_it()
 
 #[test]
 fn a_write_whose_value_etcd_already_holds_succeeds_and_any_other_stale_one_is_refused() {
-    let c = Cluster::start(1);
-    let st = settings(&c, "/keycache/t5/");
-    let dir = tempfile::tempdir().expect("dir");
+    let (c, st, dir) = one_member("/keycache/t5/");
     let _r = Running::start(&st, dir.path());
     let pending = Value::Key(KeyState::Pending, pem("y", 100).into_bytes());
-    let raw = String::from_utf8(pending.encode()).expect("utf8");
-    c.etcdctl(&["put", "/keycache/t5/keys/y", &raw])
-        .expect("put");
-    let rev = c.revision();
-    wait_for(dir.path(), rev);
+    let rev = put_applied(&c, dir.path(), "/keycache/t5/keys/y", &pending);
     // Two masters took y's first sign-in at once: this one decided on a
     // replica without y, the other's write landed first, with the same key.
     let put_y = |v: Value| {
-        block_on(async {
-            let mut w = Writer::connect(st.clone(), dir.path()).await?;
+        with_writer(&st, dir.path(), None, async |w| {
             w.put_if(Bank::Keys, &id("y"), None, Some(v)).await
         })
     };
@@ -295,10 +260,7 @@ fn a_write_whose_value_etcd_already_holds_succeeds_and_any_other_stale_one_is_re
 fn a_new_replica_of_many_keys_is_one_rebuild_with_its_tree_and_a_later_list_drops_what_etcd_lost() {
     let c = Cluster::start(1);
     let st = settings(&c, "/keycache/t6/");
-    let (src, dst) = (
-        tempfile::tempdir().expect("dir"),
-        tempfile::tempdir().expect("dir"),
-    );
+    let [src, dst] = dirs();
     let n = keycache_etcd::replica::REBUILD_FROM + 200;
     seed_store(src.path(), n);
     let seeded = block_on(async {
@@ -345,18 +307,11 @@ fn a_new_replica_of_many_keys_is_one_rebuild_with_its_tree_and_a_later_list_drop
 
 #[test]
 fn a_write_of_what_the_replica_already_shows_sends_nothing() {
-    let c = Cluster::start(1);
-    let st = settings(&c, "/keycache/t7/");
-    let dir = tempfile::tempdir().expect("dir");
+    let (c, st, dir) = one_member("/keycache/t7/");
     let _r = Running::start(&st, dir.path());
     let v = Value::Key(KeyState::Accepted, pem("z", 100).into_bytes());
-    let raw = String::from_utf8(v.encode()).expect("utf8");
-    c.etcdctl(&["put", "/keycache/t7/keys/z", &raw])
-        .expect("put");
-    let rev = c.revision();
-    wait_for(dir.path(), rev);
-    let got = block_on(async {
-        let mut w = Writer::connect(st.clone(), dir.path()).await?;
+    let rev = put_applied(&c, dir.path(), "/keycache/t7/keys/z", &v);
+    let got = with_writer(&st, dir.path(), None, async |w| {
         w.put_if(Bank::Keys, &id("z"), Some(&v), Some(v.clone()))
             .await
     })
@@ -371,10 +326,8 @@ fn a_write_of_what_the_replica_already_shows_sends_nothing() {
 /// the same revision forever, and the revocation made meanwhile arrives.
 #[test]
 fn a_catch_up_larger_than_a_response_lists_again_and_the_revocation_arrives() {
-    let c = Cluster::start(1);
-    let mut st = settings(&c, "/keycache/t9/");
+    let (c, mut st, dir) = one_member("/keycache/t9/");
     st.max_response = 256 << 10;
-    let dir = tempfile::tempdir().expect("dir");
     let value = |k: &str, state: u8, len: usize| {
         let mut v = vec![state];
         v.extend_from_slice(pem(k, len).as_bytes());
@@ -427,9 +380,7 @@ fn a_catch_up_larger_than_a_response_lists_again_and_the_revocation_arrives() {
 /// not accepted again for a moment in between.
 #[test]
 fn a_replay_after_a_crash_never_accepts_a_revoked_key_again_for_a_moment() {
-    let c = Cluster::start(1);
-    let st = settings(&c, "/keycache/t10/");
-    let dir = tempfile::tempdir().expect("dir");
+    let (c, st, dir) = one_member("/keycache/t10/");
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -43,6 +43,7 @@ import logging
 import os
 import sys
 
+import salt_layout
 import salt_log
 
 
@@ -91,15 +92,7 @@ def _opts(args):
     )
     if args.cluster_id and not args.cluster_pki_dir:
         raise DriverError("--cluster-id needs --cluster-pki-dir")
-    for dest, key in (
-        ("size", "mmap_key_size"),
-        ("slot_size", "mmap_key_slot_size"),
-        ("id_size", "mmap_key_id_size"),
-        ("max_segment_bytes", "mmap_key_max_segment_bytes"),
-    ):
-        val = getattr(args, dest)
-        if val is not None:
-            opts[key] = val
+    opts.update(salt_layout.opts(args))
     return opts
 
 

@@ -38,6 +38,8 @@ import statistics
 import sys
 import time
 
+import salt_layout
+
 # Environment: KEYCACHE_DRIVER_FULL_IMPORT=1 makes the driver import
 # salt.cache.mmap_key the ordinary way even for the light subcommands (see
 # _load_mmap_key).
@@ -151,15 +153,6 @@ def _mmap_cache_module():
 # Options
 # ---------------------------------------------------------------------------
 
-_LAYOUT_OPTS = (
-    # (argparse dest, Salt opts key)
-    ("size", "mmap_key_size"),
-    ("slot_size", "mmap_key_slot_size"),
-    ("id_size", "mmap_key_id_size"),
-    ("max_segment_bytes", "mmap_key_max_segment_bytes"),
-)
-
-
 def _opt(args, name, default=None):
     return getattr(args, name, default)
 
@@ -184,10 +177,7 @@ def _build_opts(args, pki_dir, cluster_pki_dir=None):
     if cluster_pki_dir:
         opts["cluster_id"] = "keycache-driver"
         opts["cluster_pki_dir"] = cluster_pki_dir
-    for dest, key in _LAYOUT_OPTS:
-        val = _opt(args, dest)
-        if val is not None:
-            opts[key] = val
+    opts.update(salt_layout.opts(args))
     return opts
 
 
@@ -414,18 +404,8 @@ def cmd_migrate_bench(args):
 
 def _raw_cache(args):
     mc = _mmap_cache_module()
-    kwargs = {"path": args.bank_index}
-    for dest, kw in (
-        ("size", "size"),
-        ("slot_size", "slot_size"),
-        ("id_size", "key_size"),
-        ("max_segment_bytes", "max_segment_bytes"),
-    ):
-        val = _opt(args, dest)
-        if val is not None:
-            kwargs[kw] = val
     # Same defaults as mmap_key when an option is omitted.
-    return mc.MmapCache(**kwargs)
+    return mc.MmapCache(path=args.bank_index, **salt_layout.cache_kwargs(args))
 
 
 def cmd_raw_put(args):

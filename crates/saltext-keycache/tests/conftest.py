@@ -34,6 +34,19 @@ def etcd(tmp_path):
 
 
 @pytest.fixture
+def masters(keycache_bin):
+    """Two real salt-masters sharing one key pair and a minion of both
+    (tests/two_masters_support.py), stopped at the end."""
+    # pylint: disable=import-outside-toplevel
+    import master_minion_support as mm
+    import two_masters_support as tm
+
+    mm.require_keycache_driver()
+    with mm.stopped_after(tm.TwoMasters(keycache_bin)) as pair:
+        yield pair
+
+
+@pytest.fixture
 def salt_opts(tmp_path):
     """Master opts for a fresh pki dir under ``tmp_path``, with a small table."""
     import salt.config

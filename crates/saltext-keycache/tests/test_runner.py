@@ -25,6 +25,7 @@ import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
+from cli_support import run_keycache  # noqa: E402  pylint: disable=wrong-import-position
 from master_minion_support import last_json  # noqa: E402  pylint: disable=wrong-import-position
 
 VENV_BIN = pathlib.Path(sys.executable).parent
@@ -120,14 +121,7 @@ def salt_run(conf, fun, *args, env=None):
 
 
 def cli(keycache_bin, *args, check=True):
-    proc = subprocess.run(
-        [keycache_bin, *args],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-        env=dict(os.environ, NO_COLOR="1"),
-        check=False,
-    )
+    proc = run_keycache(keycache_bin, *args, timeout=TIMEOUT)
     if check and proc.returncode != 0:
         raise AssertionError(f"keycache {' '.join(args)} exited {proc.returncode}: {proc.stdout}{proc.stderr}")
     return proc

@@ -20,6 +20,8 @@ import stat
 import subprocess
 import sys
 
+from cli_support import run_keycache
+
 TIMEOUT = 120
 
 # Run in a fresh interpreter: Salt's MasterKeys on the master config given,
@@ -75,14 +77,7 @@ def salt_master_keys(conf):
 
 
 def cli(keycache_bin, *args):
-    return subprocess.run(
-        [keycache_bin, *args],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-        env=dict(os.environ, NO_COLOR="1"),
-        check=False,
-    )
+    return run_keycache(keycache_bin, *args, timeout=TIMEOUT)
 
 
 def test_a_second_master_takes_the_first_ones_pair_from_its_bank(tmp_path, keycache_bin):

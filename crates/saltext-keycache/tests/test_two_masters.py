@@ -45,7 +45,6 @@ import shutil
 import sys
 import time
 
-import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
@@ -54,13 +53,6 @@ import two_masters_support as tm  # noqa: E402  pylint: disable=wrong-import-pos
 
 MID = tm.MINION_ID
 EMPTY = {"minions": [], "minions_pre": [], "minions_rejected": [], "minions_denied": []}
-
-
-@pytest.fixture
-def masters(keycache_bin):
-    mm.require_keycache_driver()
-    with mm.stopped_after(tm.TwoMasters(keycache_bin)) as pair:
-        yield pair
 
 
 def _history(master):
@@ -85,7 +77,7 @@ def _wipe_key_store(master):
     return removed
 
 
-def test_merges_between_two_real_masters(masters):  # pylint: disable=redefined-outer-name
+def test_merges_between_two_real_masters(masters):
     a, b = masters.a, masters.b
     started = time.monotonic()
     phases = []

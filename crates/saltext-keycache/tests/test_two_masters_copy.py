@@ -25,8 +25,6 @@ import pathlib
 import shutil
 import sys
 
-import pytest
-
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 import master_minion_support as mm  # noqa: E402  pylint: disable=wrong-import-position
@@ -34,13 +32,6 @@ import two_masters_support as tm  # noqa: E402  pylint: disable=wrong-import-pos
 
 MID1 = tm.MINION_ID
 MID2 = "kc-2m-minion-2"
-
-
-@pytest.fixture
-def masters(keycache_bin):
-    mm.require_keycache_driver()
-    with mm.stopped_after(tm.TwoMasters(keycache_bin)) as pair:
-        yield pair
 
 
 def _second_minion(pair):
@@ -60,7 +51,7 @@ def _copy_store(src, dst):
     shutil.copytree(src.pki, dst.pki, symlinks=True, dirs_exist_ok=True)
 
 
-def test_a_second_master_copied_from_the_first_keeps_both_masters_accepts(masters):  # pylint: disable=redefined-outer-name
+def test_a_second_master_copied_from_the_first_keeps_both_masters_accepts(masters):
     a, b = masters.a, masters.b
     minion2 = _second_minion(masters)
     alive = lambda: [*masters.daemons, *([minion2] if minion2.proc is not None else [])]  # noqa: E731

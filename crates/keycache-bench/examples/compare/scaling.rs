@@ -297,6 +297,28 @@ fn with_writer_thread<T>(
     })
 }
 
+/// The rows of a table of one column a thread count: one a size and
+/// contender that `keep` keeps, its cells from `cell` (samples, contender,
+/// threads).
+fn rows(
+    r: &mut Report,
+    all: &[(u64, Samples)],
+    threads: &[usize],
+    keep: impl Fn(&Samples, &str) -> bool,
+    cell: impl Fn(&Samples, &str, usize) -> String,
+) {
+    for (n, s) in all {
+        for c in s.present(ORDER).filter(|c| keep(s, c)) {
+            let cells: Vec<String> = threads.iter().map(|&t| cell(s, c, t)).collect();
+            r.line(&format!(
+                "| {} | {c} | {} |",
+                size_label(*n),
+                cells.join(" | ")
+            ));
+        }
+    }
+}
+
 /// The section's report: the table of rates and efficiencies, the writers'
 /// rates, failed lookups, and the target at the largest size.
 pub(crate) fn report_scaling(r: &mut Report, all: &[(u64, Samples)], threads: &[usize], rate: u64) {
@@ -314,26 +336,20 @@ pub(crate) fn report_scaling(r: &mut Report, all: &[(u64, Samples)], threads: &[
     let eff = |s: &Samples, c: &str, t: usize| {
         s.med(c, &format!("hit/{t}t")) / (t as f64 / one as f64 * s.med(c, &format!("hit/{one}t")))
     };
-    for (n, s) in all {
-        for c in s.present(ORDER) {
-            let cells: Vec<String> = threads
-                .iter()
-                .map(|&t| {
-                    let v = fmt_rate(s.med(c, &format!("hit/{t}t")));
-                    if t == one {
-                        v
-                    } else {
-                        format!("{v} ({:.2})", eff(s, c, t))
-                    }
-                })
-                .collect();
-            r.line(&format!(
-                "| {} | {c} | {} |",
-                size_label(*n),
-                cells.join(" | ")
-            ));
-        }
-    }
+    rows(
+        r,
+        all,
+        threads,
+        |_, _| true,
+        |s, c, t| {
+            let v = fmt_rate(s.med(c, &format!("hit/{t}t")));
+            if t == one {
+                v
+            } else {
+                format!("{v} ({:.2})", eff(s, c, t))
+            }
+        },
+    );
     r.line("");
     r.line(&format!(
         "The writers beside the readers, asked for {rate} writes/s: keycache's a `compare writer` process (`Store::put` of existing accepted ids, two alternating 451-byte keys, each put durable), LMDB's a process committing a write transaction a change; the RwLock's a thread taking the write lock a change. Writes per second they made during the measurements (median of the rounds):"
@@ -343,22 +359,13 @@ pub(crate) fn report_scaling(r: &mut Report, all: &[(u64, Samples)], threads: &[
         "| store | writer beside | {} |\n|---|---|{align}",
         cols.join(" | ")
     ));
-    for (n, s) in all {
-        for c in s.present(ORDER) {
-            if !s.0[c].keys().any(|k| k.starts_with("writes/")) {
-                continue;
-            }
-            let cells: Vec<String> = threads
-                .iter()
-                .map(|&t| format!("{:.0}/s", s.med(c, &format!("writes/{t}t"))))
-                .collect();
-            r.line(&format!(
-                "| {} | {c} | {} |",
-                size_label(*n),
-                cells.join(" | ")
-            ));
-        }
-    }
+    rows(
+        r,
+        all,
+        threads,
+        |s, c| s.0[c].keys().any(|k| k.starts_with("writes/")),
+        |s, c, t| format!("{:.0}/s", s.med(c, &format!("writes/{t}t"))),
+    );
     r.line("");
     let mut failed = Vec::new();
     for (n, s) in all {

@@ -6,16 +6,23 @@ use std::path::Path;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use keycache::store::Store;
+use keycache::audit::Actor;
+use keycache::store::{KeyState, Store};
 use keycache::tree::TreeSync;
 use keycache::Bank;
 use keycache::MinionId;
+use keycache_etcd::write::{Current, Decision, Writer};
 use keycache_etcd::{block_on, ReplicaState, Replicator, Report, Settings, Value};
 use keycache_testkit::common::pem;
 use keycache_testkit::etcd::Cluster;
 
 pub fn id(s: &str) -> MinionId {
     MinionId::new(s).expect("id")
+}
+
+/// `N` new temporary directories, each removed when dropped.
+pub fn dirs<const N: usize>() -> [tempfile::TempDir; N] {
+    std::array::from_fn(|_| tempfile::tempdir().expect("dir"))
 }
 
 pub fn open(dir: &Path) -> Store {
@@ -136,6 +143,47 @@ pub fn put_key(c: &Cluster, key: &str, state: u8, name: &str) {
         .expect("put");
 }
 
+/// What most tests begin with: a one-member cluster, the settings of
+/// `prefix` in it, and an empty store directory.
+pub fn one_member(prefix: &str) -> (Cluster, Settings, tempfile::TempDir) {
+    let c = Cluster::start(1);
+    let st = settings(&c, prefix);
+    (c, st, tempfile::tempdir().expect("dir"))
+}
+
 pub fn settings(c: &Cluster, prefix: &str) -> Settings {
     Settings::plain(c.endpoints(), prefix).expect("settings")
+}
+
+/// A writer for the store in `dir` recording as `by`, given to `f`, on a
+/// runtime of this call (a client does not outlive its runtime).
+pub fn with_writer<T>(
+    st: &Settings,
+    dir: &Path,
+    by: Option<&Actor>,
+    f: impl AsyncFnOnce(&mut Writer) -> keycache_etcd::Result<T>,
+) -> keycache_etcd::Result<T> {
+    block_on(async {
+        let mut w = Writer::connect(st.clone(), dir).await?;
+        w.set_actor(by.cloned());
+        f(&mut w).await
+    })
+}
+
+/// A [`Writer::update`] decision: accept a key etcd holds pending, skip
+/// any other (`not pending`).
+pub fn accept_pending(_: &MinionId, cur: &Current) -> Decision {
+    match &cur.key {
+        Some((KeyState::Pending, p)) => Decision::Write(vec![(
+            Bank::Keys,
+            Some(Value::Key(KeyState::Accepted, p.clone())),
+        )]),
+        _ => Decision::Skip("not pending".into()),
+    }
+}
+
+/// A [`Writer::update`] decision: remove the id from both banks, as
+/// `salt-key -d` does.
+pub fn delete_everywhere(_: &MinionId, _: &Current) -> Decision {
+    Decision::Write(vec![(Bank::Keys, None), (Bank::Denied, None)])
 }
