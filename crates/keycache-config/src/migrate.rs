@@ -95,7 +95,8 @@ impl Dirs {
 pub struct Job {
     /// Its directories.
     pub dirs: Dirs,
-    /// The key banks' migration (`out`: the cluster dir).
+    /// The key banks' migration (`out`: the cluster dir); its `made` hook
+    /// is [`migrate`]'s own (the peer merge's history begins).
     pub opts: MigrateOptions,
     /// How the banks are opened (ownership, timings).
     pub open: OpenOptions,
@@ -141,7 +142,13 @@ pub fn migrate(job: &Job, progress: &(dyn Fn(u64, u64) + Sync)) -> Result<Migrat
         )?,
         None => None,
     };
-    let report = keycache::migrate::migrate(&dirs.tree, &job.opts, progress)?;
+    // The store made, its history begins (for the peer merge): every
+    // migration of the job's kind, from the CLI or a runner, begins it.
+    let opts = MigrateOptions {
+        made: Some(keycache_merge::history::begin_on_migration()),
+        ..job.opts.clone()
+    };
+    let report = keycache::migrate::migrate(&dirs.tree, &opts, progress)?;
     let master_keys = match &master {
         Some(m) if !job.opts.dry_run => Some(master_keys::write(
             &m.dir,

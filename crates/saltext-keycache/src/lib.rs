@@ -41,6 +41,7 @@
 #![deny(clippy::unwrap_used)]
 
 mod audit;
+mod door;
 mod driver;
 mod etcd;
 mod legacy;
@@ -55,9 +56,8 @@ mod values;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
-use arc_swap::ArcSwap;
 use keycache::tree::TreeSync;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -188,10 +188,6 @@ fn open_driver(
     };
     let etcd = etcd::EtcdOptions::from_py(etcd.as_ref(), cluster_id.as_deref())
         .map_err(|why| error(py, why))?;
-    let settings = match &etcd {
-        Some(o) => Some(o.settings().map_err(|why| error(py, why))?),
-        None => None,
-    };
     let key = DriverKey {
         dir,
         params: (size, slot_size, id_size, max_segment_bytes),
@@ -210,16 +206,7 @@ fn open_driver(
     if let Some(d) = map.get(&key) {
         return Ok(d.clone_ref(py));
     }
-    let d = Py::new(
-        py,
-        Driver {
-            key: key.clone(),
-            open: ArcSwap::new(Arc::new(open::Open::new(&key))),
-            etcd: settings,
-            kept: Mutex::new(None),
-            seen: Default::default(),
-        },
-    )?;
+    let d = Py::new(py, Driver::new(py, key.clone())?)?;
     map.insert(key, d.clone_ref(py));
     Ok(d)
 }

@@ -65,8 +65,9 @@ pub(crate) fn options(
 }
 
 impl Open {
-    /// Handles for `key`, opened on first use.
-    pub(crate) fn new(key: &DriverKey) -> Open {
+    /// Handles for `key`, opened on first use; `through_etcd`: the driver's
+    /// door writes the banks etcd holds through etcd ([`crate::door`]).
+    pub(crate) fn new(key: &DriverKey, through_etcd: bool) -> Open {
         Open {
             generation: fork_generation(),
             pid: std::process::id(),
@@ -86,7 +87,7 @@ impl Open {
             resume_checked: AtomicBool::new(false),
             who: key.recorded_as.clone(),
             actor: OnceLock::new(),
-            through_etcd: key.etcd.is_some(),
+            through_etcd,
         }
     }
 

@@ -194,9 +194,6 @@ pub(crate) fn run_migrate<'py>(
                 out: dirs.cluster_dir.clone(),
                 dry_run,
                 replace_states,
-                // The store made, its history begins (for the peer merge),
-                // as `keycache migrate` begins it.
-                made: Some(keycache_merge::history::begin_on_migration()),
                 ..MigrateOptions::default()
             },
             master_id: Some(migrate::master_id(None, Some(&cfg), &dirs.pki_dir)),
@@ -275,6 +272,21 @@ pub(crate) fn run_diff<'py>(
     })
 }
 
+/// Runs `job` without the GIL on the master's store and the etcd settings
+/// of `opts` (as [`finish`]).
+fn etcd_job<'py>(
+    py: Python<'py>,
+    opts: &Bound<'py, PyAny>,
+    job: impl FnOnce(&Settings, &Store) -> Done + Send,
+) -> PyResult<(Bound<'py, PyAny>, bool)> {
+    let cfg = config(py, opts)?;
+    finish(py, move || {
+        let settings = etcd_settings(&cfg)?;
+        let store = open(&cfg, None, true).map_err(|e| e.to_string())?;
+        job(&settings, &store)
+    })
+}
+
 /// `keycache etcd status --json`: this master's replica against etcd
 /// (passed: current, and etcd answered), within etcd's connect and request
 /// timeouts.
@@ -283,11 +295,8 @@ pub(crate) fn run_etcd_status<'py>(
     py: Python<'py>,
     opts: &Bound<'py, PyAny>,
 ) -> PyResult<(Bound<'py, PyAny>, bool)> {
-    let cfg = config(py, opts)?;
-    finish(py, move || {
-        let settings = etcd_settings(&cfg)?;
-        let store = open(&cfg, None, true).map_err(|e| e.to_string())?;
-        let r = status::status_report(&settings, &store).map_err(|e| e.to_string())?;
+    etcd_job(py, opts, |settings, store| {
+        let r = status::status_report(settings, store).map_err(|e| e.to_string())?;
         json(&r, r.ok())
     })
 }
@@ -299,11 +308,8 @@ pub(crate) fn run_etcd_diff<'py>(
     py: Python<'py>,
     opts: &Bound<'py, PyAny>,
 ) -> PyResult<(Bound<'py, PyAny>, bool)> {
-    let cfg = config(py, opts)?;
-    finish(py, move || {
-        let settings = etcd_settings(&cfg)?;
-        let store = open(&cfg, None, true).map_err(|e| e.to_string())?;
-        let r = status::diff_report(&settings, &store).map_err(|e| e.to_string())?;
+    etcd_job(py, opts, |settings, store| {
+        let r = status::diff_report(settings, store).map_err(|e| e.to_string())?;
         json(&r, r.same)
     })
 }

@@ -19,6 +19,8 @@ use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyBytes, PyDict, PyList, PyString};
 
+use crate::error;
+
 /// The three banks Salt keeps keys in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Bank {
@@ -33,11 +35,17 @@ pub(crate) enum Bank {
 impl Bank {
     /// The bank of a Salt bank name, `None` for any other.
     pub(crate) fn parse(name: &str) -> Option<Bank> {
-        match name {
-            "keys" => Some(Bank::Keys),
-            "denied_keys" => Some(Bank::Denied),
-            "master_keys" => Some(Bank::Master),
-            _ => None,
+        [Bank::Keys, Bank::Denied, Bank::Master]
+            .into_iter()
+            .find(|b| b.name() == name)
+    }
+
+    /// Salt's name of the bank.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Bank::Keys => "keys",
+            Bank::Denied => "denied_keys",
+            Bank::Master => "master_keys",
         }
     }
 
@@ -133,4 +141,69 @@ pub(crate) fn to_bytes(v: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
         "expected str, bytes, or bytearray not {}",
         v.get_type().repr()?
     )))
+}
+
+/// What `store` writes, read off Salt's value for the bank.
+pub(crate) enum Put {
+    /// `keys`: the state and the public key (empty: Salt stores it, and it
+    /// reads as absent).
+    Key(KeyState, Vec<u8>),
+    /// `denied_keys`: the first list item, or the value itself.
+    Denied(Vec<u8>),
+    /// `master_keys`: the value.
+    Master(Vec<u8>),
+}
+
+impl Put {
+    /// Salt's value `data` for bank `bank`, with `mmap_key`'s errors: a
+    /// `keys` value must be a dict with `state` (a known state name) and
+    /// `pub`; the others are `str` or bytes (a `denied_keys` list gives its
+    /// first item).
+    pub(crate) fn of(py: Python<'_>, bank: Bank, data: &Bound<'_, PyAny>) -> PyResult<Put> {
+        Ok(match bank {
+            Bank::Keys => {
+                let d = data.cast::<PyDict>().ok().filter(|d| {
+                    d.contains("state").unwrap_or(false) && d.contains("pub").unwrap_or(false)
+                });
+                let Some(d) = d else {
+                    return Err(error(
+                        py,
+                        format!(
+                            "keycache: keys bank requires {{state, pub}} dict, got {}",
+                            data.get_type().repr()?
+                        ),
+                    ));
+                };
+                let state = d.get_item("state")?.map(|s| s.extract::<String>());
+                let state = match state {
+                    Some(Ok(s)) => KeyState::from_name(&s),
+                    _ => None,
+                };
+                let Some(state) = state else {
+                    let s = d
+                        .get_item("state")?
+                        .map(|s| s.repr().map(|r| r.to_string()));
+                    let shown = match s {
+                        Some(Ok(r)) => r,
+                        _ => "None".to_string(),
+                    };
+                    return Err(error(py, format!("keycache: unknown key state {shown}")));
+                };
+                let pub_key = match d.get_item("pub")? {
+                    Some(p) => to_bytes(&p)?,
+                    None => Vec::new(),
+                };
+                Put::Key(state, pub_key)
+            }
+            Bank::Denied => {
+                let raw = match data.cast::<PyList>() {
+                    Ok(l) if l.is_empty() => Vec::new(),
+                    Ok(l) => to_bytes(&l.get_item(0)?)?,
+                    Err(_) => to_bytes(data)?,
+                };
+                Put::Denied(raw)
+            }
+            Bank::Master => Put::Master(to_bytes(data)?),
+        })
+    }
 }

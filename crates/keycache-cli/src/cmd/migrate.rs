@@ -142,8 +142,7 @@ pub(crate) fn run(a: Args) -> CmdResult {
             replace_states: a.replace_states,
             skip_long_ids: a.skip_long_ids,
             ownership,
-            // The store made, its history begins (for the peer merge).
-            made: Some(keycache_merge::history::begin_on_migration()),
+            ..MigrateOptions::default()
         },
         master_id: (!a.no_master_keys).then(|| {
             let flag = a.master_id.clone().map(|id| (id, "--master-id"));
