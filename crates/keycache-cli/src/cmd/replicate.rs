@@ -99,7 +99,11 @@ impl<'a> Line<'a> {
         }
     }
 
-    fn applied(mut self, a: &'a Applied) -> Line<'a> {
+    /// A listing or batch of events applied at `revision`: what it wrote,
+    /// removed and refused, and how long it took.
+    fn applied(mut self, revision: i64, a: &'a Applied, took: std::time::Duration) -> Line<'a> {
+        self.revision = Some(revision);
+        self.took_ms = Some(took.as_secs_f64() * 1e3);
         self.written = Some(a.written);
         self.removed = Some(a.removed);
         self.refused = Some(
@@ -123,24 +127,20 @@ fn print(r: &Report, json: bool) {
                 took,
                 ..
             } => Line {
-                revision: Some(*revision),
                 entries: Some(*entries),
-                took_ms: Some(took.as_secs_f64() * 1e3),
                 ..Line::new("listed")
             }
-            .applied(applied),
+            .applied(*revision, applied, *took),
             Report::Applied {
                 revision,
                 events,
                 applied,
                 took,
             } => Line {
-                revision: Some(*revision),
                 events: Some(*events),
-                took_ms: Some(took.as_secs_f64() * 1e3),
                 ..Line::new("applied")
             }
-            .applied(applied),
+            .applied(*revision, applied, *took),
             Report::Compacted { compact_revision } => Line {
                 compact_revision: Some(*compact_revision),
                 ..Line::new("compacted")

@@ -6,12 +6,14 @@
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
-use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use keycache_testkit::etcd::Cluster;
 use serde_json::Value;
 
+use crate::common::etcd::{
+    etcd_put, etcd_value, master_dirs, wait_revision, write_master_config, Replicating,
+};
 use crate::common::{kc, s, sample_pki, sample_store, tree_files};
 
 const PREFIX: &str = "/keycache/test/";
@@ -28,27 +30,20 @@ impl Master {
     /// A master with an empty store directory; `extra` is appended to the
     /// `keycache_etcd` mapping (indented lines).
     fn new(c: &Cluster, extra: &str) -> Master {
-        let t = tempfile::tempdir().expect("scratch");
-        let pki = t.path().join("pki");
-        std::fs::create_dir(&pki).expect("pki");
-        let m = Master {
-            conf: t.path().join("etc"),
-            pki,
-            t,
-        };
-        std::fs::create_dir(&m.conf).expect("etc");
+        let (t, pki, conf) = master_dirs();
+        let m = Master { t, pki, conf };
         m.write_config(c, extra);
         m
     }
 
     fn write_config(&self, c: &Cluster, extra: &str) {
-        let text = format!(
-            "pki_dir: {}\nmmap_key_size: 1009\nkeys.cache_driver: keycache\nkeycache_etcd:\n  \
-             endpoints: [{}]\n  prefix: {PREFIX}\n  write_timeout: 3\n{extra}",
-            self.pki.display(),
-            c.endpoints().join(", ")
+        write_master_config(
+            &self.conf,
+            &self.pki,
+            &c.endpoints().join(", "),
+            PREFIX,
+            &format!("  write_timeout: 3\n{extra}"),
         );
-        std::fs::write(self.conf.join("master"), text).expect("master config");
     }
 
     /// `keycache etcd seed --from` the sample pki tree, its JSON.
@@ -79,25 +74,15 @@ impl Master {
 
     /// Waits until the replica holds `revision`.
     fn wait_for(&self, revision: i64, r: &Replicating) {
-        let start = Instant::now();
-        while self.revision() < revision {
-            assert!(
-                start.elapsed() < Duration::from_secs(30),
-                "replica stuck at {} < {revision}; replicate said:\n{}",
-                self.revision(),
-                r.log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_revision(
+            revision,
+            || self.revision(),
+            || format!("replicate said:\n{}", r.log()),
+        );
     }
 }
 
-/// `keycache replicate -c CONF`, a child process killed when dropped.
-struct Replicating {
-    child: Option<Child>,
-    log: PathBuf,
-}
-
+/// `keycache replicate -c CONF` of a [`Master`].
 impl Replicating {
     fn start(m: &Master) -> Replicating {
         Replicating::start_with(m, &[])
@@ -106,39 +91,10 @@ impl Replicating {
     /// With more arguments; stdout goes to `replicate.out` beside the log.
     fn start_with(m: &Master, args: &[&str]) -> Replicating {
         let log = m.t.path().join(format!("replicate-{}.log", m.revision()));
-        let err = std::fs::File::create(&log).expect("log");
         let out = std::fs::File::create(m.t.path().join("replicate.out")).expect("out");
         let mut c = kc();
         c.args(["replicate", "-c", m.c()]).args(args);
-        let child = c
-            .cmd()
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .spawn()
-            .expect("start keycache replicate");
-        Replicating {
-            child: Some(child),
-            log,
-        }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// SIGKILL, and wait.
-    fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-impl Drop for Replicating {
-    fn drop(&mut self) {
-        self.kill();
+        Replicating::spawn(&mut c, log, out.into())
     }
 }
 
@@ -152,24 +108,6 @@ fn etcd_keys(c: &Cluster) -> BTreeSet<String> {
         .filter(|l| !l.is_empty() && !l.starts_with(&audit))
         .map(str::to_owned)
         .collect()
-}
-
-/// What etcd holds for `key` (`None`: absent).
-fn etcd_value(c: &Cluster, key: &str) -> Option<String> {
-    let out = c
-        .etcdctl(&["get", key, "--print-value-only"])
-        .expect("etcdctl get");
-    out.strip_suffix('\n').map(str::to_owned)
-}
-
-/// `etcdctl put`; the revision it committed.
-fn etcd_put(c: &Cluster, key: &str, value: &str) -> i64 {
-    let out = c
-        .etcdctl(&["put", "-w", "json", "--", key, value])
-        .expect("etcdctl put");
-    serde_json::from_str::<Value>(&out).expect("json")["header"]["revision"]
-        .as_i64()
-        .expect("revision")
 }
 
 /// The etcd keys a store's `list --json` stands for.

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use keycache::audit::{Actor, Record};
 use keycache::store::KeyState;
@@ -23,6 +23,7 @@ use keycache_etcd::{block_on, Settings, Value};
 use keycache_testkit::etcd::Cluster;
 use keycache_testkit::rng::Rng;
 
+use crate::common::etcd::{kill_child, master_of, seed_from_env, spawn_logged, wait_revision};
 use crate::common::{kc, pem, s};
 
 const PREFIX: &str = "/keycache/audit/";
@@ -46,18 +47,7 @@ struct Master {
 
 impl Master {
     fn new(c: &Cluster) -> Master {
-        let t = tempfile::tempdir().expect("scratch");
-        let pki = t.path().join("pki");
-        std::fs::create_dir(&pki).expect("pki");
-        let conf = t.path().join("etc");
-        std::fs::create_dir(&conf).expect("etc");
-        let text = format!(
-            "pki_dir: {}\nmmap_key_size: 1009\nkeys.cache_driver: keycache\nkeycache_etcd:\n  \
-             endpoints: [{}]\n  prefix: {PREFIX}\n  write_timeout: 5\n",
-            pki.display(),
-            c.endpoints().join(", ")
-        );
-        std::fs::write(conf.join("master"), text).expect("master config");
+        let (t, pki, conf) = master_of(c, PREFIX, "  write_timeout: 5\n");
         Master {
             t,
             pki,
@@ -73,14 +63,11 @@ impl Master {
             .t
             .path()
             .join(format!("replicate-{}.log", self.started));
-        let err = std::fs::File::create(&log).expect("log");
-        kc().args(["replicate", "-c", s(&self.conf)])
-            .cmd()
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(err)
-            .spawn()
-            .expect("start keycache replicate")
+        spawn_logged(
+            kc().args(["replicate", "-c", s(&self.conf)]),
+            &log,
+            Stdio::null(),
+        )
     }
 
     /// What every replicator of this master said.
@@ -106,23 +93,12 @@ impl Master {
 
     /// Waits (at most 30 s) until the replica records `revision`.
     fn wait_for(&self, revision: i64) {
-        let start = Instant::now();
-        while self.revision() < revision {
-            assert!(
-                start.elapsed() < Duration::from_secs(30),
-                "replica stuck at {} < {revision}; its replicators said:\n{}",
-                self.revision(),
-                self.logs()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_revision(
+            revision,
+            || self.revision(),
+            || format!("its replicators said:\n{}", self.logs()),
+        );
     }
-}
-
-/// SIGKILL, and wait.
-fn kill(c: &mut Child) {
-    let _ = c.kill();
-    let _ = c.wait();
 }
 
 /// The records of the log of the store in `dir` that came from etcd (a
@@ -165,12 +141,7 @@ fn next(id: &MinionId, cur: &keycache_etcd::write::Current) -> Decision {
 }
 
 fn seed() -> u64 {
-    match std::env::var("KEYCACHE_AUDIT_SEED") {
-        Ok(v) => v
-            .parse()
-            .unwrap_or_else(|e| panic!("KEYCACHE_AUDIT_SEED={v:?}: {e}")),
-        Err(_) => DEFAULT_SEED,
-    }
+    seed_from_env("KEYCACHE_AUDIT_SEED", DEFAULT_SEED)
 }
 
 #[test]
@@ -224,7 +195,7 @@ fn a_replicator_killed_at_random_moments_logs_every_record_once_in_revision_orde
     let mut relists = 0;
     for _ in 0..ROUNDS {
         std::thread::sleep(Duration::from_millis(rng.range(0, 300)));
-        kill(&mut ra);
+        kill_child(&mut ra);
         if rng.one_in(4) {
             // The state lost: the next replicator lists etcd again.
             let _ = std::fs::remove_file(a.pki.join(".keycache-etcd"));
@@ -271,6 +242,6 @@ fn a_replicator_killed_at_random_moments_logs_every_record_once_in_revision_orde
     // B, never killed, holds the same.
     b.wait_for(last);
     assert_eq!(logged(&b.pki).0, want);
-    kill(&mut ra);
-    kill(&mut rb);
+    kill_child(&mut ra);
+    kill_child(&mut rb);
 }

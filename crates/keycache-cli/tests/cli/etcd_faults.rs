@@ -35,13 +35,14 @@ mod store;
 
 use std::cell::Cell;
 use std::path::PathBuf;
-use std::process::{Child, ExitStatus, Stdio};
+use std::process::{ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use keycache_testkit::cmd::TestCommand;
 use keycache_testkit::etcd::Cluster;
 use serde_json::Value;
 
+use crate::common::etcd::{etcd_put, etcd_value, master_dirs, write_master_config, Replicating};
 use crate::common::{s, sample_pki, BIN};
 
 /// The etcd prefix of every test here.
@@ -80,11 +81,7 @@ impl Master {
     /// A master with an empty store whose config names `endpoints`, its
     /// commands run under `wrap`.
     fn on(name: &'static str, endpoints: Vec<String>, wrap: Vec<String>) -> Master {
-        let t = tempfile::tempdir().expect("scratch");
-        let pki = t.path().join("pki");
-        std::fs::create_dir(&pki).expect("pki");
-        let conf = t.path().join("etc");
-        std::fs::create_dir(&conf).expect("etc");
+        let (t, pki, conf) = master_dirs();
         let m = Master {
             name,
             t,
@@ -101,14 +98,13 @@ impl Master {
     /// Writes the master config; `extra` is appended to the
     /// `keycache_etcd` mapping (indented lines).
     fn write_config(&self, extra: &str) {
-        let text = format!(
-            "pki_dir: {}\nmmap_key_size: 1009\nkeys.cache_driver: keycache\nkeycache_etcd:\n  \
-             endpoints: [{}]\n  prefix: {PREFIX}\n  write_timeout: 3\n  stale_after: \
-             {STALE_AFTER}\n{extra}",
-            self.pki.display(),
-            self.endpoints.join(", ")
+        write_master_config(
+            &self.conf,
+            &self.pki,
+            &self.endpoints.join(", "),
+            PREFIX,
+            &format!("  write_timeout: 3\n  stale_after: {STALE_AFTER}\n{extra}"),
         );
-        std::fs::write(self.conf.join("master"), text).expect("master config");
     }
 
     /// The keycache binary, under this master's command prefix.
@@ -168,25 +164,21 @@ impl Master {
     /// `keycache etcd status -c CONF --json`: its exit code, its JSON
     /// (`Null` when it printed none) and what it printed.
     fn status_json(&self) -> (Option<i32>, Value, String) {
-        let out = self
-            .kc()
-            .args(["etcd", "status", "-c", self.c(), "--json"])
-            .output();
-        let v = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        (out.status.code(), v, text)
+        self.etcd_json("status")
     }
 
     /// `keycache etcd diff -c CONF --json`: its exit code and JSON (`Null`
     /// when it printed none), and what it printed.
     fn diff(&self) -> (Option<i32>, Value, String) {
+        self.etcd_json("diff")
+    }
+
+    /// `keycache etcd SUB -c CONF --json`: its exit code, its JSON (`Null`
+    /// when it printed none) and what it printed.
+    fn etcd_json(&self, sub: &str) -> (Option<i32>, Value, String) {
         let out = self
             .kc()
-            .args(["etcd", "diff", "-c", self.c(), "--json"])
+            .args(["etcd", sub, "-c", self.c(), "--json"])
             .output();
         let v = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
         let text = format!(
@@ -236,23 +228,12 @@ impl Master {
         let n = self.started.get() + 1;
         self.started.set(n);
         let log = self.t.path().join(format!("replicate-{n}.log"));
-        let err = std::fs::File::create(&log).expect("log");
         let mut c = self.kc();
         c.args(["replicate", "-c", self.c()]);
         for (k, v) in env {
             c.env(k, v);
         }
-        let child = c
-            .cmd()
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(err)
-            .spawn()
-            .expect("start keycache replicate");
-        Replicating {
-            child: Some(child),
-            log,
-        }
+        Replicating::spawn(&mut c, log, Stdio::null())
     }
 
     /// What every replicator of this master wrote on stderr.
@@ -304,30 +285,8 @@ impl Master {
     }
 }
 
-/// `keycache replicate -c CONF`, killed when dropped.
-struct Replicating {
-    child: Option<Child>,
-    log: PathBuf,
-}
-
+/// What the fault tests do with a [`Master`]'s `keycache replicate`.
 impl Replicating {
-    fn pid(&self) -> u32 {
-        self.child.as_ref().map_or(0, Child::id)
-    }
-
-    /// What it wrote on stderr.
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// SIGKILL, and wait.
-    fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
     /// SIGSTOP (`true`) or SIGCONT.
     fn pause(&self, stop: bool) {
         let sig = if stop { libc::SIGSTOP } else { libc::SIGCONT };
@@ -350,12 +309,6 @@ impl Replicating {
         self.child
             .as_mut()
             .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
-    }
-}
-
-impl Drop for Replicating {
-    fn drop(&mut self) {
-        self.kill();
     }
 }
 
@@ -487,6 +440,32 @@ impl Findings {
         }
     }
 
+    /// Notes [`hold_revoked`] for `ids` until `grace` past the bound,
+    /// counted from `back` when that is later than `ack` (a replicator
+    /// started or continued after the revocation).
+    fn hold(
+        &mut self,
+        masters: &[&Master],
+        ids: &[&str],
+        ack: Instant,
+        back: Instant,
+        grace: Duration,
+    ) {
+        self.note(hold_revoked(
+            masters,
+            ids,
+            ack,
+            back.max(ack) + BOUND + grace,
+        ));
+    }
+
+    /// Notes [`wait_same`] for each of `masters`, once the faults healed.
+    fn same(&mut self, masters: &[&Master], limit: Duration) {
+        for m in masters {
+            self.note(wait_same(m, limit));
+        }
+    }
+
     /// Fails the test with every finding.
     fn finish(self) {
         assert!(
@@ -496,24 +475,6 @@ impl Findings {
             self.0.join("\n\n")
         );
     }
-}
-
-/// `etcdctl put -- KEY VALUE`; the revision it committed.
-fn etcd_put(c: &Cluster, key: &str, value: &str) -> i64 {
-    let out = c
-        .etcdctl(&["put", "-w", "json", "--", key, value])
-        .expect("etcdctl put");
-    serde_json::from_str::<Value>(&out).expect("json")["header"]["revision"]
-        .as_i64()
-        .expect("revision")
-}
-
-/// What etcd holds for `key` (`None`: absent).
-fn etcd_value(c: &Cluster, key: &str) -> Option<String> {
-    let out = c
-        .etcdctl(&["get", key, "--print-value-only"])
-        .expect("etcdctl get");
-    out.strip_suffix('\n').map(str::to_owned)
 }
 
 /// Puts keys outside the prefix until etcd's revision is past `revision`
@@ -571,4 +532,57 @@ fn replicated(c: &Cluster, names: &[&'static str]) -> (Vec<Master>, Vec<Replicat
         m.wait_for(seeded);
     }
     (masters, reps)
+}
+
+/// Two masters, their commands under `wrap`: A on every member of `c`, B
+/// on every member but `x`, the one A's replicator watches; both replicas
+/// hold the sample seed. `k` is an id they hold accepted.
+struct Watched {
+    a: Master,
+    b: Master,
+    x: usize,
+    k: String,
+    _replicators: [Replicating; 2],
+}
+
+impl Watched {
+    fn start(c: &Cluster, wrap: Vec<String>) -> Watched {
+        let a = Master::on("a", c.endpoints(), wrap.clone());
+        let seeded = a.seed_from_sample();
+        let ra = a.replicate();
+        a.wait_for(seeded);
+        let x = a.member_of(c, &ra);
+        let b = Master::on("b", endpoints_but(c, x), wrap);
+        let rb = b.replicate();
+        b.wait_for(seeded);
+        let k = a.ids("minions")[0].clone();
+        Watched {
+            a,
+            b,
+            x,
+            k,
+            _replicators: [ra, rb],
+        }
+    }
+
+    /// With a fault on member `x` in place: revokes K through B once the
+    /// other members have a leader and checks the promise until `grace`
+    /// past the bound; `heal` ends the fault, and then both replicas must
+    /// equal etcd within `settle`.
+    fn revoke_across_fault(
+        &self,
+        c: &Cluster,
+        grace: Duration,
+        heal: impl FnOnce(),
+        settle: Duration,
+    ) {
+        let (a, b, k) = (&self.a, &self.b, &self.k);
+        let mut f = Findings::default();
+        wait_quorum_without(c, self.x);
+        let ack = b.revoke(k);
+        f.hold(&[a, b], &[k], ack, ack, grace);
+        heal();
+        f.same(&[a, b], settle);
+        f.finish();
+    }
 }

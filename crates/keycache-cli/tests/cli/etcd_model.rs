@@ -34,6 +34,7 @@ use keycache_testkit::etcd::Cluster;
 use keycache_testkit::rng::Rng;
 use serde_json::Value;
 
+use crate::common::etcd::seed_from_env;
 use crate::common::{kc, sample_pki};
 use checks::{final_checks, ids_in, summary};
 use master::Master;
@@ -404,12 +405,7 @@ fn sleep_until(d: Duration, deadline: Instant) {
 }
 
 fn seed() -> u64 {
-    match std::env::var("KEYCACHE_MODEL_SEED") {
-        Ok(v) => v
-            .parse()
-            .unwrap_or_else(|e| panic!("KEYCACHE_MODEL_SEED={v:?}: {e}")),
-        Err(_) => DEFAULT_SEED,
-    }
+    seed_from_env("KEYCACHE_MODEL_SEED", DEFAULT_SEED)
 }
 
 #[test]

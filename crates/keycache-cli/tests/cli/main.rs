@@ -14,11 +14,15 @@
 //! - [`hostile`], [`key_material`]: hostile ids, paths and modes; what a
 //!   key file may hold;
 //! - [`salt_interop`]: keycache and the real Salt on one store;
-//! - [`damage`]: damaged files and repairs;
+//! - [`damage`]: bank files that are not regular files, and `verify
+//!   --repair` (the library's handling of damaged files is the engine's
+//!   own test);
 //! - [`concurrency`]: several processes on one store, readers opened
 //!   before a compaction, verify while Salt writes;
 //! - [`master_keys`]: the master key banks;
-//! - [`merge`]: snapshots and merges between masters;
+//! - [`merge`]: snapshots and merges between masters through the
+//!   commands (the merge's safety semantics are keycache-merge's own
+//!   tests);
 //! - [`etcd`], [`etcd_model`]: the etcd replica's commands, and its model
 //!   test (three masters on a real etcd cluster, random operations, kills);
 //! - [`crash`]: writers, compactions, migrations, merges and tree writers

@@ -7,12 +7,13 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ExitStatus, Stdio};
+use std::process::{ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use keycache_testkit::etcd::{free_port, Cluster};
 use serde_json::Value;
 
+use crate::common::etcd::{master_dirs, write_master_config, Replicating};
 use crate::common::{kc, s, sample_pki};
 
 const PREFIX: &str = "/keycache/metrics/";
@@ -43,19 +44,14 @@ struct Master {
 
 impl Master {
     fn new(endpoints: &str, extra: &str) -> Master {
-        let t = tempfile::tempdir().expect("scratch");
-        let (pki, conf) = (t.path().join("pki"), t.path().join("etc"));
-        std::fs::create_dir(&pki).expect("pki");
-        std::fs::create_dir(&conf).expect("etc");
-        std::fs::write(
-            conf.join("master"),
-            format!(
-                "pki_dir: {}\nmmap_key_size: 1009\nkeys.cache_driver: keycache\nkeycache_etcd:\n  \
-                 endpoints: [{endpoints}]\n  prefix: {PREFIX}\n  write_timeout: 3\n{extra}",
-                pki.display()
-            ),
-        )
-        .expect("master config");
+        let (t, pki, conf) = master_dirs();
+        write_master_config(
+            &conf,
+            &pki,
+            endpoints,
+            PREFIX,
+            &format!("  write_timeout: 3\n{extra}"),
+        );
         Master { t, pki, conf }
     }
 
@@ -100,30 +96,12 @@ impl Master {
         for (k, v) in env {
             cmd.env(k, v);
         }
-        let child = cmd
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("log"))
-            .spawn()
-            .expect("start keycache replicate");
-        Replicating {
-            child: Some(child),
-            log,
-        }
+        Replicating::spawn(&mut c, log, Stdio::null())
     }
 }
 
-/// A replicator this test started, killed (by its pid) when dropped.
-struct Replicating {
-    child: Option<Child>,
-    log: PathBuf,
-}
-
+/// What the metrics tests do with a replicator they started.
 impl Replicating {
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
     fn signal(&self, signal: i32) {
         let pid = self.child.as_ref().expect("running").id();
         let pid = i32::try_from(pid).expect("a pid");
@@ -145,15 +123,6 @@ impl Replicating {
                 self.log()
             );
             std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Replicating {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
         }
     }
 }
@@ -389,6 +358,13 @@ fn receive(
     }
 }
 
+/// Sends `signal` to `r`, then waits (at most 10 s) for its STOPPING=1 on
+/// `sock`.
+fn stop(r: &Replicating, sock: &UnixDatagram, signal: i32) {
+    r.signal(signal);
+    receive(sock, Duration::from_secs(10), |msg| msg == "STOPPING=1", r);
+}
+
 fn notify_socket(path: &Path) -> UnixDatagram {
     let sock = UnixDatagram::bind(path).expect("bind the notify socket");
     sock.set_read_timeout(Some(Duration::from_millis(200)))
@@ -456,13 +432,7 @@ fn replicate_speaks_systemds_notify_protocol() {
         &r,
     );
     // SIGTERM: STOPPING=1, then a clean exit.
-    r.signal(libc::SIGTERM);
-    receive(
-        &sock,
-        Duration::from_secs(10),
-        |msg| msg == "STOPPING=1",
-        &r,
-    );
+    stop(&r, &sock, libc::SIGTERM);
     let st = r.wait(Duration::from_secs(10));
     assert!(st.success(), "{st:?}\n{}", r.log());
     // A restart resumes: READY=1 once it proved the replica current,
@@ -491,13 +461,7 @@ fn replicate_speaks_systemds_notify_protocol() {
         "resumed, not listed again"
     );
     assert_ne!(after["pid"], before["pid"], "proven by the new replicator");
-    r.signal(libc::SIGINT);
-    receive(
-        &abstract_sock,
-        Duration::from_secs(10),
-        |msg| msg == "STOPPING=1",
-        &r,
-    );
+    stop(&r, &abstract_sock, libc::SIGINT);
     assert!(r.wait(Duration::from_secs(10)).success());
 }
 

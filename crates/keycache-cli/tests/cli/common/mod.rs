@@ -13,7 +13,9 @@ use keycache_testkit::crash::Cli;
 pub use keycache_testkit::peers::*;
 use serde_json::Value;
 
+pub mod etcd;
 pub mod salt_master;
+pub mod validate_token;
 
 /// The keycache binary of this crate.
 pub const BIN: &str = env!("CARGO_BIN_EXE_keycache");

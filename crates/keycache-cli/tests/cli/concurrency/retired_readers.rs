@@ -127,11 +127,18 @@ fn populated() -> (tempfile::TempDir, Store) {
     (t, store)
 }
 
+/// A reader of `store` whose lookups found [`VICTIM`], before the
+/// compaction the test makes next.
+fn found_before(store: &Store) -> keycache::Reader<'_> {
+    let mut reader = store.reader();
+    assert_lookups(store, &mut reader, Ok(true), "before the compaction");
+    reader
+}
+
 #[test]
 fn a_compaction_then_a_delete_is_seen_by_the_next_lookup() {
     let (t, store) = populated();
-    let mut reader = store.reader();
-    assert_lookups(&store, &mut reader, Ok(true), "before the compaction");
+    let mut reader = found_before(&store);
     let dir = t.path();
     ok(&cli(dir, 1009, &["compact"]));
     ok(&cli(dir, 1009, &["delete", VICTIM]));
@@ -156,8 +163,7 @@ fn a_compaction_then_a_delete_is_seen_by_the_next_lookup() {
 #[test]
 fn a_compaction_into_another_size_then_a_delete_is_refused_not_answered() {
     let (t, store) = populated();
-    let mut reader = store.reader();
-    assert_lookups(&store, &mut reader, Ok(true), "before the compaction");
+    let mut reader = found_before(&store);
     let dir = t.path();
     ok(&cli(dir, 1009, &["compact", "--to-size", "2003"]));
     ok(&cli(dir, 2003, &["delete", VICTIM]));

@@ -73,21 +73,8 @@ struct Keys {
 impl Keys {
     fn new(t: &Path, n: u64) -> Keys {
         let dir = t.join("keypairs");
-        let v = common::run_py(
-            "validate_token.py",
-            &[
-                "keygen",
-                "--out",
-                dir.to_str().unwrap(),
-                "--ids",
-                &REAL.join(","),
-            ],
-            None,
-        );
-        let mut pubs = BTreeMap::new();
-        for id in REAL {
-            pubs.insert(id.to_owned(), v["pubs"][id].as_str().unwrap().to_owned());
-        }
+        let mut pubs: BTreeMap<String, String> =
+            common::vt_keygen(&dir, &REAL).into_iter().collect();
         for i in 0..n {
             let id = format!("m-{i:05}");
             pubs.insert(id.clone(), common::pem(&id, 400));
@@ -119,6 +106,14 @@ fn template(t: &Path, keys: &Keys) -> PathBuf {
     })
     .unwrap();
     dir
+}
+
+/// Salt's key operations through the driver with the master config
+/// `conf` (`key_ops.py CONF`), to be given its stdio and started.
+fn key_ops(conf: &Path) -> Command {
+    let mut c = Command::new(common::python());
+    c.arg(common::py_dir().join("key_ops.py")).arg(conf);
+    c
 }
 
 /// A Salt master config for the driver: the store in `pki`, the tree on.
@@ -153,10 +148,8 @@ fn start(w: Writer, dir: &Path, t: &Path, keys: &Keys, snap: &Path, out: &Path) 
         Writer::Export => cmd.args(["export", d, "--to"]).arg(out),
         Writer::Driver => {
             let conf = master_config(t, dir);
-            let mut c = Command::new(common::python());
-            c.arg(common::py_dir().join("key_ops.py"))
-                .arg(&conf)
-                .stdin(Stdio::piped())
+            let mut c = key_ops(&conf);
+            c.stdin(Stdio::piped())
                 .stdout(Stdio::null())
                 .stderr(Stdio::null());
             let mut child = c.spawn().unwrap();
@@ -265,23 +258,10 @@ fn judge(store: &Path, tree_dir: &Path, keys: &Keys, ctx: &str) -> Vec<String> {
         );
     }
     // Salt's validate_token on the minions with real keys.
-    let v = common::run_py(
-        "validate_token.py",
-        &[
-            "check",
-            "--keys",
-            keys.dir.to_str().unwrap(),
-            "--pki-dir",
-            tree_dir.to_str().unwrap(),
-            "--ids",
-            &REAL.join(","),
-        ],
-        None,
-    );
-    for r in v["results"].as_array().unwrap() {
-        let id = r["id"].as_str().unwrap();
+    for (id, valid) in common::validate_token::check(&keys.dir, tree_dir, &REAL) {
+        let id = id.as_str();
         assert_eq!(
-            r["valid"].as_bool(),
+            valid,
             Some(accepted.contains_key(id)),
             "{ctx}: validate_token({id}); accepted: {}",
             accepted.contains_key(id)
@@ -369,10 +349,8 @@ fn the_next_writer_finishes_the_tree_of_every_killed_writer() {
                     // The driver's first call of the store, by another
                     // process: a sign-in of a new minion.
                     let conf = master_config(t.path(), &dir);
-                    let mut c = Command::new(common::python());
-                    c.arg(common::py_dir().join("key_ops.py"))
-                        .arg(&conf)
-                        .stdin(Stdio::piped())
+                    let mut c = key_ops(&conf);
+                    c.stdin(Stdio::piped())
                         .stdout(Stdio::piped())
                         .stderr(Stdio::piped());
                     let mut child = c.spawn().unwrap();

@@ -85,19 +85,11 @@ fn tree_writers_killed_at_random_moments_never_let_a_minion_in() {
     // Each id's key, and another key (another minion's, under that id: a
     // minion that came back re-keyed, whose old private key must not pass).
     let alt_ids: Vec<String> = IDS.iter().map(|id| format!("{id}-alt")).collect();
-    let mut all: Vec<String> = IDS.iter().map(|s| s.to_string()).collect();
-    all.extend(alt_ids.iter().cloned());
-    let v = vt(
-        &[
-            "keygen",
-            "--out",
-            keys.to_str().unwrap(),
-            "--ids",
-            &all.join(","),
-        ],
-        None,
-    );
-    let pub_of = |id: &str| v["pubs"][id].as_str().unwrap().to_owned();
+    let mut all: Vec<&str> = IDS.to_vec();
+    all.extend(alt_ids.iter().map(String::as_str));
+    let made: std::collections::BTreeMap<String, String> =
+        common::vt_keygen(&keys, &all).into_iter().collect();
+    let pub_of = |id: &str| made[id].clone();
     let pubs: Vec<String> = IDS.iter().map(|id| pub_of(id)).collect();
     let alt: Vec<String> = alt_ids.iter().map(|id| pub_of(id)).collect();
     let bin = env!("CARGO_BIN_EXE_keycache");

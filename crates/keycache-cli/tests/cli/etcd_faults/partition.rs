@@ -10,7 +10,7 @@ use keycache_testkit::etcd::{Cluster, MemberSpec};
 use keycache_testkit::skip::skip;
 
 use super::guards::{run, Net};
-use super::{hold_revoked, wait_quorum_without, wait_same, Findings, Master, BOUND};
+use super::Watched;
 
 const CLIENT: u16 = 2379;
 const PEER: u16 = 2380;
@@ -47,28 +47,12 @@ fn a_member_cut_off_from_its_peers_does_not_keep_a_revoked_key_on_its_watchers()
         .collect();
     let hub = Net::exec(&net.hub());
     let c = Cluster::start_members(specs, hub.clone());
-    let a = Master::on("a", c.endpoints(), hub.clone());
-    let seeded = a.seed_from_sample();
-    let ra = a.replicate();
-    a.wait_for(seeded);
-    let x = a.member_of(&c, &ra);
-    let b = Master::on("b", super::endpoints_but(&c, x), hub);
-    let _rb = b.replicate();
-    b.wait_for(seeded);
-    let k = a.ids("minions")[0].clone();
-    let mut f = Findings::default();
-    net.cut(x, PEER).unwrap_or_else(|e| panic!("{e}"));
-    wait_quorum_without(&c, x);
-    let ack = b.revoke(&k);
-    f.note(hold_revoked(
-        &[&a, &b],
-        &[&k],
-        ack,
-        ack + BOUND + Duration::from_secs(2),
-    ));
-    net.heal(x).unwrap_or_else(|e| panic!("{e}"));
-    for m in [&a, &b] {
-        f.note(wait_same(m, Duration::from_secs(20)));
-    }
-    f.finish();
+    let w = Watched::start(&c, hub);
+    net.cut(w.x, PEER).unwrap_or_else(|e| panic!("{e}"));
+    w.revoke_across_fault(
+        &c,
+        Duration::from_secs(2),
+        || net.heal(w.x).unwrap_or_else(|e| panic!("{e}")),
+        Duration::from_secs(20),
+    );
 }

@@ -11,10 +11,7 @@ use std::time::{Duration, Instant};
 
 use keycache_testkit::etcd::Cluster;
 
-use super::{
-    etcd_put, etcd_value, fill_past, hold_revoked, wait_same, Findings, Master, Replicating, BOUND,
-    PREFIX,
-};
+use super::{etcd_put, etcd_value, fill_past, wait_same, Findings, Master, Replicating, PREFIX};
 
 /// The token the testkit's members start with.
 const TOKEN: &str = "keycache-test";
@@ -176,15 +173,8 @@ fn a_restore_with_the_same_token_reaches_every_replica() {
     reps[0] = a.replicate();
     reps[2].pause(false);
     let back = Instant::now();
-    f.note(hold_revoked(
-        &[&a, &b, &d],
-        &[&k],
-        ack,
-        back.max(ack) + BOUND + Duration::from_secs(2),
-    ));
-    for m in [&a, &b, &d] {
-        f.note(wait_same(m, Duration::from_secs(10)));
-    }
+    f.hold(&[&a, &b, &d], &[&k], ack, back, Duration::from_secs(2));
+    f.same(&[&a, &b, &d], Duration::from_secs(10));
     f.finish();
 }
 
@@ -220,14 +210,7 @@ fn a_restore_with_a_new_token_makes_every_replica_list_again() {
     fill_past(&c, recorded);
     reps[2].pause(false);
     let back = Instant::now();
-    f.note(hold_revoked(
-        &[&a, &b, &d],
-        &[&k],
-        ack,
-        back.max(ack) + BOUND + Duration::from_secs(2),
-    ));
-    for m in [&a, &b, &d] {
-        f.note(wait_same(m, Duration::from_secs(10)));
-    }
+    f.hold(&[&a, &b, &d], &[&k], ack, back, Duration::from_secs(2));
+    f.same(&[&a, &b, &d], Duration::from_secs(10));
     f.finish();
 }

@@ -8,7 +8,7 @@ use keycache_testkit::etcd::Cluster;
 use keycache_testkit::skip::skip;
 
 use super::guards::{Freeze, LoopMount};
-use super::{endpoints_but, hold_revoked, wait_quorum_without, wait_same, Findings, Master, BOUND};
+use super::{Findings, Watched};
 
 /// Resumes a member stopped with SIGSTOP when dropped.
 struct Paused<'a> {
@@ -65,30 +65,14 @@ fn a_member_whose_disk_stalls_does_not_keep_a_revoked_key_on_its_watchers() {
     }
     let dirs: Vec<_> = mounts.iter().map(|m| m.dir().join("data")).collect();
     let c = Cluster::start_in(&dirs);
-    let a = Master::new("a", &c);
-    let seeded = a.seed_from_sample();
-    let ra = a.replicate();
-    a.wait_for(seeded);
-    let x = a.member_of(&c, &ra);
-    let b = Master::on("b", endpoints_but(&c, x), Vec::new());
-    let _rb = b.replicate();
-    b.wait_for(seeded);
-    let k = a.ids("minions")[0].clone();
-    let mut f = Findings::default();
-    let mut frozen = Freeze::new(&mounts[x].dir()).unwrap_or_else(|e| panic!("{e}"));
-    wait_quorum_without(&c, x);
-    let ack = b.revoke(&k);
-    f.note(hold_revoked(
-        &[&a, &b],
-        &[&k],
-        ack,
-        ack + BOUND + Duration::from_secs(1),
-    ));
-    frozen.thaw().unwrap_or_else(|e| panic!("{e}"));
-    for m in [&a, &b] {
-        f.note(wait_same(m, Duration::from_secs(10)));
-    }
-    f.finish();
+    let w = Watched::start(&c, Vec::new());
+    let mut frozen = Freeze::new(&mounts[w.x].dir()).unwrap_or_else(|e| panic!("{e}"));
+    w.revoke_across_fault(
+        &c,
+        Duration::from_secs(1),
+        || frozen.thaw().unwrap_or_else(|e| panic!("{e}")),
+        Duration::from_secs(10),
+    );
 }
 
 /// The member A watches stopped with SIGSTOP (it keeps its sockets and
@@ -98,30 +82,14 @@ fn a_member_whose_disk_stalls_does_not_keep_a_revoked_key_on_its_watchers() {
 #[test]
 fn a_stopped_member_does_not_keep_a_revoked_key_on_its_watchers() {
     let c = Cluster::start(3);
-    let a = Master::new("a", &c);
-    let seeded = a.seed_from_sample();
-    let ra = a.replicate();
-    a.wait_for(seeded);
-    let x = a.member_of(&c, &ra);
-    let b = Master::on("b", endpoints_but(&c, x), Vec::new());
-    let _rb = b.replicate();
-    b.wait_for(seeded);
-    let k = a.ids("minions")[0].clone();
-    let mut f = Findings::default();
-    let mut paused = Paused::new(&c, x);
-    wait_quorum_without(&c, x);
-    let ack = b.revoke(&k);
-    f.note(hold_revoked(
-        &[&a, &b],
-        &[&k],
-        ack,
-        ack + BOUND + Duration::from_secs(1),
-    ));
-    paused.resume();
-    for m in [&a, &b] {
-        f.note(wait_same(m, Duration::from_secs(10)));
-    }
-    f.finish();
+    let w = Watched::start(&c, Vec::new());
+    let mut paused = Paused::new(&c, w.x);
+    w.revoke_across_fault(
+        &c,
+        Duration::from_secs(1),
+        || paused.resume(),
+        Duration::from_secs(10),
+    );
 }
 
 /// A's replicator stopped with SIGSTOP; K revoked through B: within the
@@ -136,16 +104,9 @@ fn a_stopped_replicator_makes_its_master_stale() {
     let mut f = Findings::default();
     reps[0].pause(true);
     let ack = b.revoke(&k);
-    f.note(hold_revoked(
-        &[a, b],
-        &[&k],
-        ack,
-        ack + BOUND + Duration::from_secs(1),
-    ));
+    f.hold(&[a, b], &[&k], ack, ack, Duration::from_secs(1));
     reps[0].pause(false);
-    for m in [a, b] {
-        f.note(wait_same(m, Duration::from_secs(10)));
-    }
+    f.same(&[a, b], Duration::from_secs(10));
     f.finish();
 }
 
@@ -174,24 +135,12 @@ fn compaction_and_defragmentation_do_not_keep_a_revoked_key() {
     defrag();
     reps[0] = a.replicate();
     let back = Instant::now();
-    f.note(hold_revoked(
-        &[a, b],
-        &[&k1],
-        ack,
-        back.max(ack) + BOUND + Duration::from_secs(1),
-    ));
+    f.hold(&[a, b], &[&k1], ack, back, Duration::from_secs(1));
     let ack = b.revoke(&k2);
     c.compact(c.revision());
     defrag();
     b.write("accept", &pending[1], &[]);
-    f.note(hold_revoked(
-        &[a, b],
-        &[&k2],
-        ack,
-        ack + BOUND + Duration::from_secs(1),
-    ));
-    for m in [a, b] {
-        f.note(wait_same(m, Duration::from_secs(10)));
-    }
+    f.hold(&[a, b], &[&k2], ack, ack, Duration::from_secs(1));
+    f.same(&[a, b], Duration::from_secs(10));
     f.finish();
 }

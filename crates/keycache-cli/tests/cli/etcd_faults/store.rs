@@ -7,9 +7,7 @@ use std::time::{Duration, Instant};
 
 use keycache_testkit::etcd::Cluster;
 
-use super::{
-    etcd_put, etcd_value, hold_revoked, wait_log, wait_same, Findings, Master, BOUND, PREFIX,
-};
+use super::{etcd_put, etcd_value, wait_log, wait_same, Findings, Master, BOUND, PREFIX};
 use crate::common::s;
 
 /// A second `keycache replicate -c A` while the first runs exits 2 within
@@ -62,13 +60,8 @@ fn a_second_replicator_on_one_store_is_refused_and_the_first_goes_on() {
             a.logs()
         )));
     }
-    f.note(hold_revoked(
-        &[a, b],
-        &[&k],
-        ack,
-        ack + BOUND + Duration::from_millis(500),
-    ));
-    f.note(wait_same(a, Duration::from_secs(10)));
+    f.hold(&[a, b], &[&k], ack, ack, Duration::from_millis(500));
+    f.same(&[a], Duration::from_secs(10));
     f.finish();
 }
 
@@ -125,13 +118,8 @@ fn a_store_copied_from_a_live_replica_does_not_keep_revoked_keys() {
     );
     let _rc = copy.replicate();
     let started = Instant::now();
-    f.note(hold_revoked(
-        &[&copy],
-        &[&k1, &k2],
-        ack,
-        started.max(ack) + BOUND + Duration::from_secs(2),
-    ));
-    f.note(wait_same(&copy, Duration::from_secs(10)));
+    f.hold(&[&copy], &[&k1, &k2], ack, started, Duration::from_secs(2));
+    f.same(&[&copy], Duration::from_secs(10));
     f.finish();
 }
 

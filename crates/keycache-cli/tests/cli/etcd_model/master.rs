@@ -14,6 +14,7 @@ use keycache_testkit::etcd::Cluster;
 use serde_json::Value;
 
 use super::{PREFIX, WRITE_TIMEOUT};
+use crate::common::etcd::{kill_child, master_of, spawn_logged};
 use crate::common::tree_files;
 use crate::common::{kc, s};
 
@@ -56,8 +57,7 @@ impl Drop for Master {
     fn drop(&mut self) {
         if let Ok(r) = self.repl.get_mut() {
             if let Some(mut c) = r.child.take() {
-                let _ = c.kill();
-                let _ = c.wait();
+                kill_child(&mut c);
             }
         }
         if let Ok(Some(k)) = self.driver.get_mut() {
@@ -79,17 +79,7 @@ pub struct Repl {
 
 impl Master {
     pub fn new(idx: usize, c: &Cluster) -> Master {
-        let t = tempfile::tempdir().expect("scratch");
-        let (pki, conf) = (t.path().join("pki"), t.path().join("etc"));
-        std::fs::create_dir(&pki).expect("pki");
-        std::fs::create_dir(&conf).expect("etc");
-        let text = format!(
-            "pki_dir: {}\nmmap_key_size: 1009\nkeys.cache_driver: keycache\nkeycache_etcd:\n  \
-             endpoints: [{}]\n  prefix: {PREFIX}\n  write_timeout: {WRITE_TIMEOUT}\n",
-            pki.display(),
-            c.endpoints().join(", ")
-        );
-        std::fs::write(conf.join("master"), text).expect("master config");
+        let (t, pki, conf) = master_of(c, PREFIX, &format!("  write_timeout: {WRITE_TIMEOUT}\n"));
         let mut settings = Settings::plain(c.endpoints(), PREFIX).expect("settings");
         settings.write_timeout = Duration::from_secs(WRITE_TIMEOUT);
         Master {
@@ -163,15 +153,11 @@ impl Master {
         }
         r.starts += 1;
         r.log = self.t.path().join(format!("replicate-{}.log", r.starts));
-        let err = std::fs::File::create(&r.log).expect("log");
-        let child = kc()
-            .args(["replicate", "-c", self.c()])
-            .cmd()
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(err)
-            .spawn()
-            .expect("start keycache replicate");
+        let child = spawn_logged(
+            kc().args(["replicate", "-c", self.c()]),
+            &r.log,
+            Stdio::null(),
+        );
         r.child = Some(child);
     }
 
@@ -180,8 +166,7 @@ impl Master {
         let mut r = self.repl.lock().expect("lock");
         if let Some(mut c) = r.child.take() {
             r.killed.push(c.id());
-            let _ = c.kill();
-            let _ = c.wait();
+            kill_child(&mut c);
         }
     }
 

@@ -48,13 +48,23 @@ fn assert_no_key_material(c: &Collected, r: &MasterKeysReport) {
     }
 }
 
+/// Master `m1_master`, with a signing pair when `signing`, set up (Salt
+/// made its keys): its scratch directory, the master and what the setup
+/// reported; `None` when Salt's crypto is missing (the test `what` is
+/// skipped).
+fn m1_master(what: &str, signing: bool) -> Option<(tempfile::TempDir, Master, Value)> {
+    let t = crypto_scratch(what)?;
+    let m = Master::new(t.path(), "m1_master", layout());
+    let m = if signing { m.signing() } else { m };
+    let before = m.setup(signing);
+    Some((t, m, before))
+}
+
 #[test]
 fn standalone_master_keeps_its_identity() {
-    let Some(t) = crypto_scratch("standalone_master_keeps_its_identity") else {
+    let Some((_t, m, before)) = m1_master("standalone_master_keeps_its_identity", true) else {
         return;
     };
-    let m = Master::new(t.path(), "m1_master", layout()).signing();
-    let before = m.setup(true);
     assert!(before["sign_pub"].is_string());
 
     let opts = MasterKeyOptions::new("m1_master");
@@ -166,11 +176,11 @@ fn cluster_peer_keeps_master_and_cluster_keys() {
 /// the generated ones, and narrows the files Salt created.
 #[test]
 fn empty_bank_makes_salt_generate_and_write_restores() {
-    let Some(t) = crypto_scratch("empty_bank_makes_salt_generate_and_write_restores") else {
+    let Some((_t, m, before)) =
+        m1_master("empty_bank_makes_salt_generate_and_write_restores", false)
+    else {
         return;
     };
-    let m = Master::new(t.path(), "m1_master", layout());
-    let before = m.setup(false);
     let served = m.serve(&[]);
     assert_ne!(served["generated"], json!([]));
     assert_ne!(served["keys"]["master_pub"], before["master_pub"]);
@@ -356,11 +366,9 @@ fn collect_and_write_skip_what_salt_cannot_serve() {
 /// serves the tree's key.
 #[test]
 fn pre_3008_tree_wins_over_a_generated_pair() {
-    let Some(t) = crypto_scratch("pre_3008_tree_wins_over_a_generated_pair") else {
+    let Some((_t, m, before)) = m1_master("pre_3008_tree_wins_over_a_generated_pair", false) else {
         return;
     };
-    let m = Master::new(t.path(), "m1_master", layout());
-    let before = m.setup(false);
     for ext in ["pem", "pub"] {
         let link = m.pki.join(format!("master.{ext}"));
         std::fs::remove_file(&link).unwrap();
@@ -388,11 +396,10 @@ fn pre_3008_tree_wins_over_a_generated_pair() {
 /// names only.
 #[test]
 fn keycache_migrate_keeps_the_masters_identity() {
-    let Some(t) = crypto_scratch("keycache_migrate_keeps_the_masters_identity") else {
+    let Some((_t, m, before)) = m1_master("keycache_migrate_keeps_the_masters_identity", true)
+    else {
         return;
     };
-    let m = Master::new(t.path(), "m1_master", layout()).signing();
-    let before = m.setup(true);
     state_dirs(&m.pki);
     let pki = m.pki.display().to_string();
     let size = SIZE.to_string();

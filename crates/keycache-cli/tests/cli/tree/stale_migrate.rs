@@ -18,7 +18,9 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
-use crate::common::{files, files_changed, kc, open, sized, stderr, stdout, TREE_DIRS};
+use crate::common::{
+    files, files_changed, kc, open, sized, stderr, stdout, validate_token, vt_keygen, TREE_DIRS,
+};
 use keycache::{KeyState, MinionId};
 use serde_json::Value;
 
@@ -28,43 +30,16 @@ const IDS: [&str; 3] = ["web-1", "web-2", "web-3"];
 /// public keys).
 fn keypairs(t: &Path) -> (PathBuf, std::collections::BTreeMap<String, String>) {
     let dir = t.join("keypairs");
-    let v = crate::common::run_py(
-        "validate_token.py",
-        &[
-            "keygen",
-            "--out",
-            dir.to_str().unwrap(),
-            "--ids",
-            &IDS.join(","),
-        ],
-        None,
-    );
-    let pubs = IDS
-        .iter()
-        .map(|id| (id.to_string(), v["pubs"][id].as_str().unwrap().to_owned()))
-        .collect();
+    let pubs = vt_keygen(&dir, &IDS).into_iter().collect();
     (dir, pubs)
 }
 
 /// Salt's `validate_token` lets in exactly the ids the store holds accepted.
 fn judge(keys: &Path, pki: &Path, ctx: &str) {
-    let v = crate::common::run_py(
-        "validate_token.py",
-        &[
-            "check",
-            "--keys",
-            keys.to_str().unwrap(),
-            "--pki-dir",
-            pki.to_str().unwrap(),
-            "--ids",
-            &IDS.join(","),
-        ],
-        None,
-    );
-    for r in v["results"].as_array().unwrap() {
-        let id = r["id"].as_str().unwrap();
+    for (id, valid) in validate_token::check(keys, pki, &IDS) {
+        let id = id.as_str();
         assert_eq!(
-            r["valid"].as_bool(),
+            valid,
             Some(state(pki, id) == Some(KeyState::Accepted)),
             "{ctx}: validate_token({id}) against the store's {:?}",
             state(pki, id)
