@@ -1,6 +1,9 @@
 //! Section `migrate`: `keycache migrate` of a tree against reading every
 //! file once and Salt's `rebuild_from_localfs` (extrapolated past
-//! `--salt-migrate-max`); its report table.
+//! `--salt-migrate-max`); `migrate --out`, which also writes the key tree,
+//! against the banks alone plus the floor of creating the same files (GNU
+//! tar extracting them, a plain Rust loop), each made durable by one
+//! `syncfs`; its report table.
 
 use std::hint::black_box;
 use std::path::{Path, PathBuf};
@@ -16,10 +19,13 @@ use crate::measure::{Cfg, Samples};
 use crate::report::Report;
 use crate::util::{die, fmt_rate, fmt_ratio, fmt_secs, log, size_label, versus};
 
-pub(crate) const M_KC: &str = "keycache migrate (process)";
+pub(crate) const M_KC: &str = "keycache migrate (process), the banks alone (in place)";
+pub(crate) const M_OUT: &str = "keycache migrate --out (process), the banks and the key tree";
 pub(crate) const M_READ1: &str = "read every file once (1 thread)";
 pub(crate) const M_READ2: &str = "read every file once (2 threads)";
 pub(crate) const M_SALT: &str = "Salt 3008.5 rebuild_from_localfs";
+pub(crate) const M_TAR: &str = "floor: GNU tar extracting the same files, then syncfs";
+pub(crate) const M_LOOP: &str = "floor: a plain Rust loop creating the same files, then syncfs";
 
 /// The head of the report's table of migrate: heading and table header.
 pub(crate) const MIGRATE_TABLE: &str = "### Migrating a `localfs_key` tree (median seconds; files in the page cache)\n\n| tree | what | seconds | it ÷ keycache migrate | keys/s |\n|---|---|---:|---:|---:|";
@@ -62,20 +68,32 @@ pub(crate) fn read_tree(tree: &Path, threads: usize) -> u64 {
     })
 }
 
-pub(crate) fn run_kc_migrate(data: &Data, tree: &Path, out: &Path, size: u64) -> (f64, f64) {
-    let _ = std::fs::remove_dir_all(out);
-    std::fs::create_dir_all(out).unwrap();
+/// `keycache migrate` of `tree`: into `out` (`--out`: the banks and the
+/// key tree, `out` made afresh) or, with `None`, in place (the banks
+/// alone, removed afterwards). The filesystem is written back before the
+/// timing starts, so no earlier step's writes are paid for here. Wall
+/// seconds, and the seconds the command reports.
+pub(crate) fn run_kc_migrate(
+    data: &Data,
+    tree: &Path,
+    out: Option<&Path>,
+    size: u64,
+) -> (f64, f64) {
+    remove_banks(tree);
+    let mut c = Command::new(&data.keycache);
+    c.arg("migrate").arg(tree);
+    if let Some(out) = out {
+        let _ = std::fs::remove_dir_all(out);
+        std::fs::create_dir_all(out).unwrap();
+        c.arg("--out").arg(out);
+    }
+    c.args(["--size", &size.to_string(), "--json"])
+        .stderr(Stdio::inherit());
+    syncfs(&data.dir);
     let t0 = Instant::now();
-    let o = Command::new(&data.keycache)
-        .arg("migrate")
-        .arg(tree)
-        .arg("--out")
-        .arg(out)
-        .args(["--size", &size.to_string(), "--json"])
-        .stderr(Stdio::inherit())
-        .output()
-        .unwrap();
+    let o = c.output().unwrap();
     let wall = t0.elapsed().as_secs_f64();
+    remove_banks(tree);
     if !o.status.success() {
         die("keycache migrate failed");
     }
@@ -100,6 +118,102 @@ pub(crate) fn tree_files_total(data: &Data, n: u64) -> f64 {
     j["files"].as_f64().unwrap()
 }
 
+/// Writes back the filesystem holding `dir` (GNU coreutils `sync -f`).
+fn syncfs(dir: &Path) {
+    let ok = Command::new("sync").arg("-f").arg(dir).status().unwrap();
+    if !ok.success() {
+        die("sync -f failed");
+    }
+}
+
+/// The tree as a tar archive beside the data (made once, outside the
+/// timing): the state directories and their key files.
+fn tree_tar(data: &Data, tree: &Path, n: u64) -> PathBuf {
+    let tar = data.dir.join(format!("tree-{n}.tar"));
+    if !tar.exists() {
+        let part = tar.with_extension("tar.part");
+        let ok = Command::new("tar")
+            .arg("-cf")
+            .arg(&part)
+            .arg("-C")
+            .arg(tree)
+            .args([
+                "minions",
+                "minions_pre",
+                "minions_rejected",
+                "minions_denied",
+            ])
+            .status()
+            .unwrap();
+        if !ok.success() {
+            die("tar -cf of the tree failed");
+        }
+        std::fs::rename(&part, &tar).unwrap();
+    }
+    tar
+}
+
+/// The files of `tree`, read into memory (outside the timing): relative
+/// path and bytes.
+fn tree_contents(tree: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    tree_files(tree)
+        .into_iter()
+        .map(|f| {
+            let rel = f.strip_prefix(tree).unwrap().to_path_buf();
+            let bytes = std::fs::read(&f).unwrap();
+            (rel, bytes)
+        })
+        .collect()
+}
+
+/// The floor of a tree writer: the same files created under `out` (the
+/// state directories first) by a plain loop, each a new file written
+/// once, then one write-back of the filesystem; seconds.
+fn create_files(out: &Path, files: &[(PathBuf, Vec<u8>)]) -> f64 {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    syncfs(out.parent().unwrap_or(out));
+    let t0 = Instant::now();
+    for d in [
+        "minions",
+        "minions_pre",
+        "minions_rejected",
+        "minions_denied",
+    ] {
+        std::fs::create_dir_all(out.join(d)).unwrap();
+    }
+    for (rel, bytes) in files {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(out.join(rel))
+            .unwrap();
+        f.write_all(bytes).unwrap();
+    }
+    syncfs(out);
+    t0.elapsed().as_secs_f64()
+}
+
+/// GNU tar extracting `tar` under `out`, then one write-back; seconds.
+fn extract_tar(out: &Path, tar: &Path) -> f64 {
+    std::fs::create_dir_all(out).unwrap();
+    syncfs(out);
+    let t0 = Instant::now();
+    let ok = Command::new("tar")
+        .arg("-xf")
+        .arg(tar)
+        .arg("-C")
+        .arg(out)
+        .status()
+        .unwrap();
+    if !ok.success() {
+        die("tar -xf failed");
+    }
+    syncfs(out);
+    t0.elapsed().as_secs_f64()
+}
+
 /// `salt_per_key`: Salt's seconds per key file measured on a smaller tree,
 /// used (and said to be) for trees over `salt_max`.
 pub(crate) fn section_migrate(
@@ -113,25 +227,43 @@ pub(crate) fn section_migrate(
     let tree = data.tree(n);
     let size = table_size_for(n);
     let out = data.dir.join("migrate-out");
+    let floor_out = data.dir.join("migrate-floor");
+    let tar = tree_tar(data, &tree, n);
+    let contents = tree_contents(&tree);
     log(&format!("migration of the {} tree", size_label(n)));
     for round in 0..cfg.rounds {
-        let (wall, inner) = run_kc_migrate(data, &tree, &out, size);
+        let (wall, inner) = run_kc_migrate(data, &tree, None, size);
         s.add(M_KC, "seconds", wall);
         s.add(M_KC, "inner", inner);
+        let (out_wall, out_inner) = run_kc_migrate(data, &tree, Some(&out), size);
+        s.add(M_OUT, "seconds", out_wall);
+        s.add(M_OUT, "inner", out_inner);
+        let _ = std::fs::remove_dir_all(&out);
         let t0 = Instant::now();
         black_box(read_tree(&tree, 1));
         s.add(M_READ1, "seconds", t0.elapsed().as_secs_f64());
         let t0 = Instant::now();
         black_box(read_tree(&tree, 2));
         s.add(M_READ2, "seconds", t0.elapsed().as_secs_f64());
+        let _ = std::fs::remove_dir_all(&floor_out);
+        let tar_secs = extract_tar(&floor_out, &tar);
+        s.add(M_TAR, "seconds", tar_secs);
+        let _ = std::fs::remove_dir_all(&floor_out);
+        let loop_secs = create_files(&floor_out, &contents);
+        s.add(M_LOOP, "seconds", loop_secs);
+        let _ = std::fs::remove_dir_all(&floor_out);
         log(&format!(
-            "  round {}/{}: keycache migrate {} (inside {}), read once {} / {}",
+            "  round {}/{}: keycache migrate {} (inside {}), read once {} / {}; \
+             --out {}, floors: tar {}, loop {}",
             round + 1,
             cfg.rounds,
             fmt_secs(wall),
             fmt_secs(inner),
             fmt_secs(s.0[M_READ1]["seconds"][round]),
             fmt_secs(s.0[M_READ2]["seconds"][round]),
+            fmt_secs(out_wall),
+            fmt_secs(tar_secs),
+            fmt_secs(loop_secs),
         ));
     }
     let _ = std::fs::remove_dir_all(&out);
@@ -178,15 +310,15 @@ pub(crate) fn section_migrate(
 pub(crate) fn report_migrate(r: &mut Report, all: &[(u64, Samples)]) {
     for (n, s) in all {
         let kc = s.med(M_KC, "seconds");
-        for c in s.present([M_KC, M_READ1, M_READ2, M_SALT]) {
+        for c in s.present([M_KC, M_READ1, M_READ2, M_OUT, M_TAR, M_LOOP, M_SALT]) {
             let v = s.med(c, "seconds");
             let ratio = if c == M_KC {
                 "—".into()
             } else {
                 fmt_ratio(v / kc)
             };
-            let name = if c == M_KC {
-                format!("{c}; inside: {}", fmt_secs(s.med(M_KC, "inner")))
+            let name = if c == M_KC || c == M_OUT {
+                format!("{c}; inside: {}", fmt_secs(s.med(c, "inner")))
             } else if c == M_SALT {
                 let from = s.med(M_SALT, "extrapolated_from");
                 if from.is_finite() {
@@ -226,5 +358,18 @@ pub(crate) fn report_migrate(r: &mut Report, all: &[(u64, Samples)]) {
             versus(fmt_secs, kc, floor, kc / floor),
             kc <= 2.0 * floor,
         );
+        if s.0.contains_key(M_OUT) {
+            let create = s.med(M_TAR, "seconds").min(s.med(M_LOOP, "seconds"));
+            let floor = create + kc;
+            let out = s.med(M_OUT, "seconds");
+            r.target(
+                &format!(
+                    "`migrate --out` of the {at} tree: within 1.5x of the file-creation floor \
+                     (the faster of tar and the loop) plus the banks alone"
+                ),
+                versus(fmt_secs, out, floor, out / floor),
+                out <= 1.5 * floor,
+            );
+        }
     }
 }
