@@ -192,6 +192,24 @@ pub fn try_check_crashed(
             ));
         }
     }
+    // Whatever was in flight, an entry that lookups find is listed: the
+    // roster lists a new slot before its status is set and a removed one
+    // until its DELETED status is durable (Salt's `list_all` would
+    // otherwise miss a key that its `fetch` finds).
+    for id in ids() {
+        if got.keys.contains_key(&id) && !listed.keys.contains_key(&id) {
+            return Err((
+                Some(id.clone()),
+                format!("keys[{id}] is found but not listed"),
+            ));
+        }
+        if got.denied.contains_key(&id) && !listed.denied.contains_key(&id) {
+            return Err((
+                Some(id.clone()),
+                format!("denied[{id}] is found but not listed"),
+            ));
+        }
+    }
     if f.is_empty() {
         if listed != got {
             return Err((None, "verify is clean but the listing differs".into()));

@@ -174,8 +174,9 @@ impl Table {
     /// mark their slots DELETED; new entries get their fields, then (after
     /// an msync of the two pages of each slot that spans two, so that a
     /// power loss never keeps a status byte without the fields it vouches
-    /// for) their status; then the roster (fsynced), the true occupied
-    /// count, and the index (msync).
+    /// for); then the removed slots' pages (msync), the roster (fsynced),
+    /// the new entries' status, the true occupied count, and the index
+    /// (msync).
     ///
     /// A writer killed between its first slot change and its last roster
     /// write leaves the slots, the roster and the header counters out of
@@ -255,10 +256,13 @@ impl Table {
         // 96-byte slots): their fields are made durable before their status.
         let mut spanning = Vec::new();
         // 3. Removals (placed first by the plan): status DELETED.
+        let (mut rlo, mut rhi) = (usize::MAX, 0usize);
         for w in writes.iter().filter(|w| w.value.is_none()) {
             let off = p.slot_offset(w.slot);
             lo = lo.min(off);
             hi = hi.max(off + p.slot_size);
+            rlo = rlo.min(off);
+            rhi = rhi.max(off + p.slot_size);
             ix.map.store_u8(off, DELETED);
             removed_slots.push(w.slot as u32);
             applied.removed += 1;
@@ -300,12 +304,21 @@ impl Table {
                 .flush_range(off, p.slot_size)
                 .map_err(|e| Error::io(&self.path, "msync", e))?;
         }
-        // 5. Status bytes of new entries.
-        for off in new_slots {
-            ix.map.store_u8(off, OCCUPIED);
-            stop_point!(self.path);
+        // 5. Roster, then the status bytes of new entries, the true
+        // occupied count and the index. The roster is durable before a new
+        // status byte is stored: the kernel may write a slot's page back
+        // before the header's in-flight mark, and a power cut then keeps
+        // no status without its roster entry (a roster entry whose slot
+        // is not occupied reads as absent, and the next writer drops it).
+        // The removed slots' DELETED status is durable before their
+        // tombstones are: a power cut between the roster's fsync and the
+        // index's msync would otherwise keep an entry that lookups find
+        // and the roster no longer lists.
+        if rhi > 0 {
+            ix.map
+                .flush_range(rlo, rhi - rlo)
+                .map_err(|e| Error::io(&self.path, "msync", e))?;
         }
-        // 6. Roster, then the true occupied count, then the index.
         if !removed_slots.is_empty() || !inserted_slots.is_empty() {
             let rpath = format::roster_path(&self.path);
             let rf = match files::open_regular(&rpath, true) {
@@ -317,6 +330,10 @@ impl Table {
             };
             roster::update(&rpath, &rf, &removed_slots, &inserted_slots)?;
             files::sync_data(&rf, &rpath)?;
+        }
+        for off in new_slots {
+            ix.map.store_u8(off, OCCUPIED);
+            stop_point!(self.path);
         }
         if marks_header {
             ix.map
