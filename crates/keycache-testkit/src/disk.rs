@@ -33,6 +33,9 @@ pub struct Disk {
     pub latest: HashMap<u64, Vec<u8>>,
     /// The syncs of the directory or its files followed.
     pub syncs: u64,
+    /// Every file seen, held open: its inode number is never reused while
+    /// the maps above name it.
+    held: HashMap<u64, std::fs::File>,
 }
 
 /// The regular files of `dir` now.
@@ -58,6 +61,7 @@ impl Disk {
             durable: HashMap::new(),
             latest: HashMap::new(),
             syncs: 0,
+            held: HashMap::new(),
         };
         d.refresh_latest();
         d.durable = d.latest.clone();
@@ -67,8 +71,14 @@ impl Disk {
     /// Reads what the page cache holds of every file now.
     pub fn refresh_latest(&mut self) {
         for (name, ino) in listing(&self.dir) {
-            if let Ok(b) = std::fs::read(self.dir.join(&name)) {
+            let p = self.dir.join(&name);
+            if let Ok(b) = std::fs::read(&p) {
                 self.latest.insert(ino, b);
+            }
+            if let (std::collections::hash_map::Entry::Vacant(e), Ok(f)) =
+                (self.held.entry(ino), std::fs::File::open(&p))
+            {
+                e.insert(f);
             }
         }
     }
@@ -167,6 +177,21 @@ impl Disk {
 
     /// A disk image as power loss now could leave it, written to `to`.
     pub fn image(&self, rng: &mut Rng, to: &Path) {
+        self.image_with(rng, to, &HashMap::new(), &HashMap::new());
+    }
+
+    /// [`Disk::image`] with the files' contents (durable, latest) by inode
+    /// taken from this directory's maps, else from `durable` and `latest`
+    /// (the other directories'): a file synced in one directory and
+    /// renamed into another keeps what was synced. Inode numbers are
+    /// reused, so a directory's own record comes first.
+    fn image_with(
+        &self,
+        rng: &mut Rng,
+        to: &Path,
+        durable: &HashMap<u64, Vec<u8>>,
+        latest: &HashMap<u64, Vec<u8>>,
+    ) {
         std::fs::create_dir_all(to).unwrap();
         let j = rng.below(self.ns_log.len() as u64 + 1) as usize;
         let names = if j == 0 {
@@ -177,8 +202,12 @@ impl Disk {
         let torn = rng.below(4) != 0;
         for (name, ino) in names {
             let empty = Vec::new();
-            let old = self.durable.get(ino).unwrap_or(&empty);
-            let new = self.latest.get(ino).unwrap_or(old);
+            let old = (self.durable.get(ino))
+                .or_else(|| durable.get(ino))
+                .unwrap_or(&empty);
+            let new = (self.latest.get(ino))
+                .or_else(|| latest.get(ino))
+                .unwrap_or(old);
             let len = if !torn || rng.below(2) == 0 {
                 old.len()
             } else {
@@ -198,6 +227,67 @@ impl Disk {
                 }
             }
             std::fs::write(to.join(name), out).unwrap();
+        }
+    }
+}
+
+/// A directory and some of its subdirectories followed at once (a store
+/// and its key tree's state directories), each a [`Disk`] of its own: a
+/// power loss image keeps, per directory, a prefix of its operations since
+/// its last fsync, and each file as of its last sync.
+pub struct Disks {
+    /// The directories, by path relative to the first ("" for it).
+    pub disks: Vec<(PathBuf, Disk)>,
+}
+
+impl Disks {
+    /// Everything in `dir` and its subdirectories `subs` (which exist) is
+    /// durable now.
+    pub fn new(dir: &Path, subs: &[&str]) -> Disks {
+        let mut disks = vec![(PathBuf::new(), Disk::new(dir))];
+        for s in subs {
+            disks.push((PathBuf::from(s), Disk::new(&dir.join(s))));
+        }
+        Disks { disks }
+    }
+
+    /// Follows one system call exit of the tracee, in every directory.
+    pub fn on_exit(&mut self, s: &tracer::Stop) {
+        for (_, d) in &mut self.disks {
+            d.on_exit(s);
+        }
+    }
+
+    /// Reads what the page cache holds of every file now.
+    pub fn refresh_latest(&mut self) {
+        for (_, d) in &mut self.disks {
+            d.refresh_latest();
+        }
+    }
+
+    /// The syncs followed, in every directory.
+    pub fn syncs(&self) -> u64 {
+        self.disks.iter().map(|(_, d)| d.syncs).sum()
+    }
+
+    /// A disk image as power loss now could leave it, written to `to`
+    /// (each directory at its path under `to`). A file's content is
+    /// followed by inode across the directories (a file written and synced
+    /// in one, then renamed into another).
+    pub fn image(&self, rng: &mut Rng, to: &Path) {
+        for (i, (rel, d)) in self.disks.iter().enumerate() {
+            let (mut durable, mut latest) = (HashMap::new(), HashMap::new());
+            for (_, o) in self
+                .disks
+                .iter()
+                .enumerate()
+                .filter(|(j, _)| *j != i)
+                .map(|(_, o)| o)
+            {
+                durable.extend(o.durable.iter().map(|(k, v)| (*k, v.clone())));
+                latest.extend(o.latest.iter().map(|(k, v)| (*k, v.clone())));
+            }
+            d.image_with(rng, &to.join(rel), &durable, &latest);
         }
     }
 }

@@ -53,7 +53,7 @@ use std::path::Path;
 use crate::error::{Error, Result};
 use crate::files::Ownership;
 use crate::store::Store;
-use crate::tree::{write_many, Dir, Node, TreeDir, Writer};
+use crate::tree::{write_many, Dir, Node, TreeDir, Writer, DURABLE_ALL};
 
 /// How to export ([`export`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -287,7 +287,7 @@ pub fn export(store: &Store, pki_dir: &Path, opts: &ExportOptions) -> Result<Exp
         .iter()
         .map(|&(d, id, pem)| (d, id, pem, own))
         .collect();
-    write_many(&dirs, &items, W)?;
+    write_many(&dirs, &items, DURABLE_ALL, W)?;
     for dir in dirs.iter().flatten() {
         dir.sync()?;
     }

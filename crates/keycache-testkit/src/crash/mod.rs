@@ -259,7 +259,8 @@ impl Model {
 
 /// The child writer: runs random ops on `KEYCACHE_CRASH_DIR` until killed
 /// (or `KEYCACHE_CRASH_OPS` ops), printing `@@B seq op` before and `@@A seq`
-/// after each. The body of the CLI test binary's `#[ignore]`d
+/// after each; with `KEYCACHE_CRASH_TREE` set, the whole key tree kept in
+/// step. The body of the CLI test binary's `#[ignore]`d
 /// `child_writer` test, which only [`writer_command`] runs.
 pub fn child_writer_main() {
     let Some(dir) = std::env::var_os("KEYCACHE_CRASH_DIR") else {
@@ -272,7 +273,10 @@ pub fn child_writer_main() {
     let mut rng = Rng::new(env_u64("KEYCACHE_CRASH_SEED", 1));
     let seq0 = env_u64("KEYCACHE_CRASH_SEQ", 0);
     let max = env_u64("KEYCACHE_CRASH_OPS", u64::MAX);
-    let store = Store::open_with(&dir, &opts()).unwrap();
+    let mut store = Store::open_with(&dir, &opts()).unwrap();
+    if std::env::var_os("KEYCACHE_CRASH_TREE").is_some() {
+        store = store.with_tree(keycache::tree::TreeSync::On);
+    }
     println!("@@READY");
     for seq in seq0..seq0.saturating_add(max) {
         let op = random_op(&mut rng, seq, 0);

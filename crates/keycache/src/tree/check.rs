@@ -299,7 +299,8 @@ pub fn mend(store: &dyn KeySource) -> Result<TreeRepair> {
         out.written.push(x.path.clone());
         wrote[d] = true;
     }
-    write_many(&dirs, &items, W)?;
+    // An explicit repair leaves every directory durable.
+    write_many(&dirs, &items, DURABLE_ALL, W)?;
     // 3. The other directories' strays, and leftover temporaries.
     let mut removed = [false; 4];
     for x in found.iter().filter(|x| x.dir != TreeDir::Minions) {

@@ -192,6 +192,23 @@ impl Dir {
         rustix::fs::renameat(&self.fd, name, &to.fd, to_name).map_err(Into::into)
     }
 
+    /// Makes the data of the regular file `name` durable (a file written
+    /// without an fsync, before it is renamed where it must be durable).
+    pub(crate) fn sync_file(&self, name: &str, op: &'static str) -> Result<()> {
+        use rustix::fs::{Mode, OFlags};
+        let shown = self.shown(name);
+        let fd = rustix::fs::openat(
+            &self.fd,
+            name,
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK,
+            Mode::empty(),
+        )
+        .map_err(|e| Error::io(&shown, op, e.into()))?;
+        File::from(fd)
+            .sync_data()
+            .map_err(|e| Error::io(&shown, op, e))
+    }
+
     /// Unlinks `name` (`unlinkat`), whatever it is but a directory.
     fn unlink(&self, name: &str) -> std::io::Result<()> {
         rustix::fs::unlinkat(&self.fd, name, rustix::fs::AtFlags::empty()).map_err(Into::into)
@@ -328,7 +345,7 @@ impl Dir {
 
     /// Writes back every dirty file of the directory's filesystem: the data
     /// of a group of staged files at once ([`write_many`]).
-    fn sync_filesystem(&self, op: &'static str) -> Result<()> {
+    pub(crate) fn sync_filesystem(&self, op: &'static str) -> Result<()> {
         crate::files::syncfs(&self.fd).map_err(|e| Error::io(&self.path, op, e))
     }
 
@@ -370,7 +387,9 @@ impl Dir {
 /// A key file written under its temporary name ([`Dir::stage`]).
 pub(crate) struct Staged {
     /// Open until its fdatasync; None once closed: its group is made
-    /// durable by a write-back of the filesystem before any commit.
+    /// durable by a write-back of the filesystem before any commit, or it
+    /// is not made durable at all (a directory outside [`write_many`]'s
+    /// `durable`).
     file: Option<File>,
     tmp: String,
     name: String,
@@ -392,22 +411,39 @@ pub(crate) const GROUP_WHOLE: usize = 4096;
 /// filesystem ([`crate::files::syncfs`]) instead of an fsync each: a single
 /// accept keeps its own fsync (a write-back would flush every other
 /// process's dirty pages too).
-const SYNC_WHOLE: usize = 16;
+pub(crate) const SYNC_WHOLE: usize = 16;
+
+/// Every state directory's files made durable ([`write_many`]'s `durable`).
+pub(crate) const DURABLE_ALL: u8 = 0b1111;
+
+/// Only `minions/`'s files made durable ([`write_many`]'s `durable`): the
+/// store's own tree, where only `minions/` lets a minion in
+/// (`validate_token`) and a file of another directory lost to a power cut
+/// is a finding of `verify` that its repair mends.
+pub(crate) const DURABLE_MINIONS: u8 = 1 << TreeDir::Minions.index();
 
 /// Writes `items` (state directory, name, key) with [`Dir::stage`] and
 /// [`Dir::commit`], in
 /// groups: each group's temporaries are all written before the first is
-/// fsynced and renamed.
+/// fsynced and renamed. The files of the directories in `durable` (bit
+/// [`TreeDir::index`]) have their data durable before their rename; the
+/// others are renamed as written, with no fsync (the page cache keeps
+/// them through a kill; a power cut can lose them or leave them empty).
 pub(crate) fn write_many(
     dirs: &[Option<Dir>; 4],
     items: &[(usize, &str, &[u8], Ownership)],
+    durable: u8,
     op: &'static str,
 ) -> Result<()> {
     // A large write's data made durable by one write-back of the
     // filesystem per group and directory, not by an fsync per file
-    // (100,000 key files: seconds instead of half a minute). Each file's
-    // data is durable before its rename either way.
-    let whole = items.len() >= SYNC_WHOLE;
+    // (100,000 key files: seconds instead of half a minute). Each durable
+    // file's data is durable before its rename either way.
+    let whole = items
+        .iter()
+        .filter(|(d, ..)| durable & (1 << d) != 0)
+        .count()
+        >= SYNC_WHOLE;
     let pid = std::process::id();
     for group in items.chunks(if whole { GROUP_WHOLE } else { GROUP }) {
         let mut staged: Vec<(usize, Staged)> = Vec::with_capacity(group.len());
@@ -416,7 +452,7 @@ pub(crate) fn write_many(
             let Some(dir) = &dirs[*d] else { continue };
             match dir.stage(name, pem, own, op, pid) {
                 Ok(mut st) => {
-                    if whole {
+                    if whole || durable & (1 << d) == 0 {
                         st.file = None;
                     }
                     staged.push((*d, st))
@@ -429,7 +465,7 @@ pub(crate) fn write_many(
         }
         if failed.is_none() && whole {
             let mut done = [false; 4];
-            for (d, _) in &staged {
+            for (d, _) in staged.iter().filter(|(d, _)| durable & (1 << d) != 0) {
                 if let (Some(dir), false) = (&dirs[*d], done[*d]) {
                     done[*d] = true;
                     if let Err(e) = dir.sync_filesystem(op) {

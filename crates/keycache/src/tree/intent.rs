@@ -28,6 +28,12 @@
 //! A record whose checksum does not match was being written when the
 //! writer died: it is made durable before the banks are written, so the
 //! banks were not, and there is nothing to bring in step.
+//!
+//! Only a batch that removes or writes a `minions/` file makes its record
+//! durable (`fdatasync`). Any other batch (a sign-in: a `minions_pre/`
+//! file) leaves its record to the page cache, which a kill does not lose;
+//! a power cut can lose it with the files it names, files that let no
+//! minion in and that `verify` reports and its repair writes again.
 
 use std::os::unix::fs::FileExt;
 
@@ -90,13 +96,15 @@ fn path(dir: &Path) -> PathBuf {
     dir.join(INTENT_FILE)
 }
 
-/// Makes the record of a tree write of `ids` (scope `scope`) durable in
-/// `dir`.
+/// Writes the record of a tree write of `ids` (scope `scope`) in `dir`,
+/// durably when `durable` (a write that changes `minions/`); else it is
+/// left to the page cache, which a kill does not lose.
 pub(crate) fn begin<'a>(
     dir: &Path,
     own: &Ownership,
     scope: u8,
     ids: impl Iterator<Item = &'a str>,
+    durable: bool,
 ) -> Result<()> {
     let p = path(dir);
     let mut buf = vec![0u8; HEADER];
@@ -128,9 +136,11 @@ pub(crate) fn begin<'a>(
     )?;
     f.write_all_at(&buf, 0)
         .map_err(|e| Error::io(&p, "write", e))?;
-    crate::files::sync_data(&f, &p)?;
-    if !existed {
-        crate::files::sync_dir(dir)?;
+    if durable {
+        crate::files::sync_data(&f, &p)?;
+        if !existed {
+            crate::files::sync_dir(dir)?;
+        }
     }
     Ok(())
 }

@@ -31,6 +31,15 @@
 //!    for a moment, and Salt's `localfs_key` precedence, rejected, then
 //!    pending, then accepted, then gives it the less trusted state).
 //!
+//! Only `minions/` is fsynced, its files and its entries. The files of
+//! `minions_pre/`, `minions_rejected/` and `minions_denied/` let no minion
+//! in (Salt reads them from the banks under `mmap_key`; `validate_token`
+//! reads `minions/` alone), so they are written through a temporary file
+//! and a rename with no fsync: a kill loses nothing (the page cache keeps
+//! them), and a power cut can lose such a file or leave it empty, which
+//! [`check`] reports and [`mend`] writes again. A pending key renamed into
+//! `minions/` on its accept has its data made durable before the rename.
+//!
 //! Each entry of the batch's ids is looked at once, in 1 (`Sync::plan`);
 //! in 3 only the entries found then are looked at again, and `minions/`
 //! always: keycache's writers hold the `keys` bank's lock from 1 to 3, and
@@ -53,7 +62,8 @@
 //! dot-file temporary (`.keycache-tree.<pid>.<id>`, which Salt's listings
 //! skip) and a rename, with the owner and group of the file they replace or
 //! else of the store's bank files (the pki dir's owner: the master's user),
-//! fsyncs the file before the rename and the directory after it, and creates
+//! fsyncs a `minions/` file before the rename and the directory after it
+//! (see above for the other directories), and creates
 //! a missing state directory 0755 with the pki dir's owner. The pki dir's
 //! own mode is never changed.
 //!
@@ -445,7 +455,7 @@ mod sync;
 mod tests;
 
 pub use check::{check, mend, no_store, require_store};
-pub(crate) use dir::{write_many, Dir, Node};
+pub(crate) use dir::{write_many, Dir, Node, DURABLE_ALL, DURABLE_MINIONS};
 pub(crate) use intent::Record as IntentRecord;
 pub use intent::{Resumed, INTENT_FILE};
 pub(crate) use listing::{create_state_dirs, ids_with_key_files};

@@ -62,14 +62,19 @@ pub(crate) struct Sync {
     /// that must not be there is always looked for.
     found: std::collections::HashMap<String, u8>,
     changes: TreeChanges,
+    /// Whether the batch removes or writes a `minions/` file: only then is
+    /// its intent record made durable (a kill keeps it either way; after a
+    /// power cut, the other directories' files are `verify`'s to mend).
+    durable_intent: bool,
     /// The store's directory, where the intent record of the batch's ids
     /// is kept ([`super::intent`]) from [`Sync::before`] to the end of
     /// [`Sync::after`].
     store_dir: PathBuf,
 }
 
-/// The bit of `minions/` in [`Sync`]'s `found` masks.
-const MINIONS_BIT: u8 = 1 << TreeDir::Minions.index();
+/// `minions/`'s index, and its bit in [`Sync`]'s `found` masks.
+const MINIONS: usize = TreeDir::Minions.index();
+const MINIONS_BIT: u8 = 1 << MINIONS;
 
 impl Sync {
     /// Looks at every entry the batch's ids have in the tree's state
@@ -85,9 +90,11 @@ impl Sync {
         let mut early = Vec::new();
         let mut kept = std::collections::HashMap::new();
         let mut found = std::collections::HashMap::with_capacity(wants.len());
+        let mut minions_change = false;
         for (id, want) in wants {
             let id = id.as_str();
             let mut mask = 0;
+            let mut minions_kept = false;
             for (d, dir) in dirs.iter().enumerate() {
                 let Some(dir) = dir else { continue };
                 match dir.entry(id)? {
@@ -104,7 +111,9 @@ impl Sync {
                                 }
                                 _ => false,
                             };
-                            if !keep {
+                            if keep {
+                                minions_kept = true;
+                            } else {
                                 early.push(id.to_owned());
                                 kept.insert(id.to_owned(), (m.uid(), m.gid()));
                             }
@@ -112,9 +121,11 @@ impl Sync {
                     }
                 }
             }
+            minions_change |= want[MINIONS].is_some() && !minions_kept;
             found.insert(id.to_owned(), mask);
         }
         Ok(Sync {
+            durable_intent: minions_change || !early.is_empty(),
             root,
             dirs,
             scope: super::dir_mask(store.tree_dirs()),
@@ -129,7 +140,8 @@ impl Sync {
 
     /// Step 1: records the batch's ids ([`super::intent`]), then removes
     /// the `minions/<id>` files that the store will not vouch for once the
-    /// batch is written, both durably.
+    /// batch is written, both durably (the record only when the batch
+    /// changes `minions/`).
     pub(crate) fn before(&mut self) -> Result<()> {
         if !self.found.is_empty() {
             super::intent::begin(
@@ -137,6 +149,7 @@ impl Sync {
                 &self.own,
                 self.scope,
                 self.found.keys().map(String::as_str),
+                self.durable_intent,
             )?;
         }
         if self.early.is_empty() {
@@ -200,11 +213,13 @@ impl Sync {
 
     /// Step 3, once the banks hold `wants`: writes the files that are
     /// missing or different, then removes those that no longer belong,
-    /// fsyncing files and directories.
+    /// fsyncing the files and entries of `minions/` (the others are left
+    /// to the page cache).
     pub(crate) fn after(mut self, wants: &[(MinionId, Want)]) -> Result<TreeChanges> {
         const W: &str = super::AFTER_WRITE;
         const R: &str = super::AFTER_REMOVE;
         let mut touched = [false; 4];
+        let mut flushed = false;
         for td in TreeDir::ALL {
             let d = td.index();
             if self.scope & (1 << d) != 0
@@ -229,7 +244,19 @@ impl Sync {
                 if let Some((from, src)) = from.and_then(|f| Some((f, self.dirs[f].as_ref()?))) {
                     // One rename instead of a new file: what Salt's own
                     // `localfs_key` accept does (pending to accepted), and
-                    // the key is never in both directories.
+                    // the key is never in both directories. A file moving
+                    // into `minions/` was written without an fsync
+                    // (`DURABLE_MINIONS`): its data is made durable first.
+                    if d == MINIONS {
+                        if wants.len() < super::dir::SYNC_WHOLE {
+                            src.sync_file(id, W)?;
+                        } else if !flushed {
+                            // Every source was written before this batch:
+                            // one write-back covers them all.
+                            src.sync_filesystem(W)?;
+                            flushed = true;
+                        }
+                    }
                     src.rename_to(id, dir, id)
                         .map_err(|e| Error::io(dir.shown(id), W, e))?;
                     touched[from] = true;
@@ -263,11 +290,13 @@ impl Sync {
                 touched[d] = true;
             }
         }
-        write_many(&self.dirs, &items, W)?;
-        for (d, dir) in self.dirs.iter().enumerate() {
-            if let (true, Some(dir)) = (touched[d], dir) {
-                dir.sync()?;
-            }
+        // Only `minions/` is made durable, files and entries: a file of
+        // another state directory lets no minion in, and one lost to a
+        // power cut is a finding of `verify` that its repair mends (a kill
+        // loses nothing the page cache holds).
+        write_many(&self.dirs, &items, DURABLE_MINIONS, W)?;
+        if let (true, Some(dir)) = (touched[MINIONS], &self.dirs[MINIONS]) {
+            dir.sync()?;
         }
         let mut removed = [false; 4];
         for (id, want) in wants {
@@ -281,10 +310,8 @@ impl Sync {
                 }
             }
         }
-        for (d, dir) in self.dirs.iter().enumerate() {
-            if let (true, Some(dir)) = (removed[d], dir) {
-                dir.sync()?;
-            }
+        if let (true, Some(dir)) = (removed[MINIONS], &self.dirs[MINIONS]) {
+            dir.sync()?;
         }
         super::intent::clear(&self.store_dir)?;
         Ok(self.changes)

@@ -19,9 +19,9 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use keycache::Store;
+use keycache::{KeyState, MinionId, Store};
 use keycache_testkit::crash::{
-    apply, kills, layout, models, opts, parse_log, random_op, stdout_of, try_check_crashed,
+    apply, ids, kills, layout, models, opts, parse_log, random_op, stdout_of, try_check_crashed,
     writer_command, Crash, Model, SaltCheck, Tally,
 };
 use keycache_testkit::rng::Rng;
@@ -45,6 +45,121 @@ fn writer_power_loss() {
 fn writer_power_loss_never_tears_a_slot() {
     let torn = power_loss_runs(8, 0x1357_2468);
     assert_eq!(torn, 0, "images with a torn slot");
+}
+
+/// Power loss while a writer keeps the whole key tree in step (random puts,
+/// state changes, denies, removes, batches; a key moving from pending to
+/// accepted is renamed from `minions_pre/` into `minions/`): images of the
+/// store and its four state directories, each directory a prefix of its
+/// operations since its own last fsync. In every image, before any other
+/// writer: every `minions/<id>` holds exactly the key the store holds
+/// accepted for `id` (none lets in what the store does not vouch for, none
+/// is empty). Then the next writer's `resume_tree`: `minions/` is exactly
+/// the store's accepted keys; the other directories (not fsynced) may lag,
+/// and `mend` makes the tree equal to the store. Fails with the pending
+/// file's data not made durable before its rename into `minions/` (an
+/// empty `minions/<id>`).
+#[test]
+fn tree_power_loss() {
+    use keycache::tree::{self, TreeDir, TreeProblem, TreeSync};
+    let t = tempfile::tempdir().unwrap();
+    let mut rng = Rng::new(0x7ee5_0b0b);
+    let subs: Vec<&str> = TreeDir::ALL.iter().map(|d| d.name()).collect();
+    let (mut images, mut files, mut lagging) = (0u64, 0u64, 0u64);
+    let mut syncs = 0u64;
+    let runs = (kills() / 50).max(4);
+    for run in 0..runs {
+        let dir = t.path().join(format!("run-{run}"));
+        std::fs::create_dir(&dir).unwrap();
+        for s in &subs {
+            std::fs::create_dir(dir.join(s)).unwrap();
+        }
+        // A store and its tree with some history, durable before the run.
+        {
+            let store = Store::open_with(&dir, &opts())
+                .unwrap()
+                .with_tree(TreeSync::On);
+            for s in 0..30 {
+                apply(&store, &random_op(&mut rng, 1_000_000 + s, 1)).unwrap();
+            }
+        }
+        let mut disks = disk::Disks::new(&dir, &subs);
+        let every = 60 + rng.below(40);
+        let mut c = writer_command(&dir, rng.next(), 0, Some(80));
+        c.env("KEYCACHE_CRASH_TREE", "1");
+        let (captured, text) = traced_images(c, &mut disks, &mut rng, every, t.path(), run);
+        assert!(!text.contains("@@E"), "the writer failed: {text}");
+        syncs += disks.syncs();
+        for (img, out) in captured {
+            let op = out.lines().rev().find(|l| l.starts_with("@@"));
+            let shown = format!(
+                "{} (the writer's last line: {})",
+                img.display(),
+                op.unwrap_or_default()
+            );
+            let store = Store::open_with(&img, &opts())
+                .unwrap_or_else(|e| panic!("{shown}: open: {e}"))
+                .with_tree(TreeSync::On);
+            // Before any writer: minions/ vouches for nothing else.
+            let minions = img.join(TreeDir::Minions.name());
+            for e in std::fs::read_dir(&minions).unwrap().flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if name.starts_with('.') {
+                    continue;
+                }
+                files += 1;
+                let held = store
+                    .get(&MinionId::new(name.clone()).unwrap())
+                    .unwrap_or_else(|e| panic!("{shown}: get {name}: {e}"));
+                let bytes = std::fs::read(e.path()).unwrap();
+                match held {
+                    Some(k) if k.state == KeyState::Accepted && k.public_key == bytes => {}
+                    other => panic!(
+                        "{shown}: minions/{name} ({} bytes) while the store holds {:?}",
+                        bytes.len(),
+                        other.map(|k| (k.state, k.public_key.len()))
+                    ),
+                }
+            }
+            // Every entry a lookup finds is listed (Salt's `list_all`, the
+            // tree's view of the store).
+            let mut listed = std::collections::BTreeSet::new();
+            tree::KeySource::each_key(&store, &mut |id, _, _| {
+                listed.insert(id);
+            })
+            .unwrap_or_else(|e| panic!("{shown}: list: {e}"));
+            for id in ids() {
+                let found = store.get(&MinionId::new(id.clone()).unwrap()).unwrap();
+                assert!(
+                    found.is_none() || listed.contains(&id),
+                    "{shown}: {id} is found by a lookup and missing from the listing"
+                );
+            }
+            // The next writer brings minions/ in step; the rest may lag.
+            store
+                .resume_tree()
+                .unwrap_or_else(|e| panic!("{shown}: resume: {e}"));
+            let found = tree::check(&store).unwrap();
+            let wrong: Vec<_> = found
+                .iter()
+                .filter(|x| x.dir == TreeDir::Minions || x.problem == TreeProblem::NotAFile)
+                .collect();
+            assert!(wrong.is_empty(), "{shown}: after resume: {wrong:?}");
+            lagging += u64::from(!found.is_empty());
+            tree::mend(&store).unwrap_or_else(|e| panic!("{shown}: mend: {e}"));
+            let left = tree::check(&store).unwrap();
+            assert!(left.is_empty(), "{shown}: after mend: {left:?}");
+            images += 1;
+            drop(store);
+            std::fs::remove_dir_all(&img).unwrap();
+        }
+    }
+    eprintln!(
+        "power loss (key tree): {runs} runs, {syncs} syncs followed, {images} images, \
+         {files} minions/ files checked, {lagging} with other directories behind the store"
+    );
+    assert!(images >= 40, "too few images: {images}");
+    assert!(files >= 100, "too few minions/ files checked: {files}");
 }
 
 /// Runs `runs` traced writers, checks power-loss images; returns how many
@@ -74,38 +189,11 @@ fn power_loss_runs(runs: u64, seed: u64) -> u64 {
             }
             m
         };
-        let mut disk = disk::Disk::new(&dir);
-        let mut text = String::new();
-        let mut ready = false;
-        let mut captured: Vec<(PathBuf, String)> = Vec::new();
+        let mut disks = disk::Disks::new(&dir, &[]);
         let every = 12 + rng.below(10);
-        let mut count = 0u64;
-        tracer::run(
-            {
-                let mut c = writer_command(&dir, rng.next(), 0, Some(60));
-                c.stdout(Stdio::null());
-                c
-            },
-            Duration::from_secs(120),
-            |s| {
-                if stdout_of(s, &mut text) && text.contains("@@READY") {
-                    ready = true;
-                }
-                if !s.entry {
-                    disk.on_exit(s);
-                } else if ready {
-                    count += 1;
-                    if count.is_multiple_of(every) {
-                        disk.refresh_latest();
-                        let img = t.path().join(format!("img-{run}-{count}"));
-                        disk.image(&mut rng, &img);
-                        captured.push((img, text.clone()));
-                    }
-                }
-                tracer::Action::Go
-            },
-        );
-        syncs += disk.syncs;
+        let c = writer_command(&dir, rng.next(), 0, Some(60));
+        let (captured, _) = traced_images(c, &mut disks, &mut rng, every, t.path(), run);
+        syncs += disks.syncs();
         for (img, text) in captured {
             let log = parse_log(&text, 0);
             assert!(log.error.is_none());
@@ -138,6 +226,43 @@ fn power_loss_runs(runs: u64, seed: u64) -> u64 {
     );
     assert!(images >= 40, "too few images: {images}");
     torn
+}
+
+/// Runs the writer `cmd` traced, `disks` following it; at every `every`-th
+/// system call once it is ready, a power-loss image `img-<run>-<n>` in
+/// `t`, kept with the writer's output up to then. Returns the images and
+/// the writer's whole output.
+fn traced_images(
+    mut cmd: std::process::Command,
+    disks: &mut disk::Disks,
+    rng: &mut Rng,
+    every: u64,
+    t: &Path,
+    run: u64,
+) -> (Vec<(PathBuf, String)>, String) {
+    let mut text = String::new();
+    let mut ready = false;
+    let mut captured = Vec::new();
+    let mut count = 0u64;
+    cmd.stdout(Stdio::null());
+    tracer::run(cmd, Duration::from_secs(120), |s| {
+        if stdout_of(s, &mut text) && text.contains("@@READY") {
+            ready = true;
+        }
+        if !s.entry {
+            disks.on_exit(s);
+        } else if ready {
+            count += 1;
+            if count.is_multiple_of(every) {
+                disks.refresh_latest();
+                let img = t.join(format!("img-{run}-{count}"));
+                disks.image(rng, &img);
+                captured.push((img, text.clone()));
+            }
+        }
+        tracer::Action::Go
+    });
+    (captured, text)
 }
 
 /// Whether a slot holding `id` (whole or cut) in the image's `keys` or
