@@ -571,3 +571,53 @@ fn a_writer_killed_before_its_banks_leaves_the_next_writer_the_old_files() -> Re
     assert_eq!(std::fs::read(t.path().join("minions/a")).unwrap(), pem("a"));
     Ok(())
 }
+
+#[test]
+fn a_batch_large_enough_to_list_the_directories_still_sees_every_entry() -> Result<()> {
+    // From LIST_FROM ids the plan reads each state directory instead of
+    // looking up each id: what is there must still be found. A symlink
+    // under one id's name refuses the batch before anything changes; a
+    // `minions/` file of an id that leaves accepted is removed; a pending
+    // file is moved on its accept.
+    let t = tempfile::tempdir().unwrap();
+    let mut opts = OpenOptions::default();
+    opts.params.size = 4099;
+    let st = Store::open_with(t.path(), &opts)?.with_tree(TreeSync::On);
+    let ids: Vec<MinionId> = (0..super::sync::LIST_FROM + 10)
+        .map(|n| MinionId::new(format!("m{n:05}")))
+        .collect::<std::result::Result<_, _>>()?;
+    let (old, pending) = (&ids[3], &ids[7]);
+    st.put(old, KeyState::Accepted, &pem("old"))?;
+    st.put(pending, KeyState::Pending, &pem(pending.as_str()))?;
+    let all = |st: &Store| {
+        st.batch(|b| {
+            for id in &ids {
+                b.put(id, KeyState::Accepted, &pem(id.as_str()))?;
+            }
+            b.set_state(old, KeyState::Rejected)?;
+            Ok(())
+        })
+    };
+    let link = t.path().join("minions_rejected").join(ids[500].as_str());
+    std::fs::create_dir_all(link.parent().unwrap()).unwrap();
+    std::os::unix::fs::symlink("/etc/passwd", &link).unwrap();
+    let before = files(t.path());
+    let e = all(&st).expect_err("a symlink under an id's name");
+    assert!(matches!(e, Error::NotARegularFile { .. }), "{e}");
+    assert_eq!(files(t.path()), before, "nothing changed");
+    assert_eq!(st.get(&ids[0])?, None);
+    std::fs::remove_file(&link).unwrap();
+    all(&st)?;
+    assert!(!t.path().join("minions").join(old.as_str()).exists());
+    assert_eq!(
+        std::fs::read(t.path().join("minions_rejected").join(old.as_str())).unwrap(),
+        pem(old.as_str())
+    );
+    assert!(!t.path().join("minions_pre").join(pending.as_str()).exists());
+    for id in ids.iter().filter(|i| *i != old) {
+        let got = std::fs::read(t.path().join("minions").join(id.as_str())).unwrap();
+        assert_eq!(got, pem(id.as_str()), "{id}");
+    }
+    assert!(check(&st)?.is_empty());
+    Ok(())
+}
