@@ -13,9 +13,22 @@
 //!    returns (its own replica holds every change) and until a second
 //!    master's replica holds them, with the whole tree and `minions/` alone;
 //! 3. a new replica from an empty store: 100,000 keys (and `--big N`),
-//!    with the key tree on, as a master runs it.
+//!    with the whole key tree, `minions/` alone and none, beside the file
+//!    system's floor for as many files.
 //!
-//! `cargo run --release -p keycache-bench --example etcd_bench -- [--members 3] [--big 1000000] [--only lag|accept|new]`
+//! Three targets are measured in rounds (`--rounds`, 3 by default), each
+//! figure beside its floor in the same round (the disk's write-back drifts
+//! within a run, so a floor measured once would not do), and printed at the
+//! end as medians: a new replica of `--new-keys` (100,000) keys over the
+//! file-creation floor (the whole tree at most 1.5x, `minions/` alone
+//! 1.3x), the p99 lag of 1,000 sign-ins a second with the whole tree over
+//! that with none (2x), and `salt-key -A` of `--accept-keys` (10,000) keys
+//! until the accepting master's replica holds them over etcd's transactions
+//! alone (1.5x). The default run (no `--only`) measures everything and
+//! prints the targets' table; `--only targets` the three targets alone,
+//! `--only lag|accept|new` one part (its targets with it).
+//!
+//! `cargo run --release -p keycache-bench --example etcd_bench -- [--members 3] [--rounds 3] [--new-keys 100000] [--accept-keys 10000] [--big 1000000] [--only lag|single|apply|accept|new|targets]`
 //! (`KEYCACHE_PYTHON` names the venv's python, or `KEYCACHE_ETCD` the
 //! directory of the etcd binary).
 
@@ -28,18 +41,28 @@ use keycache::store::{KeyState, Store};
 use keycache::tree::TreeSync;
 use keycache::Bank;
 use keycache::{MinionId, OpenOptions};
-use keycache_etcd::write::{Decision, Writer};
+use keycache_etcd::write::{Decision, Writer, IDS_PER_TXN};
 use keycache_etcd::{block_on, ReplicaState, Replicator, Report, Settings, Value};
 use keycache_testkit::common::{pem, sized};
 use keycache_testkit::etcd::Cluster;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
-/// A running replicator: its reports, and the sender that stops it when
-/// dropped.
-type Running = (
-    mpsc::Receiver<(Report, Instant)>,
-    tokio::sync::oneshot::Sender<()>,
-);
+/// A running replicator: its reports; stopped, and its thread joined, when
+/// dropped (so that its store is closed before its directory goes).
+struct Running {
+    reports: mpsc::Receiver<(Report, Instant)>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
 
 fn opts(size: u64) -> OpenOptions {
     OpenOptions {
@@ -55,7 +78,7 @@ fn replicate(settings: &Settings, dir: &Path, size: u64, tree: TreeSync) -> Res<
     let (tx, rx) = mpsc::channel();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let settings = settings.clone();
-    std::thread::spawn(move || {
+    let thread = std::thread::spawn(move || {
         let mut r = Replicator::new(settings, store, move |rep| {
             let _ = tx.send((rep, Instant::now()));
         });
@@ -66,7 +89,11 @@ fn replicate(settings: &Settings, dir: &Path, size: u64, tree: TreeSync) -> Res<
             .await
         });
     });
-    Ok((rx, stop))
+    Ok(Running {
+        reports: rx,
+        stop: Some(stop),
+        thread: Some(thread),
+    })
 }
 
 fn revision_of(dir: &Path) -> i64 {
@@ -111,13 +138,31 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
+/// A lag's figures: p50, p99, max.
+#[derive(Clone, Copy)]
+struct Lag {
+    p50: Duration,
+    p99: Duration,
+    max: Duration,
+}
+
 /// Lag at `rate` writes a second for `secs` seconds, printed when
-/// `report`.
-fn lag(c: &Cluster, rate: u64, secs: u64, tree: TreeSync, sign_ins: bool, report: bool) -> Res<()> {
-    let prefix = format!("/keycache/lag{rate}{}{sign_ins}{report}/", label(tree));
+/// `report`; under a prefix of its own for each `tag` (a sign-in is a new
+/// key only once under a prefix).
+fn lag(
+    c: &Cluster,
+    rate: u64,
+    secs: u64,
+    tree: TreeSync,
+    sign_ins: bool,
+    report: bool,
+    tag: &str,
+) -> Res<Lag> {
+    let prefix = format!("/keycache/lag{rate}{}{sign_ins}{tag}/", label(tree));
     let st = Settings::plain(c.endpoints(), &prefix)?;
     let b = tempfile::tempdir()?;
-    let (reports, _stop) = replicate(&st, b.path(), 10_007, tree)?;
+    let running = replicate(&st, b.path(), 10_007, tree)?;
+    let reports = &running.reports;
     wait_revision(b.path(), 1, Duration::from_secs(10))?;
     let n = rate * secs;
     let pem = pem("lag", 400);
@@ -201,16 +246,21 @@ fn lag(c: &Cluster, rate: u64, secs: u64, tree: TreeSync, sign_ins: bool, report
         })
         .collect();
     lags.sort();
+    let figures = Lag {
+        p50: pct(&lags, 0.5),
+        p99: pct(&lags, 0.99),
+        max: pct(&lags, 1.0),
+    };
     if !report {
-        return Ok(());
+        return Ok(figures);
     }
     println!(
         "lag at {rate:>5} {} a second ({n}, key tree {}): p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
         if sign_ins { "sign-ins" } else { "replaces" },
         label(tree),
-        ms(pct(&lags, 0.5)),
-        ms(pct(&lags, 0.99)),
-        ms(pct(&lags, 1.0))
+        ms(figures.p50),
+        ms(figures.p99),
+        ms(figures.max)
     );
     if !batches.is_empty() {
         println!(
@@ -225,7 +275,7 @@ fn lag(c: &Cluster, rate: u64, secs: u64, tree: TreeSync, sign_ins: bool, report
             ms(pct(&writes, 1.0))
         );
     }
-    Ok(())
+    Ok(figures)
 }
 
 /// Seeds `n` keys of `state` under `prefix`; returns the revision.
@@ -250,10 +300,13 @@ fn seed(st: &Settings, n: usize, state: KeyState) -> Res<i64> {
     Ok(done.revision)
 }
 
-fn accept_all(c: &Cluster, n: usize, tree: TreeSync) -> Res<()> {
+/// `salt-key -A` of `n` pending keys through master A, under a prefix of
+/// its own for each `round`: until A's replica holds every change, and
+/// etcd's transactions alone (the same moves back to pending, right after).
+fn accept_all(c: &Cluster, n: usize, tree: TreeSync, round: usize) -> Res<(Duration, Duration)> {
     let st = Settings::plain(
         c.endpoints(),
-        &format!("/keycache/acceptall-{}/", label(tree)),
+        &format!("/keycache/acceptall-{}-{round}/", label(tree)),
     )?;
     let seeded = seed(&st, n, KeyState::Pending)?;
     let (a, b) = (tempfile::tempdir()?, tempfile::tempdir()?);
@@ -261,6 +314,9 @@ fn accept_all(c: &Cluster, n: usize, tree: TreeSync) -> Res<()> {
     let _rb = replicate(&st, b.path(), 100_003, tree)?;
     wait_revision(a.path(), seeded, Duration::from_secs(60))?;
     wait_revision(b.path(), seeded, Duration::from_secs(60))?;
+    // The sign-ins' files (not fsynced outside `minions/`) written back,
+    // as the kernel does within half a minute, before the clock starts.
+    settle()?;
     let ids: Vec<MinionId> = (0..n)
         .map(|i| MinionId::new(format!("minion-{i:07}")))
         .collect::<Result<_, _>>()?;
@@ -270,7 +326,7 @@ fn accept_all(c: &Cluster, n: usize, tree: TreeSync) -> Res<()> {
     wait_revision(b.path(), w.revision, Duration::from_secs(60))?;
     let on_b = start.elapsed();
     let (mut batches, mut took) = (0, Duration::ZERO);
-    while let Ok((rep, _)) = _rb.0.try_recv() {
+    while let Ok((rep, _)) = _rb.reports.try_recv() {
         if let Report::Applied { took: t, .. } = rep {
             batches += 1;
             took += t;
@@ -292,14 +348,9 @@ fn accept_all(c: &Cluster, n: usize, tree: TreeSync) -> Res<()> {
         ms(on_b)
     );
     // The same transactions alone (back to pending, through a writer whose
-    // replica claims every revision: it does not wait).
+    // replica claims the revision they end at: it does not wait).
     let nowait = tempfile::tempdir()?;
-    ReplicaState {
-        revision: i64::MAX,
-        // A's: of the same etcd cluster.
-        ..ReplicaState::read(a.path())?.ok_or("no replica state in A")?
-    }
-    .write(nowait.path())?;
+    claim_ahead(&st, a.path(), nowait.path(), n.div_ceil(IDS_PER_TXN) as i64)?;
     let t = Instant::now();
     let back = move_all(
         &st,
@@ -308,13 +359,51 @@ fn accept_all(c: &Cluster, n: usize, tree: TreeSync) -> Res<()> {
         KeyState::Accepted,
         KeyState::Pending,
     )?;
+    let txns = t.elapsed();
     assert_eq!(back.done.len(), n);
     println!(
         "  of which etcd's transactions ({} ids per transaction, {} in flight): {:.0} ms",
-        keycache_etcd::write::IDS_PER_TXN,
+        IDS_PER_TXN,
         keycache_etcd::write::IN_FLIGHT,
-        ms(t.elapsed())
+        ms(txns)
     );
+    drop((_ra, _rb));
+    for d in [a, b, nowait] {
+        keep(d);
+    }
+    Ok((on_a, txns))
+}
+
+/// Writes, in the empty directory `dir`, a replica state that holds the
+/// revision etcd will be at after `txns` more transactions that write (and
+/// no other write): a writer on it waits for no replica. A writer takes a
+/// replica's word only for a state written for its directory and a last
+/// change etcd's history holds at that revision: a marker key, outside the
+/// prefix, put here. A's state gives the rest (of the same cluster).
+fn claim_ahead(st: &Settings, a: &Path, dir: &Path, txns: i64) -> Res<()> {
+    let marker = "/keycache-bench/claim";
+    let (anchor, now) = block_on(async {
+        let mut cl = st.connect().await?;
+        let r = async {
+            cl.put(marker, "claim", None).await?;
+            cl.get(marker, None).await
+        }
+        .await
+        .map_err(|e| keycache_etcd::Error::Config(e.to_string()))?;
+        let now = r.header().map_or(0, |h| h.revision());
+        let anchor = r
+            .kvs()
+            .first()
+            .map(|kv| keycache_etcd::state::Anchor::of(kv, false));
+        Ok::<_, keycache_etcd::Error>((anchor, now))
+    })?;
+    ReplicaState {
+        revision: now + txns,
+        anchor: Some(anchor.ok_or("the marker key is absent")?),
+        store: Some(keycache_etcd::state::Binding::of(dir)?),
+        ..ReplicaState::read(a)?.ok_or("no replica state in A")?
+    }
+    .write(dir)?;
     Ok(())
 }
 
@@ -339,47 +428,77 @@ fn move_all(
     })?)
 }
 
-fn new_replica(c: &Cluster, n: usize, trees: &[TreeSync]) -> Res<()> {
+/// `n` accepted keys seeded under a prefix of their own, once for every
+/// new replica; returns the settings and the seeded revision.
+fn seed_new(c: &Cluster, n: usize) -> Res<(Settings, i64)> {
     let st = Settings::plain(c.endpoints(), &format!("/keycache/new{n}/"))?;
     let seeded = seed(&st, n, KeyState::Accepted)?;
-    for &tree in trees {
-        let d = tempfile::tempdir()?;
-        let start = Instant::now();
-        let (reports, _stop) = replicate(&st, d.path(), (n as u64 * 2).max(10_007), tree)?;
-        wait_revision(d.path(), seeded, Duration::from_secs(600))?;
-        let took = start.elapsed();
-        let listed =
-            reports
-                .recv_timeout(Duration::from_secs(10))
-                .ok()
-                .and_then(|(r, _)| match r {
-                    Report::Listed {
-                        entries,
-                        listing,
-                        took,
-                        ..
-                    } => Some((entries, listing, took)),
-                    _ => None,
-                });
-        let Some((entries, listing, writes)) = listed else {
-            return Err("no list reported".into());
-        };
-        assert_eq!(entries, n, "one list of every key");
-        println!(
-            "new replica of {n} keys from an empty store, key tree {}: {:.2} s \
-             (etcd's pages {:.2} s, store and tree writes {:.2} s)",
-            label(tree),
-            took.as_secs_f64(),
-            listing.as_secs_f64(),
-            writes.as_secs_f64()
-        );
-        if tree.is_on() {
-            println!(
-                "  the file system's floor for its key tree ({n} files created, written, \
-                 renamed; a syncfs per 4,096): {:.2} s",
-                tree_floor(n)?.as_secs_f64()
-            );
-        }
+    Ok((st, seeded))
+}
+
+/// A new replica from an empty store, until it holds the `seeded`
+/// revision of `n` keys; its directory is removed, and the removal
+/// written back, outside the time.
+fn new_replica(st: &Settings, n: usize, seeded: i64, tree: TreeSync) -> Res<Duration> {
+    let d = tempfile::tempdir()?;
+    let start = Instant::now();
+    let running = replicate(st, d.path(), (n as u64 * 2).max(10_007), tree)?;
+    wait_revision(d.path(), seeded, Duration::from_secs(600))?;
+    let took = start.elapsed();
+    // The list's report, after any other (an old etcd's warning, say).
+    let listed = std::iter::from_fn(|| running.reports.recv_timeout(Duration::from_secs(10)).ok())
+        .find_map(|(r, _)| match r {
+            Report::Listed {
+                entries,
+                listing,
+                took,
+                ..
+            } => Some((entries, listing, took)),
+            _ => None,
+        });
+    let Some((entries, listing, writes)) = listed else {
+        return Err("no list reported".into());
+    };
+    assert_eq!(entries, n, "one list of every key");
+    println!(
+        "new replica of {n} keys from an empty store, key tree {}: {:.2} s \
+         (etcd's pages {:.2} s, store and tree writes {:.2} s)",
+        label(tree),
+        took.as_secs_f64(),
+        listing.as_secs_f64(),
+        writes.as_secs_f64()
+    );
+    drop(running);
+    keep(d);
+    settle()?;
+    Ok(took)
+}
+
+/// Every contender's directory, kept until the end of the run: on ext4,
+/// creating files right after as many were removed makes every create walk
+/// the inode table for recently deleted inodes (`recently_deleted`, 20-30%
+/// of the time of a 10,000-file accept measured here), a cost of the
+/// benchmark's own clean-up and not of a replica.
+static KEPT: std::sync::Mutex<Vec<tempfile::TempDir>> = std::sync::Mutex::new(Vec::new());
+
+/// Keeps `d` until the end of the run ([`KEPT`]).
+fn keep(d: tempfile::TempDir) {
+    if let Ok(mut k) = KEPT.lock() {
+        k.push(d);
+    }
+}
+
+/// Writes back what the file system holds (coreutils' `sync -f` of TMPDIR:
+/// syncfs(2), with no unsafe code outside the library's mapping module),
+/// so that one contender's removed files are not the next one's work.
+fn settle() -> Res<()> {
+    if !std::process::Command::new("sync")
+        .arg("-f")
+        .arg(std::env::temp_dir())
+        .status()?
+        .success()
+    {
+        return Err("sync -f failed".into());
     }
     Ok(())
 }
@@ -419,7 +538,9 @@ fn tree_floor(n: usize) -> Res<Duration> {
         }
     }
     std::fs::File::open(&dir)?.sync_all()?;
-    Ok(start.elapsed())
+    let took = start.elapsed();
+    keep(d);
+    Ok(took)
 }
 
 /// The replica's side alone: 10,000 pending keys accepted in one batch
@@ -442,6 +563,9 @@ fn apply_alone(n: usize) -> Res<()> {
                 .collect()
         };
         keycache_etcd::replica::apply_changes(&s, &change(KeyState::Pending))?;
+        // The sign-ins' files (not fsynced outside `minions/`) and the last
+        // contender's removed directory written back first.
+        settle()?;
         let t = Instant::now();
         keycache_etcd::replica::apply_changes(&s, &change(KeyState::Accepted))?;
         println!(
@@ -449,6 +573,8 @@ fn apply_alone(n: usize) -> Res<()> {
             label(tree),
             ms(t.elapsed())
         );
+        drop(s);
+        keep(d);
     }
     Ok(())
 }
@@ -482,7 +608,107 @@ fn single(n: usize) -> Res<()> {
     Ok(())
 }
 
+/// A target: keycache's figure over its floor, each measured in the same
+/// round; `limit` the ratio it should not pass (none: for information).
+struct Target {
+    what: String,
+    limit: Option<f64>,
+    rounds: Vec<(Duration, Duration)>,
+}
+
+impl Target {
+    fn new(what: String, limit: Option<f64>) -> Target {
+        Target {
+            what,
+            limit,
+            rounds: Vec::new(),
+        }
+    }
+
+    fn ratios(&self) -> Vec<f64> {
+        self.rounds
+            .iter()
+            .map(|(k, f)| k.as_secs_f64() / f.as_secs_f64())
+            .collect()
+    }
+}
+
+/// The middle value (of an even count, the mean of the two middle ones).
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// Seconds past one, else milliseconds.
+fn time(secs: f64) -> String {
+    if secs >= 1.0 {
+        format!("{secs:.2} s")
+    } else {
+        format!("{:.1} ms", secs * 1e3)
+    }
+}
+
+/// The targets' table: the medians of each round's times (keycache's, the
+/// floor's) and of each round's ratio (not the ratio of the medians).
+fn print_targets(targets: &[Target]) {
+    let rounds = targets.iter().map(|t| t.rounds.len()).max().unwrap_or(0);
+    println!();
+    println!(
+        "targets, over {rounds} round(s): keycache and floor are the medians of each round's \
+         times; the ratio is the median of each round's ratio (each round's in brackets)"
+    );
+    println!(
+        "{:<60} {:>10} {:>10} {:>7}  {:<22} {:>6}  result",
+        "target (keycache / floor)", "keycache", "floor", "ratio", "(rounds)", "limit"
+    );
+    for t in targets {
+        let ratios = t.ratios();
+        let each = ratios
+            .iter()
+            .map(|r| format!("{r:.2}"))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let ratio = median(ratios);
+        let secs = |f: fn(&(Duration, Duration)) -> Duration| {
+            median(t.rounds.iter().map(|r| f(r).as_secs_f64()).collect())
+        };
+        println!(
+            "{:<60} {:>10} {:>10} {:>6.2}x  {:<22} {:>6}  {}",
+            t.what,
+            time(secs(|r| r.0)),
+            time(secs(|r| r.1)),
+            ratio,
+            format!("({each})"),
+            t.limit.map_or("-".into(), |l| format!("{l:.1}x")),
+            match t.limit {
+                None => "information",
+                Some(l) if ratio <= l => "met",
+                Some(_) => "not met",
+            }
+        );
+    }
+}
+
+/// What a new replica is measured beside, in one round.
+#[derive(Clone, Copy)]
+enum Contender {
+    Floor,
+    Replica(TreeSync),
+}
+
 fn main() -> Res<()> {
+    let done = run();
+    if let Ok(mut k) = KEPT.lock() {
+        k.clear();
+    }
+    done
+}
+
+fn run() -> Res<()> {
     let args: Vec<String> = std::env::args().collect();
     let arg = |name: &str, default: usize| -> usize {
         args.iter()
@@ -493,26 +719,58 @@ fn main() -> Res<()> {
     };
     let members = arg("--members", 3);
     let big = arg("--big", 0);
+    let rounds = arg("--rounds", 3).max(1);
+    let new_keys = arg("--new-keys", 100_000);
+    let accept_keys = arg("--accept-keys", 10_000);
     let c = Cluster::start(members);
     println!("etcd: {members} member(s) on 127.0.0.1");
-    // `--only lag|accept|new`: one part.
+    // `--only lag|single|apply|accept|new|targets`: one part (`targets`:
+    // the rounds of the three targets alone, without the lag table).
     let only = args
         .iter()
         .position(|a| a == "--only")
         .and_then(|i| args.get(i + 1))
         .cloned();
     let part = |p: &str| only.as_deref().is_none_or(|o| o == p);
-    if part("lag") {
+    let target = |p: &str| part(p) || only.as_deref() == Some("targets");
+    let mut targets = Vec::new();
+    if target("lag") {
         // A warm-up, not reported: the first seconds of writes to new
         // members (their databases and WAL files growing) stalled the
         // replicator of whichever measurement ran first, by tens of ms.
-        lag(&c, 1_000, 3, TreeSync::Off, false, false)?;
+        lag(&c, 1_000, 3, TreeSync::Off, false, false, "warm")?;
+    }
+    if part("lag") {
         for sign_ins in [false, true] {
             for tree in [TreeSync::On, TreeSync::Accepted, TreeSync::Off] {
-                lag(&c, 100, 5, tree, sign_ins, true)?;
-                lag(&c, 1_000, 5, tree, sign_ins, true)?;
+                lag(&c, 100, 5, tree, sign_ins, true, "table")?;
+                lag(&c, 1_000, 5, tree, sign_ins, true, "table")?;
             }
         }
+    }
+    if target("lag") {
+        // p99 of 1,000 sign-ins a second with the whole tree beside none,
+        // in turns (which goes first changes each round).
+        let mut t = Target::new(
+            "sign-in lag p99 at 1,000/s: whole tree / no tree".into(),
+            Some(2.0),
+        );
+        for round in 0..rounds {
+            println!("lag, round {} of {rounds}:", round + 1);
+            let mut trees = [TreeSync::On, TreeSync::Off];
+            trees.rotate_left(round % 2);
+            let (mut on, mut off) = (Duration::ZERO, Duration::ZERO);
+            for tree in trees {
+                let l = lag(&c, 1_000, 5, tree, true, true, &format!("round{round}"))?;
+                *if tree == TreeSync::On {
+                    &mut on
+                } else {
+                    &mut off
+                } = l.p99;
+            }
+            t.rounds.push((on, off));
+        }
+        targets.push(t);
     }
     if part("single") {
         single(2_000)?;
@@ -520,20 +778,91 @@ fn main() -> Res<()> {
     if part("apply") {
         apply_alone(10_000)?;
     }
-    if part("accept") {
+    if target("accept") {
         // The accepted tree writes the same minions/ files, and removes no
         // minions_pre/ file.
-        for tree in [TreeSync::On, TreeSync::Accepted] {
-            accept_all(&c, 10_000, tree)?;
+        let trees = [TreeSync::On, TreeSync::Accepted];
+        let mut ts = trees.map(|tree| {
+            Target::new(
+                format!(
+                    "salt-key -A of {accept_keys}, key tree {}: in step / etcd alone",
+                    label(tree)
+                ),
+                Some(1.5),
+            )
+        });
+        for round in 0..rounds {
+            println!("accept, round {} of {rounds}:", round + 1);
+            let mut order = [0, 1];
+            order.rotate_left(round % 2);
+            for i in order {
+                let (on_a, txns) = accept_all(&c, accept_keys, trees[i], round)?;
+                ts[i].rounds.push((on_a, txns));
+            }
         }
+        targets.extend(ts);
     }
-    if part("new") {
-        new_replica(&c, 100_000, &[TreeSync::On, TreeSync::Off])?;
+    if target("new") {
+        let (st, seeded) = seed_new(&c, new_keys)?;
+        let trees = [TreeSync::On, TreeSync::Accepted, TreeSync::Off];
+        let limits = [Some(1.5), Some(1.3), None];
+        let mut ts: Vec<Target> = trees
+            .iter()
+            .zip(limits)
+            .map(|(&tree, limit)| {
+                Target::new(
+                    format!(
+                        "new replica of {new_keys}, key tree {}: replica / file floor",
+                        label(tree)
+                    ),
+                    limit,
+                )
+            })
+            .collect();
+        for round in 0..rounds {
+            println!("new replica, round {} of {rounds}:", round + 1);
+            // Which goes first changes each round: the disk's write-back
+            // drifts within a round.
+            let mut order = [
+                Contender::Floor,
+                Contender::Replica(TreeSync::On),
+                Contender::Replica(TreeSync::Accepted),
+                Contender::Replica(TreeSync::Off),
+            ];
+            let len = order.len();
+            order.rotate_left(round % len);
+            let (mut floor, mut took) = (Duration::ZERO, [Duration::ZERO; 3]);
+            for contender in order {
+                match contender {
+                    Contender::Floor => {
+                        floor = tree_floor(new_keys)?;
+                        settle()?;
+                        println!(
+                            "the file system's floor for a key tree of {new_keys} files \
+                             (created, written, renamed; a syncfs per 4,096): {:.2} s",
+                            floor.as_secs_f64()
+                        );
+                    }
+                    Contender::Replica(tree) => {
+                        let i = trees.iter().position(|&t| t == tree).unwrap_or(0);
+                        took[i] = new_replica(&st, new_keys, seeded, tree)?;
+                    }
+                }
+            }
+            for (t, took) in ts.iter_mut().zip(took) {
+                t.rounds.push((took, floor));
+            }
+        }
+        targets.extend(ts);
     }
     if big > 0 {
         // The key tree of a big replica is the file system's work (one
         // file per key): measured at 100k; here the banks alone.
-        new_replica(&c, big, &[TreeSync::Off])?;
+        let (st, seeded) = seed_new(&c, big)?;
+        new_replica(&st, big, seeded, TreeSync::Off)?;
+    }
+    if !targets.is_empty() {
+        print_targets(&targets);
     }
     Ok(())
 }
