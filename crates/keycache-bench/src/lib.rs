@@ -1,7 +1,7 @@
 //! keycache's measuring code, in one crate: the lookup-throughput loop
 //! ([`measure`]) that `keycache bench`, the comparison tool
 //! (`examples/compare/`), the criterion benches and the etcd replica's
-//! bench (`examples/etcd_bench.rs`) all measure with, so that their figures
+//! bench (`examples/etcd_bench/`) all measure with, so that their figures
 //! are made the same way; and, with the feature `kit` (on by default), the
 //! data they measure on and the contenders' maps and LMDB environments
 //! ([`kit`]). The `keycache` command depends on this crate without `kit`.

@@ -183,8 +183,7 @@ impl Disk {
     /// [`Disk::image`] with the files' contents (durable, latest) by inode
     /// taken from this directory's maps, else from `durable` and `latest`
     /// (the other directories'): a file synced in one directory and
-    /// renamed into another keeps what was synced. Inode numbers are
-    /// reused, so a directory's own record comes first.
+    /// renamed into another keeps what was synced.
     fn image_with(
         &self,
         rng: &mut Rng,
@@ -275,18 +274,14 @@ impl Disks {
     /// followed by inode across the directories (a file written and synced
     /// in one, then renamed into another).
     pub fn image(&self, rng: &mut Rng, to: &Path) {
-        for (i, (rel, d)) in self.disks.iter().enumerate() {
-            let (mut durable, mut latest) = (HashMap::new(), HashMap::new());
-            for (_, o) in self
-                .disks
-                .iter()
-                .enumerate()
-                .filter(|(j, _)| *j != i)
-                .map(|(_, o)| o)
-            {
-                durable.extend(o.durable.iter().map(|(k, v)| (*k, v.clone())));
-                latest.extend(o.latest.iter().map(|(k, v)| (*k, v.clone())));
-            }
+        // Every file seen is held open, so an inode number names one file
+        // in every directory's maps.
+        let (mut durable, mut latest) = (HashMap::new(), HashMap::new());
+        for (_, d) in &self.disks {
+            durable.extend(d.durable.iter().map(|(k, v)| (*k, v.clone())));
+            latest.extend(d.latest.iter().map(|(k, v)| (*k, v.clone())));
+        }
+        for (rel, d) in &self.disks {
             d.image_with(rng, &to.join(rel), &durable, &latest);
         }
     }

@@ -239,7 +239,8 @@ impl Sync {
     pub(crate) fn after(mut self, wants: &[(MinionId, Want)]) -> Result<TreeChanges> {
         const W: &str = super::AFTER_WRITE;
         const R: &str = super::AFTER_REMOVE;
-        let mut touched = [false; 4];
+        // Whether `minions/` gained an entry (the only directory fsynced).
+        let mut touched = false;
         let mut flushed = false;
         for td in TreeDir::ALL {
             let d = td.index();
@@ -280,7 +281,6 @@ impl Sync {
                     }
                     src.rename_to(id, dir, id)
                         .map_err(|e| Error::io(dir.shown(id), W, e))?;
-                    touched[from] = true;
                     if !dir.holds(id, pem)? {
                         // Replaced between the look and the rename: not
                         // this key; written the usual way below.
@@ -288,7 +288,7 @@ impl Sync {
                     } else {
                         self.changes.written.push(dir.shown(id));
                         self.changes.removed.push(src.shown(id));
-                        touched[d] = true;
+                        touched |= d == MINIONS;
                         // Gone from `from`: the removals below need not
                         // look there again.
                         if let Some(mask) = self.found.get_mut(id) {
@@ -308,7 +308,7 @@ impl Sync {
                 };
                 items.push((d, id, pem, own));
                 self.changes.written.push(dir.shown(id));
-                touched[d] = true;
+                touched |= d == MINIONS;
             }
         }
         // Only `minions/` is made durable, files and entries: a file of
@@ -316,10 +316,10 @@ impl Sync {
         // power cut is a finding of `verify` that its repair mends (a kill
         // loses nothing the page cache holds).
         write_many(&self.dirs, &items, DURABLE_MINIONS, W)?;
-        if let (true, Some(dir)) = (touched[MINIONS], &self.dirs[MINIONS]) {
+        if let (true, Some(dir)) = (touched, &self.dirs[MINIONS]) {
             dir.sync()?;
         }
-        let mut removed = [false; 4];
+        let mut removed = false;
         for (id, want) in wants {
             let id = id.as_str();
             let found = self.found_in(id) | MINIONS_BIT;
@@ -327,11 +327,11 @@ impl Sync {
                 let Some(dir) = dir else { continue };
                 if want[d].is_none() && found & (1 << d) != 0 && dir.remove(id, R)? {
                     self.changes.removed.push(dir.shown(id));
-                    removed[d] = true;
+                    removed |= d == MINIONS;
                 }
             }
         }
-        if let (true, Some(dir)) = (removed[MINIONS], &self.dirs[MINIONS]) {
+        if let (true, Some(dir)) = (removed, &self.dirs[MINIONS]) {
             dir.sync()?;
         }
         super::intent::clear(&self.store_dir)?;

