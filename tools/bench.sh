@@ -15,6 +15,9 @@
 #       and localfs_key (tools/bench/driver.py; `driver --help`)
 #   tools/bench.sh abi3 [options]
 #       the abi3 wheel against a version-specific build (tools/bench/abi3.py)
+#   tools/bench.sh etcd [--in-tmpdir] [etcd_bench options]
+#       the etcd replica: lag, salt-key -A, new replicas and their targets,
+#       on a fresh journaled ext4 on a loop device (tools/bench/etcd.sh)
 #   tools/bench.sh merge [options]
 #       `keycache snapshot` and `merge` beside Salt's state sync
 #       (tools/bench/merge.sh)
@@ -33,6 +36,7 @@ case "$what" in
   compare) exec bash "$here/compare.sh" "$@" ;;
   scaling-device) exec bash "$here/scaling-device.sh" "$@" ;;
   merge) exec bash "$here/merge.sh" "$@" ;;
+  etcd) exec bash "$here/etcd.sh" "$@" ;;
   driver|abi3|chart)
     if [ ! -x "$py" ]; then
       echo "bench: no Python at $py: run tools/setup-venv.sh, or set PYTHON" >&2
@@ -40,6 +44,6 @@ case "$what" in
     fi
     exec "$py" "$here/$what.py" "$@" ;;
   *)
-    echo "usage: tools/bench.sh compare|scaling-device|driver|abi3|merge|chart [options]" >&2
+    echo "usage: tools/bench.sh compare|scaling-device|driver|abi3|etcd|merge|chart [options]" >&2
     exit 2 ;;
 esac

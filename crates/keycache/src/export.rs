@@ -53,7 +53,7 @@ use std::path::Path;
 use crate::error::{Error, Result};
 use crate::files::Ownership;
 use crate::store::Store;
-use crate::tree::{write_many, Dir, Node, TreeDir, Writer, DURABLE_ALL};
+use crate::tree::{write_many, Dir, Item, Node, TreeDir, Writer, DURABLE_ALL};
 
 /// How to export ([`export`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -283,9 +283,15 @@ pub fn export(store: &Store, pki_dir: &Path, opts: &ExportOptions) -> Result<Exp
     for td in TreeDir::ALL {
         dirs[td.index()] = Some(root.sub_or_create(td.name(), &own)?);
     }
-    let items: Vec<(usize, &str, &[u8], Ownership)> = writes
+    let items: Vec<Item<'_>> = writes
         .iter()
-        .map(|&(d, id, pem)| (d, id, pem, own))
+        .map(|&(dir, name, pem)| Item {
+            dir,
+            name,
+            pem,
+            own,
+            absent: false,
+        })
         .collect();
     write_many(&dirs, &items, DURABLE_ALL, W)?;
     for dir in dirs.iter().flatten() {

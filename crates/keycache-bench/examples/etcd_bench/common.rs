@@ -98,11 +98,13 @@ pub(crate) fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-/// Every contender's directory, kept until the end of the run: on ext4,
-/// creating files right after as many were removed makes every create walk
-/// the inode table for recently deleted inodes (`recently_deleted`, 20-30%
-/// of the time of a 10,000-file accept measured here), a cost of the
-/// benchmark's own clean-up and not of a replica.
+/// Every contender's directory, kept until the end of the run: on an ext4
+/// without a journal, creating files right after as many were removed
+/// makes every create walk past the inodes freed in the last minute
+/// (`recently_deleted`: 20-30% of the time of a 10,000-file accept measured
+/// here), a cost of the benchmark's own clean-up and not of a replica.
+/// `tools/bench.sh etcd` runs on a fresh journaled ext4 for the same reason
+/// (a run's clean-up would slow the next run).
 pub(crate) static KEPT: std::sync::Mutex<Vec<tempfile::TempDir>> =
     std::sync::Mutex::new(Vec::new());
 

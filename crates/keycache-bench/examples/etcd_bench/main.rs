@@ -10,8 +10,10 @@
 //!    each with the whole tree, none with `keycache_tree: accepted`);
 //!    with the whole tree, `minions/` alone, and none;
 //! 2. `salt-key -A` of 10,000 pending keys through one master: until it
-//!    returns (its own replica holds every change) and until a second
-//!    master's replica holds them, with the whole tree and `minions/` alone;
+//!    returns (its own replica holds every change), with the whole tree and
+//!    `minions/` alone, beside etcd's transactions alone (no replicator
+//!    running); and once, for information, until a second master's replica
+//!    running beside it holds them;
 //! 3. a new replica from an empty store: 100,000 keys (and `--big N`),
 //!    with the whole key tree, `minions/` alone and none, beside the file
 //!    system's floor for as many files.
@@ -163,11 +165,16 @@ fn run() -> Res<()> {
             let mut order = [0, 1];
             order.rotate_left(round % 2);
             for i in order {
-                let (on_a, txns) = accept_all(&c, accept_keys, trees[i], round)?;
+                let (on_a, txns) = accept_all(&c, accept_keys, trees[i], round, false)?;
                 ts[i].rounds.push((on_a, txns));
             }
         }
         targets.extend(ts);
+        if part("accept") {
+            // For information: a second master's replica beside A's.
+            println!("accept, with a second master's replica:");
+            accept_all(&c, accept_keys, TreeSync::On, rounds, true)?;
+        }
     }
     if target("new") {
         let (st, seeded) = seed_new(&c, new_keys)?;

@@ -11,28 +11,41 @@ pub(crate) fn seed_new(c: &Cluster, n: usize) -> Res<(Settings, i64)> {
 }
 
 /// A new replica from an empty store, until it holds the `seeded`
-/// revision of `n` keys; its directory is removed, and the removal
+/// revision of `n` keys: until its list's report, which comes right after
+/// the replica state that records the revision is written (waited for on
+/// the report channel, not by reading the state file in a loop: on two
+/// cores a poll every 200 µs took CPU from the replica it timed, and the
+/// floor runs with no poll). Its directory is removed, and the removal
 /// written back, outside the time.
 pub(crate) fn new_replica(st: &Settings, n: usize, seeded: i64, tree: TreeSync) -> Res<Duration> {
     let d = tempfile::tempdir()?;
     let start = Instant::now();
     let running = replicate(st, d.path(), (n as u64 * 2).max(10_007), tree)?;
-    wait_revision(d.path(), seeded, Duration::from_secs(600))?;
-    let took = start.elapsed();
     // The list's report, after any other (an old etcd's warning, say).
-    let listed = std::iter::from_fn(|| running.reports.recv_timeout(Duration::from_secs(10)).ok())
-        .find_map(|(r, _)| match r {
-            Report::Listed {
-                entries,
-                listing,
-                took,
-                ..
-            } => Some((entries, listing, took)),
-            _ => None,
-        });
-    let Some((entries, listing, writes)) = listed else {
-        return Err("no list reported".into());
+    let limit = Duration::from_secs(600);
+    let listed = std::iter::from_fn(|| {
+        running
+            .reports
+            .recv_timeout(limit.saturating_sub(start.elapsed()))
+            .ok()
+    })
+    .find_map(|(r, at)| match r {
+        Report::Listed {
+            revision,
+            entries,
+            listing,
+            took,
+            ..
+        } => Some((revision, entries, listing, took, at)),
+        _ => None,
+    });
+    let Some((revision, entries, listing, writes, at)) = listed else {
+        return Err(format!("no list reported in {limit:?}").into());
     };
+    let took = at.duration_since(start);
+    if revision < seeded || revision_of(d.path()) < seeded {
+        return Err(format!("listed at revision {revision}, seeded at {seeded}").into());
+    }
     assert_eq!(entries, n, "one list of every key");
     println!(
         "new replica of {n} keys from an empty store, key tree {}: {:.2} s \

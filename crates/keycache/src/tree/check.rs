@@ -273,7 +273,7 @@ pub fn mend(store: &dyn KeySource) -> Result<TreeRepair> {
     }
     // 2. Missing and different files.
     let mut wrote = [false; 4];
-    let mut items: Vec<(usize, &str, &[u8], Ownership)> = Vec::new();
+    let mut items: Vec<Item<'_>> = Vec::new();
     for x in &found {
         let d = x.dir.index();
         match x.problem {
@@ -295,7 +295,13 @@ pub fn mend(store: &dyn KeySource) -> Result<TreeRepair> {
             }
             dirs[d] = Some(root.sub_or_create(x.dir.name(), &own)?);
         }
-        items.push((d, id.as_str(), pem.as_slice(), own));
+        items.push(Item {
+            dir: d,
+            name: id.as_str(),
+            pem: pem.as_slice(),
+            own,
+            absent: false,
+        });
         out.written.push(x.path.clone());
         wrote[d] = true;
     }

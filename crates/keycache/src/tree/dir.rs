@@ -223,20 +223,18 @@ impl Dir {
     /// is only looked at when the exclusive create finds it, so a file
     /// costs one `lstat` (of `name`) here, and a new one none in
     /// [`Dir::commit`].
-    fn stage(
-        &self,
-        name: &str,
-        pem: &[u8],
-        own: &Ownership,
-        op: &'static str,
-        pid: u32,
-    ) -> Result<Staged> {
+    fn stage(&self, item: &Item<'_>, op: &'static str, pid: u32) -> Result<Staged> {
         use rustix::fs::{Mode, OFlags};
+        let (name, pem) = (item.name, item.pem);
         let shown = self.shown(name);
-        let (mut own, fresh) = match self.entry(name)? {
+        let node = match item.absent {
+            true => Node::Absent,
+            false => self.entry(name)?,
+        };
+        let (mut own, fresh) = match node {
             Node::Other(m) => return Err(self.by.not_a_key_file(&shown, m.not_regular())),
-            Node::File(m) => (own.replacing_file(m.uid(), m.gid(), m.mode()), false),
-            Node::Absent => (*own, true),
+            Node::File(m) => (item.own.replacing_file(m.uid(), m.gid(), m.mode()), false),
+            Node::Absent => (item.own, true),
         };
         own.mode = self.by.key_mode(own.mode);
         let tmp = format!("{TEMP_PREFIX}{pid}.{name}");
@@ -397,6 +395,25 @@ pub(crate) struct Staged {
     fresh: bool,
 }
 
+/// One key file for [`write_many`] to write.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Item<'a> {
+    /// The state directory ([`TreeDir::index`]).
+    pub(crate) dir: usize,
+    /// The file's name: the minion id.
+    pub(crate) name: &'a str,
+    /// The file's bytes.
+    pub(crate) pem: &'a [u8],
+    /// Owner and mode of a new file.
+    pub(crate) own: Ownership,
+    /// The writer looked, under the lock that keeps other keycache writers
+    /// out, and found no entry under `name`: the stage does not look again
+    /// (one `lstat` a file fewer in a new replica). Should an entry appear
+    /// in between all the same, the rename that does not replace fails,
+    /// and the entry is looked at before anything replaces it.
+    pub(crate) absent: bool,
+}
+
 /// How many files are staged before they are committed when each gets its
 /// own fdatasync (each holds a descriptor open until then).
 pub(crate) const GROUP: usize = 128;
@@ -431,7 +448,7 @@ pub(crate) const DURABLE_MINIONS: u8 = 1 << TreeDir::Minions.index();
 /// them through a kill; a power cut can lose them or leave them empty).
 pub(crate) fn write_many(
     dirs: &[Option<Dir>; 4],
-    items: &[(usize, &str, &[u8], Ownership)],
+    items: &[Item<'_>],
     durable: u8,
     op: &'static str,
 ) -> Result<()> {
@@ -441,21 +458,22 @@ pub(crate) fn write_many(
     // file's data is durable before its rename either way.
     let whole = items
         .iter()
-        .filter(|(d, ..)| durable & (1 << d) != 0)
+        .filter(|it| durable & (1 << it.dir) != 0)
         .count()
         >= SYNC_WHOLE;
     let pid = std::process::id();
     for group in items.chunks(if whole { GROUP_WHOLE } else { GROUP }) {
         let mut staged: Vec<(usize, Staged)> = Vec::with_capacity(group.len());
         let mut failed = None;
-        for (d, name, pem, own) in group {
-            let Some(dir) = &dirs[*d] else { continue };
-            match dir.stage(name, pem, own, op, pid) {
+        for it in group {
+            let d = it.dir;
+            let Some(dir) = &dirs[d] else { continue };
+            match dir.stage(it, op, pid) {
                 Ok(mut st) => {
                     if whole || durable & (1 << d) == 0 {
                         st.file = None;
                     }
-                    staged.push((*d, st))
+                    staged.push((d, st))
                 }
                 Err(e) => {
                     failed = Some(e);
@@ -528,6 +546,17 @@ mod tests {
         Ownership::for_dir(t).unwrap()
     }
 
+    /// `KEY` under `name`, to be looked at by the stage (`absent` false).
+    fn item<'a>(t: &Path, name: &'a str, absent: bool) -> Item<'a> {
+        Item {
+            dir: 0,
+            name,
+            pem: b"KEY",
+            own: own(t),
+            absent,
+        }
+    }
+
     #[test]
     fn a_temporary_this_process_left_is_replaced() {
         let t = tempfile::tempdir().unwrap();
@@ -535,7 +564,7 @@ mod tests {
         let pid = std::process::id();
         let tmp = t.path().join(format!("{TEMP_PREFIX}{pid}.m1"));
         std::fs::write(&tmp, b"left by a failed write").unwrap();
-        let st = d.stage("m1", b"KEY", &own(t.path()), "write", pid).unwrap();
+        let st = d.stage(&item(t.path(), "m1", false), "write", pid).unwrap();
         d.commit(st, "write").unwrap();
         assert_eq!(std::fs::read(t.path().join("m1")).unwrap(), b"KEY");
         assert!(!tmp.exists());
@@ -548,7 +577,7 @@ mod tests {
         let pid = std::process::id();
         let tmp = t.path().join(format!("{TEMP_PREFIX}{pid}.m1"));
         std::fs::create_dir(&tmp).unwrap();
-        assert!(d.stage("m1", b"KEY", &own(t.path()), "write", pid).is_err());
+        assert!(d.stage(&item(t.path(), "m1", false), "write", pid).is_err());
         assert!(tmp.is_dir());
         assert!(!t.path().join("m1").exists());
     }
@@ -560,16 +589,27 @@ mod tests {
         let pid = std::process::id();
         let outside = t.path().join("outside");
         std::fs::write(&outside, b"not a key").unwrap();
-        for (name, plant) in [
-            (
-                "m1",
-                &(|p: &Path| std::fs::create_dir(p)) as &dyn Fn(&Path) -> std::io::Result<()>,
-            ),
-            ("m2", &|p: &Path| std::os::unix::fs::symlink("outside", p)),
+        type Plant = dyn Fn(&Path) -> std::io::Result<()>;
+        let dir_at = |p: &Path| std::fs::create_dir(p);
+        let link_at = |p: &Path| std::os::unix::fs::symlink("outside", p);
+        // After the stage; or before it, where the writer's plan found
+        // the name absent and the stage does not look (`absent`).
+        for (name, plant, before) in [
+            ("m1", &dir_at as &Plant, false),
+            ("m2", &link_at as &Plant, false),
+            ("m3", &dir_at as &Plant, true),
+            ("m4", &link_at as &Plant, true),
         ] {
-            let st = d.stage(name, b"KEY", &own(t.path()), "write", pid).unwrap();
             let at = t.path().join(name);
-            plant(&at).unwrap();
+            if before {
+                plant(&at).unwrap();
+            }
+            let st = d
+                .stage(&item(t.path(), name, before), "write", pid)
+                .unwrap();
+            if !before {
+                plant(&at).unwrap();
+            }
             let e = d.commit(st, "write").unwrap_err();
             assert!(in_the_way(&e), "{name}: {e}");
             let m = std::fs::symlink_metadata(&at).unwrap();
@@ -584,9 +624,14 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let d = dir(t.path());
         let pid = std::process::id();
-        let st = d.stage("m1", b"KEY", &own(t.path()), "write", pid).unwrap();
+        let st = d.stage(&item(t.path(), "m1", false), "write", pid).unwrap();
         std::fs::write(t.path().join("m1"), b"OTHER").unwrap();
         d.commit(st, "write").unwrap();
         assert_eq!(std::fs::read(t.path().join("m1")).unwrap(), b"KEY");
+        // A file there already, where the plan found none: replaced too.
+        std::fs::write(t.path().join("m2"), b"OTHER").unwrap();
+        let st = d.stage(&item(t.path(), "m2", true), "write", pid).unwrap();
+        d.commit(st, "write").unwrap();
+        assert_eq!(std::fs::read(t.path().join("m2")).unwrap(), b"KEY");
     }
 }

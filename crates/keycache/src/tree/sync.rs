@@ -251,7 +251,7 @@ impl Sync {
                 self.dirs[d] = Some(self.root.sub_or_create(td.name(), &self.own)?);
             }
         }
-        let mut items: Vec<(usize, &str, &[u8], Ownership)> = Vec::new();
+        let mut items: Vec<Item<'_>> = Vec::new();
         for (id, want) in wants {
             let id = id.as_str();
             let found = self.found_in(id);
@@ -306,7 +306,15 @@ impl Sync {
                     }
                     _ => self.own,
                 };
-                items.push((d, id, pem, own));
+                items.push(Item {
+                    dir: d,
+                    name: id,
+                    pem,
+                    own,
+                    // The plan looked (or listed the directory) and found
+                    // no entry; not moved here from another directory.
+                    absent: found & (1 << d) == 0,
+                });
                 self.changes.written.push(dir.shown(id));
                 touched |= d == MINIONS;
             }
