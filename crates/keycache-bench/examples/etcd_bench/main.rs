@@ -16,7 +16,8 @@
 //!    running beside it holds them;
 //! 3. a new replica from an empty store: 100,000 keys (and `--big N`),
 //!    with the whole key tree, `minions/` alone and none, beside the file
-//!    system's floor for as many files.
+//!    system's floor for as many files, and that floor with two threads
+//!    creating (for information: does parallel creation pay here?).
 //!
 //! Three targets are measured in rounds (`--rounds`, 3 by default), each
 //! figure beside its floor in the same round (the disk's write-back drifts
@@ -66,6 +67,8 @@ type Res<T> = Result<T, Box<dyn std::error::Error>>;
 #[derive(Clone, Copy)]
 enum Contender {
     Floor,
+    /// The floor with two threads creating.
+    Floor2,
     Replica(TreeSync),
 }
 
@@ -193,23 +196,38 @@ fn run() -> Res<()> {
                 )
             })
             .collect();
+        // Whether creating the files on two threads beats one, here.
+        let mut two = Target::new(
+            format!("file floor of {new_keys}: 2 threads / 1 thread"),
+            None,
+        );
         for round in 0..rounds {
             println!("new replica, round {} of {rounds}:", round + 1);
             // Which goes first changes each round: the disk's write-back
             // drifts within a round.
             let mut order = [
                 Contender::Floor,
+                Contender::Floor2,
                 Contender::Replica(TreeSync::On),
                 Contender::Replica(TreeSync::Accepted),
                 Contender::Replica(TreeSync::Off),
             ];
             let len = order.len();
             order.rotate_left(round % len);
-            let (mut floor, mut took) = (Duration::ZERO, [Duration::ZERO; 3]);
+            let (mut floor, mut floor2, mut took) =
+                (Duration::ZERO, Duration::ZERO, [Duration::ZERO; 3]);
             for contender in order {
                 match contender {
+                    Contender::Floor2 => {
+                        floor2 = tree_floor(new_keys, 2)?;
+                        settle()?;
+                        println!(
+                            "the same floor, each group's creates and renames on 2 threads: {:.2} s",
+                            floor2.as_secs_f64()
+                        );
+                    }
                     Contender::Floor => {
-                        floor = tree_floor(new_keys)?;
+                        floor = tree_floor(new_keys, 1)?;
                         settle()?;
                         println!(
                             "the file system's floor for a key tree of {new_keys} files \
@@ -226,8 +244,10 @@ fn run() -> Res<()> {
             for (t, took) in ts.iter_mut().zip(took) {
                 t.rounds.push((took, floor));
             }
+            two.rounds.push((floor2, floor));
         }
         targets.extend(ts);
+        targets.push(two);
     }
     if big > 0 {
         // The key tree of a big replica is the file system's work (one

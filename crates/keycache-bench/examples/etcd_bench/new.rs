@@ -65,19 +65,19 @@ pub(crate) fn new_replica(st: &Settings, n: usize, seeded: i64, tree: TreeSync) 
 /// system as the replicas (TMPDIR): each file created, written (450
 /// bytes) and renamed into one directory, a write-back (syncfs) per 4,096
 /// files; none of the tree writer's checks (entries looked at, owner).
-pub(crate) fn tree_floor(n: usize) -> Res<Duration> {
-    use std::io::Write;
+/// With `threads` above one, each group's creates and its renames are
+/// shared by that many threads (is parallel creation worth it here?).
+pub(crate) fn tree_floor(n: usize, threads: usize) -> Res<Duration> {
     let d = tempfile::tempdir()?;
     let dir = d.path().join("minions");
     std::fs::create_dir(&dir)?;
-    let body = [b'k'; 450];
     let start = Instant::now();
     for first in (0..n).step_by(4096) {
         let chunk = first..(first + 4096).min(n);
-        for i in chunk.clone() {
-            let mut f = std::fs::File::create_new(dir.join(format!(".tmp.m{i:07}")))?;
-            f.write_all(&body)?;
-        }
+        shared(chunk.clone(), threads, |i| {
+            use std::io::Write;
+            std::fs::File::create_new(dir.join(format!(".tmp.m{i:07}")))?.write_all(&[b'k'; 450])
+        })?;
         // coreutils' `sync -f`: syncfs(2) of the directory's file system
         // (no unsafe code outside the library's mapping module).
         if !std::process::Command::new("sync")
@@ -88,15 +88,37 @@ pub(crate) fn tree_floor(n: usize) -> Res<Duration> {
         {
             return Err("sync -f failed".into());
         }
-        for i in chunk {
+        shared(chunk, threads, |i| {
             std::fs::rename(
                 dir.join(format!(".tmp.m{i:07}")),
                 dir.join(format!("m{i:07}")),
-            )?;
-        }
+            )
+        })?;
     }
     std::fs::File::open(&dir)?.sync_all()?;
     let took = start.elapsed();
     keep(d);
     Ok(took)
+}
+
+/// Calls `f` with every number of `range`, on `threads` threads (each a
+/// stride of it); the first error, if any.
+fn shared(
+    range: std::ops::Range<usize>,
+    threads: usize,
+    f: impl Fn(usize) -> std::io::Result<()> + Sync,
+) -> std::io::Result<()> {
+    let threads = threads.max(1);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let (f, range) = (&f, range.clone());
+                s.spawn(move || range.skip(t).step_by(threads).try_for_each(f))
+            })
+            .collect();
+        handles.into_iter().try_for_each(|h| {
+            h.join()
+                .unwrap_or_else(|_| Err(std::io::Error::other("a thread panicked")))
+        })
+    })
 }
