@@ -37,7 +37,7 @@ pub(crate) fn accept_all(
     tree: TreeSync,
     round: usize,
     second: bool,
-) -> Res<(Duration, Duration)> {
+) -> Res<Accepted> {
     let st = Settings::plain(
         c.endpoints(),
         &format!("/keycache/acceptall-{}-{round}-{second}/", label(tree)),
@@ -106,6 +106,7 @@ pub(crate) fn accept_all(
     settle()?;
     let nowait = tempfile::tempdir()?;
     claim_ahead(&st, a.path(), nowait.path(), n.div_ceil(IDS_PER_TXN) as i64)?;
+    let cpu = etcd_cpu(c)?;
     let t = Instant::now();
     let back = move_all(
         &st,
@@ -115,17 +116,101 @@ pub(crate) fn accept_all(
         KeyState::Pending,
     )?;
     let txns = t.elapsed();
+    let cpu = etcd_cpu(c)?.saturating_sub(cpu);
     assert_eq!(back.done.len(), n);
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
     println!(
-        "  etcd's transactions alone ({} ids per transaction, {} in flight): {:.0} ms",
+        "  etcd's transactions alone ({} ids per transaction, {} in flight): {:.0} ms; \
+         its members' CPU time {:.0} ms, {:.2} of the {cores} cores",
         IDS_PER_TXN,
         keycache_etcd::write::IN_FLIGHT,
-        ms(txns)
+        ms(txns),
+        ms(cpu),
+        cpu.as_secs_f64() / txns.as_secs_f64()
     );
     for d in [a, b, nowait] {
         keep(d);
     }
-    Ok((on_a, txns))
+    // The replica's own work alone: the same accepts in one batch, in a
+    // store of its own with no etcd running a transaction.
+    let alone = accept_alone(n, tree)?;
+    println!(
+        "  the replica's own accepts alone, in one batch: {:.0} ms",
+        ms(alone)
+    );
+    Ok(Accepted {
+        in_step: on_a,
+        txns,
+        alone,
+    })
+}
+
+/// A bulk accept's figures: until the accepting master's replica is in
+/// step, etcd's transactions alone, the replica's own accepts alone.
+pub(crate) struct Accepted {
+    pub(crate) in_step: Duration,
+    pub(crate) txns: Duration,
+    pub(crate) alone: Duration,
+}
+
+/// The CPU time (user and system) the members of `c` have used so far,
+/// from /proc (clock ticks, `getconf CLK_TCK`).
+fn etcd_cpu(c: &Cluster) -> Res<Duration> {
+    static TICK: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    let tick = *TICK.get_or_init(|| {
+        std::process::Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8(o.stdout).ok())
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(100)
+    });
+    let mut ticks = 0;
+    for pid in c.members.iter().filter_map(|m| m.pid()) {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+        // After the command's name, in parentheses: fields 3 onwards;
+        // utime and stime are fields 14 and 15.
+        let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        for i in [11, 12] {
+            ticks += f
+                .get(i)
+                .and_then(|v| v.parse::<u64>().ok())
+                .ok_or_else(|| format!("/proc/{pid}/stat: no field {}", i + 3))?;
+        }
+    }
+    Ok(Duration::from_secs_f64(ticks as f64 / tick as f64))
+}
+
+/// `n` pending keys accepted in one batch (`replica::apply_changes`) in a
+/// new store of its own with `tree`, the sign-ins written back first.
+pub(crate) fn accept_alone(n: usize, tree: TreeSync) -> Res<Duration> {
+    let pem = pem("apply", 400);
+    let ids: Vec<MinionId> = (0..n)
+        .map(|i| MinionId::new(format!("minion-{i:07}")))
+        .collect::<Result<_, _>>()?;
+    let d = tempfile::tempdir()?;
+    let s = Store::open_with(d.path(), &opts(100_003))?.with_tree(tree);
+    let change = |state| -> Vec<keycache_etcd::replica::Change> {
+        ids.iter()
+            .map(|id| keycache_etcd::replica::Change {
+                bank: Bank::Keys,
+                id: id.clone(),
+                value: Some(Value::Key(state, pem.as_bytes().to_vec())),
+            })
+            .collect()
+    };
+    keycache_etcd::replica::apply_changes(&s, &change(KeyState::Pending))?;
+    // The sign-ins' files (not fsynced outside `minions/`) and the last
+    // contender's removed directory written back first.
+    settle()?;
+    let t = Instant::now();
+    keycache_etcd::replica::apply_changes(&s, &change(KeyState::Accepted))?;
+    let took = t.elapsed();
+    drop(s);
+    keep(d);
+    Ok(took)
 }
 
 /// Writes, in the empty directory `dir`, a replica state that holds the
@@ -185,35 +270,13 @@ pub(crate) fn move_all(
 /// The replica's side alone: 10,000 pending keys accepted in one batch
 /// (`replica::apply_changes`), with and without the key tree.
 pub(crate) fn apply_alone(n: usize) -> Res<()> {
-    let pem = pem("apply", 400);
-    let ids: Vec<MinionId> = (0..n)
-        .map(|i| MinionId::new(format!("minion-{i:07}")))
-        .collect::<Result<_, _>>()?;
     for tree in [TreeSync::On, TreeSync::Accepted, TreeSync::Off] {
-        let d = tempfile::tempdir()?;
-        let s = Store::open_with(d.path(), &opts(100_003))?.with_tree(tree);
-        let change = |state| -> Vec<keycache_etcd::replica::Change> {
-            ids.iter()
-                .map(|id| keycache_etcd::replica::Change {
-                    bank: Bank::Keys,
-                    id: id.clone(),
-                    value: Some(Value::Key(state, pem.as_bytes().to_vec())),
-                })
-                .collect()
-        };
-        keycache_etcd::replica::apply_changes(&s, &change(KeyState::Pending))?;
-        // The sign-ins' files (not fsynced outside `minions/`) and the last
-        // contender's removed directory written back first.
-        settle()?;
-        let t = Instant::now();
-        keycache_etcd::replica::apply_changes(&s, &change(KeyState::Accepted))?;
+        let took = accept_alone(n, tree)?;
         println!(
             "  {n} pending keys accepted in a replica's store in one batch, key tree {}: {:.0} ms",
             label(tree),
-            ms(t.elapsed())
+            ms(took)
         );
-        drop(s);
-        keep(d);
     }
     Ok(())
 }
