@@ -468,6 +468,13 @@ impl Store {
         touched.retain(|id| seen.insert(id.clone()));
         let mut records = Vec::new();
         let mut wants = Vec::with_capacity(if sync { touched.len() } else { 0 });
+        // A `denied_keys` bank without files (most stores) is looked for
+        // once, not by a failed `stat` per id.
+        let denied_files = (sync || actor.is_some()) && self.denied.has_index_now()?;
+        let denied = |id: &MinionId| match denied_files {
+            true => self.denied(id),
+            false => Ok(None),
+        };
         for id in touched {
             let k = id.as_str().as_bytes();
             let key_after = keys
@@ -480,7 +487,7 @@ impl Store {
             if let Some(actor) = actor {
                 // An entry that cannot be read (a lost segment) is recorded
                 // as no key: its removal must not fail on its record.
-                let read = self.denied(&id);
+                let read = denied(&id);
                 let denied_before = read.as_ref().ok().cloned().flatten();
                 held = Some(read);
                 let before = Entries {
@@ -505,7 +512,7 @@ impl Store {
                     Some((_, v)) => v.clone().map(strip_nuls),
                     None => match held {
                         Some(read) => read?,
-                        None => self.denied(&id)?,
+                        None => denied(&id)?,
                     },
                 };
                 wants.push((id, want_of(key_after, d)));

@@ -409,6 +409,14 @@ impl Table {
         Ok(())
     }
 
+    /// Whether the bank has an index file, looked at now (one `stat`): a
+    /// writer's batch asks once, where a lookup in a bank without files
+    /// would cost a failed `stat` per id.
+    pub(crate) fn has_index_now(&self) -> Result<bool> {
+        self.refresh(false)?;
+        Ok(!self.unmapped.load(Ordering::Relaxed))
+    }
+
     /// A reader's own copy of the current view of the files (see [`View`]).
     pub(crate) fn view(&self) -> View {
         View {

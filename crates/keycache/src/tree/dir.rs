@@ -369,13 +369,22 @@ impl Dir {
 
     /// The names in the directory (`.` and `..` left out).
     pub(crate) fn names(&self) -> Result<Vec<std::ffi::OsString>> {
+        Ok(self.entries()?.into_iter().map(|(n, _)| n).collect())
+    }
+
+    /// The names of the directory's entries (not `.` and `..`), each with
+    /// whether the listing itself says it is a regular file (`d_type`;
+    /// false for any other type and where the file system does not say).
+    pub(crate) fn entries(&self) -> Result<Vec<(std::ffi::OsString, bool)>> {
         let err = |e: rustix::io::Errno| Error::io(&self.path, "read directory", e.into());
         let mut rd = rustix::fs::Dir::read_from(&self.fd).map_err(err)?;
         let mut out = Vec::new();
         while let Some(ent) = rd.read() {
-            let name = ent.map_err(err)?.file_name().to_bytes().to_vec();
+            let ent = ent.map_err(err)?;
+            let name = ent.file_name().to_bytes().to_vec();
             if name != b"." && name != b".." {
-                out.push(std::ffi::OsString::from_vec(name));
+                let regular = ent.file_type() == rustix::fs::FileType::RegularFile;
+                out.push((std::ffi::OsString::from_vec(name), regular));
             }
         }
         Ok(out)

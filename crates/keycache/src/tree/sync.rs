@@ -95,12 +95,14 @@ impl Sync {
         // A large batch reads each state directory once: an id it does not
         // list has no entry there, and only the names listed are looked at
         // (a new replica's 100,000 ids: no `lstat` in its empty directories).
-        let mut listed: [Option<std::collections::HashSet<std::ffi::OsString>>; 4] =
+        // The listing's own file types spare the `lstat` of a regular file
+        // outside `minions/`, where only its presence counts.
+        let mut listed: [Option<std::collections::HashMap<std::ffi::OsString, bool>>; 4] =
             Default::default();
         if wants.len() >= LIST_FROM {
             for (d, dir) in dirs.iter().enumerate() {
                 if let Some(dir) = dir {
-                    listed[d] = Some(dir.names()?.into_iter().collect());
+                    listed[d] = Some(dir.entries()?.into_iter().collect());
                 }
             }
         }
@@ -114,8 +116,12 @@ impl Sync {
             let mut minions_kept = false;
             for (d, dir) in dirs.iter().enumerate() {
                 let Some(dir) = dir else { continue };
-                let node = match &listed[d] {
-                    Some(names) if !names.contains(OsStr::new(id)) => Node::Absent,
+                let node = match listed[d].as_ref().map(|l| l.get(OsStr::new(id))) {
+                    Some(None) => Node::Absent,
+                    Some(Some(true)) if d != MINIONS => {
+                        mask |= 1 << d;
+                        continue;
+                    }
                     _ => dir.entry(id)?,
                 };
                 match node {
