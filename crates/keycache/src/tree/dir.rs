@@ -214,15 +214,15 @@ impl Dir {
         rustix::fs::unlinkat(&self.fd, name, rustix::fs::AtFlags::empty()).map_err(Into::into)
     }
 
-    /// Writes `pem` under `name`, first half: a temporary file (0600,
-    /// `own`'s owner, or the replaced file's), written, not yet fsynced.
-    /// Staging a group of files before committing any lets the first fsync
-    /// carry the data of all of them (one journal commit instead of one per
-    /// file on ext4 and XFS). `pid` (this process's, read once per group)
-    /// names the temporary; one left by an earlier failure of this process
-    /// is only looked at when the exclusive create finds it, so a file
-    /// costs one `lstat` (of `name`) here, and a new one none in
-    /// [`Dir::commit`].
+    /// Writes the item's `pem` under its `name`, first half: a temporary
+    /// file (0600, the item's owner, or the replaced file's), written, not
+    /// yet fsynced. Staging a group of files before committing any lets the
+    /// first fsync carry the data of all of them (one journal commit instead
+    /// of one per file on ext4 and XFS). `pid` (this process's, read once
+    /// per group) names the temporary; one left by an earlier failure of
+    /// this process is only looked at when the exclusive create finds it, so
+    /// a file costs one `lstat` (of `name`) here, none for an item the plan
+    /// found absent, and a new one none in [`Dir::commit`].
     fn stage(&self, item: &Item<'_>, op: &'static str, pid: u32) -> Result<Staged> {
         use rustix::fs::{Mode, OFlags};
         let (name, pem) = (item.name, item.pem);
