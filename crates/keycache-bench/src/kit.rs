@@ -368,3 +368,22 @@ pub fn walk_keys(tree: &Path) -> io::Result<Vec<(String, u8, Vec<u8>)>> {
     })?;
     Ok(out)
 }
+
+/// Writes back the file system that holds `dir` (coreutils' `sync -f`:
+/// syncfs(2), with no unsafe code outside the library's mapping module):
+/// the measurements' floors end with it, and contenders start after it.
+pub fn write_back(dir: &Path) -> io::Result<()> {
+    if std::process::Command::new("sync")
+        .arg("-f")
+        .arg(dir)
+        .status()?
+        .success()
+    {
+        Ok(())
+    } else {
+        Err(io::Error::other(format!(
+            "sync -f {} failed",
+            dir.display()
+        )))
+    }
+}

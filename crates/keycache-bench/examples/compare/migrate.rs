@@ -118,11 +118,10 @@ pub(crate) fn tree_files_total(data: &Data, n: u64) -> f64 {
     j["files"].as_f64().unwrap()
 }
 
-/// Writes back the filesystem holding `dir` (GNU coreutils `sync -f`).
+/// Writes back the filesystem holding `dir` ([`keycache_bench::write_back`]).
 fn syncfs(dir: &Path) {
-    let ok = Command::new("sync").arg("-f").arg(dir).status().unwrap();
-    if !ok.success() {
-        die("sync -f failed");
+    if let Err(e) = keycache_bench::write_back(dir) {
+        die(&e.to_string());
     }
 }
 

@@ -115,17 +115,9 @@ pub(crate) fn keep(d: tempfile::TempDir) {
     }
 }
 
-/// Writes back what the file system holds (coreutils' `sync -f` of TMPDIR:
-/// syncfs(2), with no unsafe code outside the library's mapping module),
-/// so that one contender's removed files are not the next one's work.
+/// Writes back what the file system of TMPDIR holds
+/// ([`keycache_bench::write_back`]), so that one contender's removed files
+/// are not the next one's work.
 pub(crate) fn settle() -> Res<()> {
-    if !std::process::Command::new("sync")
-        .arg("-f")
-        .arg(std::env::temp_dir())
-        .status()?
-        .success()
-    {
-        return Err("sync -f failed".into());
-    }
-    Ok(())
+    Ok(keycache_bench::write_back(&std::env::temp_dir())?)
 }

@@ -78,16 +78,7 @@ pub(crate) fn tree_floor(n: usize, threads: usize) -> Res<Duration> {
             use std::io::Write;
             std::fs::File::create_new(dir.join(format!(".tmp.m{i:07}")))?.write_all(&[b'k'; 450])
         })?;
-        // coreutils' `sync -f`: syncfs(2) of the directory's file system
-        // (no unsafe code outside the library's mapping module).
-        if !std::process::Command::new("sync")
-            .arg("-f")
-            .arg(&dir)
-            .status()?
-            .success()
-        {
-            return Err("sync -f failed".into());
-        }
+        keycache_bench::write_back(&dir)?;
         shared(chunk, threads, |i| {
             std::fs::rename(
                 dir.join(format!(".tmp.m{i:07}")),
