@@ -168,7 +168,19 @@ fn read_opened(
     max: u64,
     buf: &mut Vec<u8>,
 ) -> std::result::Result<(std::fs::Metadata, usize), Refused> {
-    let size = meta.len();
+    let len = read_small_from(&mut f, meta.len(), max, buf)?;
+    Ok((meta, len))
+}
+
+/// [`read_small`]'s read, of a regular file already open whose `fstat`
+/// said `size` bytes, for a caller that keeps the file open afterwards;
+/// returns how many bytes were appended to `buf`.
+pub(crate) fn read_small_from(
+    f: &mut File,
+    size: u64,
+    max: u64,
+    buf: &mut Vec<u8>,
+) -> std::result::Result<usize, Refused> {
     if size > max {
         return Err(Refused::TooLarge(Some(size)));
     }
@@ -196,7 +208,7 @@ fn read_opened(
         if got as u64 > size {
             // The file grew since fstat: the rest, up to the limit.
             let room = (max + 1).saturating_sub(got as u64);
-            (&mut f).take(room).read_to_end(buf).map(|_| ())
+            f.take(room).read_to_end(buf).map(|_| ())
         } else {
             Ok(())
         }
@@ -210,7 +222,7 @@ fn read_opened(
         buf.truncate(start);
         return Err(Refused::TooLarge(None));
     }
-    Ok((meta, len))
+    Ok(len)
 }
 
 /// Who new files belong to and what mode they get.

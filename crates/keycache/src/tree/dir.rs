@@ -186,27 +186,46 @@ impl Dir {
         }
     }
 
+    /// The regular file `name`, opened (never through a symlink, never
+    /// waiting on a FIFO) and kept open, with what its `fstat` says. None
+    /// when there is no entry, or one that is not a regular file: a caller
+    /// that meets that entry again where it must be written or removed
+    /// refuses it there.
+    pub(crate) fn open_file(&self, name: &str) -> Result<Option<Opened>> {
+        match crate::files::open_no_follow_at(&self.fd, name) {
+            Ok((file, m)) => Ok(Some(Opened {
+                meta: Meta {
+                    len: m.len(),
+                    uid: m.uid(),
+                    gid: m.gid(),
+                    mode: m.mode(),
+                },
+                dev: m.dev(),
+                ino: m.ino(),
+                file,
+            })),
+            Err(Refused::NotRegular(_)) => Ok(None),
+            Err(Refused::Io(_, e)) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(Refused::Io(op, e)) => Err(Error::io(self.shown(name), op, e)),
+            Err(Refused::TooLarge(_)) => Ok(None),
+        }
+    }
+
+    /// Whether the entry `name` is the file `f` (the same device and inode,
+    /// `lstat`): after a rename, that the entry moved is the file opened
+    /// and read, not one put under its name in between.
+    pub(crate) fn is(&self, name: &str, f: &Opened) -> Result<bool> {
+        match rustix::fs::statat(&self.fd, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) => Ok(st.st_dev == f.dev && st.st_ino == f.ino),
+            Err(rustix::io::Errno::NOENT) => Ok(false),
+            Err(e) => Err(Error::io(self.shown(name), "stat", e.into())),
+        }
+    }
+
     /// Renames `name` of this directory to `to_name` of directory `to`
     /// (`renameat`).
     pub(crate) fn rename_to(&self, name: &str, to: &Dir, to_name: &str) -> std::io::Result<()> {
         rustix::fs::renameat(&self.fd, name, &to.fd, to_name).map_err(Into::into)
-    }
-
-    /// Makes the data of the regular file `name` durable (a file written
-    /// without an fsync, before it is renamed where it must be durable).
-    pub(crate) fn sync_file(&self, name: &str, op: &'static str) -> Result<()> {
-        use rustix::fs::{Mode, OFlags};
-        let shown = self.shown(name);
-        let fd = rustix::fs::openat(
-            &self.fd,
-            name,
-            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK,
-            Mode::empty(),
-        )
-        .map_err(|e| Error::io(&shown, op, e.into()))?;
-        File::from(fd)
-            .sync_data()
-            .map_err(|e| Error::io(&shown, op, e))
     }
 
     /// Unlinks `name` (`unlinkat`), whatever it is but a directory.
@@ -388,6 +407,47 @@ impl Dir {
             }
         }
         Ok(out)
+    }
+}
+
+/// A regular file of a state directory held open ([`Dir::open_file`]):
+/// its bytes are read once through it, and after a rename its inode tells
+/// whether the entry moved is this file ([`Dir::is`]).
+pub(crate) struct Opened {
+    file: File,
+    meta: Meta,
+    dev: u64,
+    ino: u64,
+}
+
+impl Opened {
+    /// What its `fstat` said.
+    pub(crate) fn meta(&self) -> &Meta {
+        &self.meta
+    }
+
+    /// Whether it holds exactly `pem` (at most `pem.len() + 1` bytes read);
+    /// `shown` names it in an error.
+    pub(crate) fn holds(&mut self, pem: &[u8], shown: &Path) -> Result<bool> {
+        if self.meta.len != pem.len() as u64 {
+            return Ok(false);
+        }
+        let mut got = Vec::with_capacity(pem.len() + 1);
+        match crate::files::read_small_from(
+            &mut self.file,
+            self.meta.len,
+            pem.len() as u64,
+            &mut got,
+        ) {
+            Ok(_) => Ok(got == pem),
+            Err(Refused::Io(op, e)) => Err(Error::io(shown, op, e)),
+            Err(_) => Ok(false),
+        }
+    }
+
+    /// Makes its data durable (`fdatasync`).
+    pub(crate) fn sync_data(&self, shown: &Path, op: &'static str) -> Result<()> {
+        self.file.sync_data().map_err(|e| Error::io(shown, op, e))
     }
 }
 
@@ -642,5 +702,52 @@ mod tests {
         let st = d.stage(&item(t.path(), "m2", true), "write", pid).unwrap();
         d.commit(st, "write").unwrap();
         assert_eq!(std::fs::read(t.path().join("m2")).unwrap(), b"KEY");
+    }
+
+    #[test]
+    fn a_file_opened_to_be_moved_is_told_from_one_put_under_its_name() {
+        let t = tempfile::tempdir().unwrap();
+        let d = dir(t.path());
+        std::fs::create_dir(t.path().join("to")).unwrap();
+        let to = d.sub("to").unwrap().unwrap();
+        std::fs::write(t.path().join("m1"), b"KEY").unwrap();
+        let mut f = d.open_file("m1").unwrap().unwrap();
+        assert!(f.holds(b"KEY", &d.shown("m1")).unwrap());
+        d.rename_to("m1", &to, "m1").unwrap();
+        assert!(to.is("m1", &f).unwrap(), "the file read, moved");
+        // The same bytes under the name, another file: not the one read.
+        std::fs::remove_file(t.path().join("to/m1")).unwrap();
+        std::fs::write(t.path().join("to/m1"), b"KEY").unwrap();
+        assert!(!to.is("m1", &f).unwrap());
+        std::fs::remove_file(t.path().join("to/m1")).unwrap();
+        assert!(!to.is("m1", &f).unwrap(), "no entry");
+        // Other bytes, or more of them: not held.
+        std::fs::write(t.path().join("m2"), b"KEX").unwrap();
+        std::fs::write(t.path().join("m3"), b"KEY\n").unwrap();
+        for name in ["m2", "m3"] {
+            let mut f = d.open_file(name).unwrap().unwrap();
+            assert!(!f.holds(b"KEY", &d.shown(name)).unwrap(), "{name}");
+        }
+    }
+
+    #[test]
+    fn what_is_not_a_regular_file_is_not_opened_to_be_moved() {
+        let t = tempfile::tempdir().unwrap();
+        let d = dir(t.path());
+        std::fs::write(t.path().join("outside"), b"KEY").unwrap();
+        std::os::unix::fs::symlink("outside", t.path().join("link")).unwrap();
+        std::fs::create_dir(t.path().join("sub")).unwrap();
+        // A FIFO without a writer: opening it must not wait.
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            t.path().join("fifo"),
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+        for name in ["link", "sub", "fifo", "absent"] {
+            assert!(d.open_file(name).unwrap().is_none(), "{name}");
+        }
     }
 }

@@ -455,7 +455,7 @@ mod sync;
 mod tests;
 
 pub use check::{check, mend, no_store, require_store};
-pub(crate) use dir::{write_many, Dir, Item, Node, DURABLE_ALL, DURABLE_MINIONS};
+pub(crate) use dir::{write_many, Dir, Item, Node, Opened, DURABLE_ALL, DURABLE_MINIONS};
 pub(crate) use intent::Record as IntentRecord;
 pub use intent::{Resumed, INTENT_FILE};
 pub(crate) use listing::{create_state_dirs, ids_with_key_files};

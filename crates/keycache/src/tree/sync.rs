@@ -194,14 +194,22 @@ impl Sync {
     }
 
     /// The state directory whose file of `id` can be renamed into
-    /// directory `to` instead of writing `pem` there: a regular file that
-    /// holds exactly `pem`, in a directory where `id` must lose its file
-    /// (`want`), with the owner a new file would get and a mode no wider
-    /// than a new file's, so that the moved file is what a write would
-    /// have made. `minions/` is never a source, and a key moves into
-    /// `minions/` only when no file of it was removed there before the
-    /// banks were written (a re-keyed id keeps that file's owner).
-    fn movable(&self, id: &str, to: usize, want: &Want, pem: &[u8]) -> Result<Option<usize>> {
+    /// directory `to` instead of writing `pem` there, with that file held
+    /// open: a regular file that holds exactly `pem`, in a directory where
+    /// `id` must lose its file (`want`), with the owner a new file would
+    /// get and a mode no wider than a new file's, so that the moved file is
+    /// what a write would have made. `minions/` is never a source, and a
+    /// key moves into `minions/` only when no file of it was removed there
+    /// before the banks were written (a re-keyed id keeps that file's
+    /// owner). The file is opened and read once; after the rename, its
+    /// inode tells whether the entry moved is that file ([`Dir::is`]).
+    fn movable(
+        &self,
+        id: &str,
+        to: usize,
+        want: &Want,
+        pem: &[u8],
+    ) -> Result<Option<(usize, Opened)>> {
         let found = self.found_in(id);
         let Some(owner) = self.own.owner else {
             return Ok(None);
@@ -218,14 +226,13 @@ impl Sync {
             {
                 continue;
             }
-            if let Node::File(m) = dir.entry(id)? {
-                let mode = m.mode() & 0o7777;
-                if m.len() == pem.len() as u64
-                    && (m.uid(), m.gid()) == owner
-                    && mode & !self.own.mode == 0
-                    && dir.content_is(id, pem)?
+            if let Some(mut f) = dir.open_file(id)? {
+                let m = f.meta();
+                if (m.uid(), m.gid()) == owner
+                    && m.mode() & 0o7777 & !self.own.mode == 0
+                    && f.holds(pem, &dir.shown(id))?
                 {
-                    return Ok(Some(d));
+                    return Ok(Some((d, f)));
                 }
             }
         }
@@ -269,7 +276,9 @@ impl Sync {
                     continue;
                 }
                 let from = self.movable(id, d, want, pem)?;
-                if let Some((from, src)) = from.and_then(|f| Some((f, self.dirs[f].as_ref()?))) {
+                if let Some((from, f, src)) =
+                    from.and_then(|(from, f)| Some((from, f, self.dirs[from].as_ref()?)))
+                {
                     // One rename instead of a new file: what Salt's own
                     // `localfs_key` accept does (pending to accepted), and
                     // the key is never in both directories. A file moving
@@ -277,7 +286,7 @@ impl Sync {
                     // (`DURABLE_MINIONS`): its data is made durable first.
                     if d == MINIONS {
                         if wants.len() < super::dir::SYNC_WHOLE {
-                            src.sync_file(id, W)?;
+                            f.sync_data(&src.shown(id), W)?;
                         } else if !flushed {
                             // Every source was written before this batch:
                             // one write-back covers them all.
@@ -287,8 +296,8 @@ impl Sync {
                     }
                     src.rename_to(id, dir, id)
                         .map_err(|e| Error::io(dir.shown(id), W, e))?;
-                    if !dir.holds(id, pem)? {
-                        // Replaced between the look and the rename: not
+                    if !dir.is(id, &f)? {
+                        // Replaced between the read and the rename: not
                         // this key; written the usual way below.
                         dir.remove(id, W)?;
                     } else {

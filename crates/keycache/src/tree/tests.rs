@@ -307,6 +307,46 @@ fn an_accept_moves_the_pending_file_keycache_wrote_and_rewrites_one_it_did_not()
     Ok(())
 }
 
+#[test]
+fn an_accept_never_moves_a_pending_file_that_holds_another_key() -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().expect("dir");
+    let s = store(dir.path()).with_tree(TreeSync::On);
+    let ids: Vec<MinionId> = (0..20)
+        .map(|i| MinionId::new(format!("m{i:02}")))
+        .collect::<Result<_>>()?;
+    // One batch of 20 (a write-back of the filesystem, not an fsync each)
+    // and a single accept (an fsync of the moved file).
+    for id in &ids {
+        s.put(id, KeyState::Pending, &pem(id.as_str()))?;
+    }
+    let pre = dir.path().join("minions_pre");
+    // m00's pending file now holds m01's key, of the same length: the
+    // store says otherwise, so it is not the file to accept.
+    std::fs::write(pre.join("m00"), pem("m01")).expect("m00");
+    let ino = |p: &Path| std::fs::metadata(p).expect("file").ino();
+    let (i00, i05) = (ino(&pre.join("m00")), ino(&pre.join("m05")));
+    s.set_state(&ids[5], KeyState::Accepted)?;
+    s.batch(|b| {
+        for id in ids.iter().filter(|id| id.as_str() != "m05") {
+            b.set_state(id, KeyState::Accepted)?;
+        }
+        Ok(())
+    })?;
+    let acc = dir.path().join("minions");
+    assert_ne!(ino(&acc.join("m00")), i00, "m00 written anew");
+    assert_eq!(std::fs::read(acc.join("m00")).expect("m00"), pem("m00"));
+    assert_eq!(ino(&acc.join("m05")), i05, "m05 moved");
+    for id in &ids {
+        assert_eq!(
+            std::fs::read(acc.join(id.as_str())).expect("key"),
+            pem(id.as_str())
+        );
+        assert!(!pre.join(id.as_str()).exists(), "{id}");
+    }
+    Ok(())
+}
+
 /// The plan's look at the tree is reused after the banks are written,
 /// except in `minions/`: a file planted there between the plan and the
 /// write-back (by anyone but a keycache writer, which holds the `keys`
