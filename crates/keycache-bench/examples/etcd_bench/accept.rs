@@ -59,10 +59,13 @@ pub(crate) fn accept_all(
     let ids: Vec<MinionId> = (0..n)
         .map(|i| MinionId::new(format!("minion-{i:07}")))
         .collect::<Result<_, _>>()?;
+    let busy = machine_busy()?;
     let start = Instant::now();
     let w = move_all(&st, a.path(), &ids, KeyState::Pending, KeyState::Accepted)?;
     let on_a = start.elapsed();
+    let busy = machine_busy()?.saturating_sub(busy);
     assert_eq!(w.done.len(), n, "every key accepted");
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
     let (mut batches, mut took) = (0, Duration::ZERO);
     while let Ok((rep, _)) = ra.reports.try_recv() {
         if let Report::Applied { took: t, .. } = rep {
@@ -80,6 +83,13 @@ pub(crate) fn accept_all(
         label(tree),
         ms(on_a),
         ms(took)
+    );
+    println!(
+        "  the machine's busy CPU time meanwhile (every process): {:.0} ms, {:.2} of the \
+         {cores} cores; no schedule of that work on {cores} cores ends before {:.0} ms",
+        ms(busy),
+        busy.as_secs_f64() / on_a.as_secs_f64(),
+        ms(busy / cores as u32)
     );
     if let Some(rb) = &rb {
         wait_revision(b.path(), w.revision, Duration::from_secs(60))?;
@@ -118,7 +128,6 @@ pub(crate) fn accept_all(
     let txns = t.elapsed();
     let cpu = etcd_cpu(c)?.saturating_sub(cpu);
     assert_eq!(back.done.len(), n);
-    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
     println!(
         "  etcd's transactions alone ({} ids per transaction, {} in flight): {:.0} ms; \
          its members' CPU time {:.0} ms, {:.2} of the {cores} cores",
@@ -142,22 +151,25 @@ pub(crate) fn accept_all(
         in_step: on_a,
         txns,
         alone,
+        cpu_bound: busy / cores as u32,
     })
 }
 
 /// A bulk accept's figures: until the accepting master's replica is in
-/// step, etcd's transactions alone, the replica's own accepts alone.
+/// step, etcd's transactions alone, the replica's own accepts alone, and
+/// the machine's busy CPU time while in step over its cores (no schedule
+/// of that work on these cores ends sooner).
 pub(crate) struct Accepted {
     pub(crate) in_step: Duration,
     pub(crate) txns: Duration,
     pub(crate) alone: Duration,
+    pub(crate) cpu_bound: Duration,
 }
 
-/// The CPU time (user and system) the members of `c` have used so far,
-/// from /proc (clock ticks, `getconf CLK_TCK`).
-fn etcd_cpu(c: &Cluster) -> Res<Duration> {
+/// Clock ticks a second (`getconf CLK_TCK`), the unit of /proc's CPU times.
+fn clock_ticks() -> u64 {
     static TICK: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    let tick = *TICK.get_or_init(|| {
+    *TICK.get_or_init(|| {
         std::process::Command::new("getconf")
             .arg("CLK_TCK")
             .output()
@@ -165,7 +177,34 @@ fn etcd_cpu(c: &Cluster) -> Res<Duration> {
             .and_then(|o| String::from_utf8(o.stdout).ok())
             .and_then(|s| s.trim().parse().ok())
             .unwrap_or(100)
-    });
+    })
+}
+
+/// The CPU time every core of the machine has spent busy so far (not idle,
+/// not waiting for I/O), from /proc/stat's first line: user, nice,
+/// system, idle, iowait, irq, softirq, steal.
+fn machine_busy() -> Res<Duration> {
+    let stat = std::fs::read_to_string("/proc/stat")?;
+    let f: Vec<u64> = stat
+        .lines()
+        .next()
+        .and_then(|l| l.strip_prefix("cpu "))
+        .ok_or("/proc/stat: no cpu line")?
+        .split_whitespace()
+        .take(8)
+        .map(|v| v.parse::<u64>())
+        .collect::<Result<_, _>>()?;
+    if f.len() < 8 {
+        return Err("/proc/stat: fewer than 8 fields on the cpu line".into());
+    }
+    let busy = f.iter().sum::<u64>() - f[3] - f[4];
+    Ok(Duration::from_secs_f64(busy as f64 / clock_ticks() as f64))
+}
+
+/// The CPU time (user and system) the members of `c` have used so far,
+/// from /proc (clock ticks, `getconf CLK_TCK`).
+fn etcd_cpu(c: &Cluster) -> Res<Duration> {
+    let tick = clock_ticks();
     let mut ticks = 0;
     for pid in c.members.iter().filter_map(|m| m.pid()) {
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
