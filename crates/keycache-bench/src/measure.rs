@@ -30,6 +30,19 @@ pub struct Measured {
     pub rate: Rate,
     /// The sum of the closures' results.
     pub checksum: u64,
+    /// The share of a CPU each measuring thread ran on while it measured
+    /// (its CPU time over its wall-clock time, the mean over the threads):
+    /// below 1 where other threads or processes took CPU from it. None where
+    /// the kernel does not say (`/proc/thread-self/schedstat`).
+    pub cpu_share: Option<f64>,
+}
+
+/// The CPU time the calling thread has run so far: the first field of
+/// `/proc/thread-self/schedstat`, in nanoseconds.
+fn thread_cpu() -> Option<Duration> {
+    let s = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    let ns = s.split_whitespace().next()?.parse::<u64>().ok()?;
+    Some(Duration::from_nanos(ns))
 }
 
 /// Calls between two looks at the clock.
@@ -58,7 +71,8 @@ where
     let threads = threads.max(1);
     let units = units.max(1);
     let barrier = Barrier::new(threads);
-    let runs: Vec<std::thread::Result<(u64, f64, u64)>> = std::thread::scope(|s| {
+    type Run = (u64, f64, u64, Option<f64>);
+    let runs: Vec<std::thread::Result<Run>> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..threads)
             .map(|t| {
                 let (make, barrier) = (&make, &barrier);
@@ -67,6 +81,7 @@ where
                     let mut i = t * units / threads;
                     let (mut calls, mut sum) = (0u64, 0u64);
                     barrier.wait();
+                    let cpu0 = thread_cpu();
                     let t0 = Instant::now();
                     loop {
                         for _ in 0..ROUND {
@@ -81,7 +96,11 @@ where
                             break;
                         }
                     }
-                    (calls * per_unit as u64, t0.elapsed().as_secs_f64(), sum)
+                    let secs = t0.elapsed().as_secs_f64();
+                    let share = cpu0
+                        .zip(thread_cpu())
+                        .map(|(a, b)| b.saturating_sub(a).as_secs_f64() / secs);
+                    (calls * per_unit as u64, secs, sum, share)
                 })
             })
             .collect();
@@ -92,13 +111,19 @@ where
         ns_per_lookup: 0.0,
     };
     let mut checksum = 0u64;
+    let mut cpu_share = Some(0.0);
     for run in runs {
-        let (lookups, secs, sum) = run?;
+        let (lookups, secs, sum, share) = run?;
         rate.lookups_per_s += lookups as f64 / secs;
         rate.ns_per_lookup += secs * 1e9 / lookups.max(1) as f64 / threads as f64;
         checksum = checksum.wrapping_add(sum);
+        cpu_share = cpu_share.zip(share).map(|(a, b)| a + b / threads as f64);
     }
-    Ok(Measured { rate, checksum })
+    Ok(Measured {
+        rate,
+        checksum,
+        cpu_share,
+    })
 }
 
 /// Reads every byte of a found key, as a caller would: sums it as
@@ -142,6 +167,23 @@ mod tests {
         assert_eq!(starts, vec![(0, 0), (1, 3), (2, 6)]);
         assert!(m.rate.lookups_per_s > 0.0 && m.rate.ns_per_lookup > 0.0);
         assert!(m.checksum >= 3 * ROUND, "{}", m.checksum);
+    }
+
+    #[test]
+    fn the_cpu_share_is_what_the_threads_ran_not_what_they_slept() {
+        // One thread busy, one asleep for most of each call: about 1 and
+        // well under 1, a mean of about three quarters at most.
+        let m = measure(2, Duration::from_millis(200), 1, 1, |t| {
+            move |_: usize| {
+                if t == 1 {
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                1
+            }
+        })
+        .expect("no panic");
+        let share = m.cpu_share.expect("schedstat on Linux");
+        assert!(share > 0.0 && share < 0.75, "{share}");
     }
 
     #[test]

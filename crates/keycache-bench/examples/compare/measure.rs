@@ -27,6 +27,22 @@ where
     M: Fn() -> F + Sync,
     F: FnMut(usize) -> u64,
 {
+    measure_cpu(threads, seconds, units, per_unit, make).0
+}
+
+/// [`measure`], and the share of a CPU each thread ran on meanwhile (the
+/// mean; NaN where the kernel does not say).
+pub(crate) fn measure_cpu<M, F>(
+    threads: usize,
+    seconds: f64,
+    units: usize,
+    per_unit: usize,
+    make: M,
+) -> (f64, f64)
+where
+    M: Fn() -> F + Sync,
+    F: FnMut(usize) -> u64,
+{
     let time = Duration::from_secs_f64(seconds);
     let m = keycache_bench::measure::measure(threads, time, units, per_unit, |t| {
         pin_to_cpu(t);
@@ -34,7 +50,7 @@ where
     })
     .unwrap_or_else(|_| die("a measuring thread panicked"));
     black_box(m.checksum);
-    m.rate.lookups_per_s
+    (m.rate.lookups_per_s, m.cpu_share.unwrap_or(f64::NAN))
 }
 
 /// Pins the calling thread to CPU `cpu` (modulo the CPUs there are): on a
