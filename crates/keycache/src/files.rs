@@ -71,9 +71,11 @@ impl Refused {
 }
 
 /// Opens `path` without following a symlink (`O_NOFOLLOW`; `O_NONBLOCK`
-/// keeps a FIFO planted under the name from blocking the open, and has no
-/// effect on regular files) and checks on the descriptor that it is a
-/// regular file. The one place that decides what such an open refuses.
+/// keeps a FIFO planted under the name from blocking the open, and
+/// `O_NOCTTY` a terminal from becoming the process's controlling one; both
+/// have no effect on regular files) and checks on the descriptor that it
+/// is a regular file. The one place that decides what such an open
+/// refuses.
 pub fn open_no_follow(
     path: &Path,
     write: bool,
@@ -81,7 +83,7 @@ pub fn open_no_follow(
     let f = OpenOptions::new()
         .read(true)
         .write(write)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK | libc::O_NOCTTY)
         .open(path)
         .map_err(refused_open)?;
     regular(f)
@@ -98,7 +100,7 @@ pub(crate) fn open_no_follow_at(
     let fd = rustix::fs::openat(
         dir,
         name,
-        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK | OFlags::NOCTTY,
         Mode::empty(),
     )
     .map_err(|e| refused_open(e.into()))?;

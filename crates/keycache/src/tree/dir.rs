@@ -47,6 +47,16 @@ impl Meta {
         }
     }
 
+    /// The same fields of an open file's `fstat`.
+    fn of_metadata(m: &std::fs::Metadata) -> Meta {
+        Meta {
+            len: m.len(),
+            uid: m.uid(),
+            gid: m.gid(),
+            mode: m.mode(),
+        }
+    }
+
     /// Length in bytes.
     pub(crate) fn len(&self) -> u64 {
         self.len
@@ -194,12 +204,7 @@ impl Dir {
     pub(crate) fn open_file(&self, name: &str) -> Result<Option<Opened>> {
         match crate::files::open_no_follow_at(&self.fd, name) {
             Ok((file, m)) => Ok(Some(Opened {
-                meta: Meta {
-                    len: m.len(),
-                    uid: m.uid(),
-                    gid: m.gid(),
-                    mode: m.mode(),
-                },
+                meta: Meta::of_metadata(&m),
                 dev: m.dev(),
                 ino: m.ino(),
                 file,
