@@ -539,7 +539,11 @@ fn replicas_follow_etcd_through_kills_member_losses_and_compaction() {
 /// error from the writer) and commits nothing, reads go on, and no
 /// replica changes. Master `killed`'s replicator was stopped with SIGKILL
 /// just before: its store may be a batch ahead of the revision it
-/// recorded (killed between the two), up to the last commit.
+/// recorded (killed between the two), up to the last commit, and that
+/// batch's key tree unfinished; the next writer of the store finishes it
+/// (a write refused for want of a quorum opens the store first), so there
+/// the tree may come in step with banks and a revision that do not
+/// change.
 fn two_members_down(w: &World, killed: usize) {
     let before: Vec<_> = w.masters.iter().map(Master::snapshot).collect();
     std::thread::scope(|sc| {
@@ -582,8 +586,10 @@ fn two_members_down(w: &World, killed: usize) {
     let model = Model::new(&model_recs, &w.universe);
     for (m, b) in w.masters.iter().zip(&before) {
         let after = m.snapshot();
+        let finished =
+            m.idx == killed && after.0 == b.0 && after.2 == b.2 && after.1 == checks::tree_of(&b.0);
         ensure!(
-            &after == b,
+            &after == b || finished,
             "master {}'s replica changed while etcd had no quorum: {b:?} -> {after:?}",
             m.idx
         );

@@ -135,6 +135,21 @@ pub fn ids_in(listing: &Value, state: &str) -> BTreeSet<String> {
         .collect()
 }
 
+/// The key tree's files (`dir/id`) that a store whose listing is
+/// `listing` keeps in step with its banks (the whole tree).
+pub fn tree_of(listing: &Value) -> BTreeSet<String> {
+    let local = model::listing_state(listing);
+    STATES
+        .iter()
+        .flat_map(|&(dir, _, st)| {
+            local
+                .iter()
+                .filter(move |(_, &s)| s == st)
+                .map(move |((_, id), _)| format!("{dir}/{id}"))
+        })
+        .collect()
+}
+
 /// Every replica equals etcd (`etcd diff`, and the listings against
 /// etcdctl's), `verify` is clean with the tree, the tree equals the store,
 /// and the model explains etcd and every replica; every problem found is
@@ -169,15 +184,7 @@ pub fn final_checks(w: &World, c: &Cluster) {
             ));
         }
         bad.extend(verify_clean(master));
-        let tree: BTreeSet<String> = STATES
-            .iter()
-            .flat_map(|&(dir, _, st)| {
-                local
-                    .iter()
-                    .filter(move |(_, &s)| s == st)
-                    .map(move |((_, id), _)| format!("{dir}/{id}"))
-            })
-            .collect();
+        let tree = tree_of(&listing);
         let files = tree_files(&master.pki);
         for f in files.symmetric_difference(&tree) {
             bad.push(format!(
