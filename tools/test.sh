@@ -71,18 +71,20 @@ fi
 # bash-completion let tools/check-deb-install.sh use the package's completions
 # on this machine too (else it checks their presence and says so); iptables
 # cuts an etcd member off from its peers inside its network namespace
-# (tests/cli/etcd_faults/partition.rs). Without lintian or iptables those
-# checks are skipped (and say so).
+# (tests/cli/etcd_faults/partition.rs); debootstrap makes the Debian roots
+# of tools/check-py314.sh and tools/check-deb-install.sh. Without lintian,
+# iptables or debootstrap those checks are skipped (and say so).
 want=()
 command -v lintian >/dev/null 2>&1 || want+=(lintian)
 command -v iptables >/dev/null 2>&1 || want+=(iptables)
+command -v debootstrap >/dev/null 2>&1 || want+=(debootstrap)
 command -v zsh >/dev/null 2>&1 || want+=(zsh)
 command -v fish >/dev/null 2>&1 || want+=(fish)
 [ -f /usr/share/bash-completion/bash_completion ] || want+=(bash-completion)
 if [ "${#want[@]}" -gt 0 ] && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
     echo "==> installing ${want[*]} (Debian packages)" >&2
     { timeout 300 apt-get install -y -q "${want[@]}" || { timeout 300 apt-get update -q && timeout 300 apt-get install -y -q "${want[@]}"; }; } >/dev/null 2>&1 \
-        || echo "warning: could not install ${want[*]}; tools/check-deb.sh skips its lintian check without lintian, and the etcd partition test is skipped without iptables" >&2
+        || echo "warning: could not install ${want[*]}; tools/check-deb.sh skips its lintian check without lintian, the etcd partition test without iptables, and the Debian roots without debootstrap" >&2
 fi
 
 # The second etcd server of the etcd tests: Debian trixie's etcd-server and
