@@ -13,13 +13,14 @@
 //!   applies (from its watch, or from a list) to its store's log, each
 //!   with its revision, in revision order, before it records the revision
 //!   its store holds: a writer whose wait for its replica returned finds
-//!   the record in its master's log. The replicator remembers the last
-//!   revision it logged ([`keycache::audit::last_revision`] when it starts)
-//!   and passes over every record at or below it: a replicator killed
-//!   after an append and before its state was written appends nothing
-//!   twice when its watch replays the batch; one killed during an append
-//!   leaves a torn line (skipped by readers) and appends the records after
-//!   the last whole one again.
+//!   the record in its master's log. The replicator passes over the
+//!   records its log holds of revisions past the one its store records
+//!   ([`keycache::audit::logged_after`] when it starts), compared whole: a
+//!   replicator killed after an append and before its state was written
+//!   appends nothing twice when its watch gives it the batch again; one
+//!   killed during an append leaves a torn line (skipped by readers), and
+//!   the next appends every record of the batch not logged whole, those of
+//!   a revision it had begun included.
 //! - **Trimmed**: at each consistency check ([`crate::check`]) the
 //!   replicator deletes the audit keys older than
 //!   [`crate::Settings::audit_retention`] ([`AUDIT_RETENTION`]: 7 days).
@@ -97,70 +98,84 @@ pub fn records(value: &[u8], revision: i64) -> Vec<Record> {
 /// `mod_revision` and value.
 pub type Found = Vec<(i64, Vec<u8>)>;
 
-/// A replicator's side of its store's log: the last revision logged.
+/// What tells two records apart in a log: the revision, the time, the id
+/// and the action. etcd restored from a backup commits new changes at
+/// revisions a log already went past; their records differ in time.
+type Seen = (Option<i64>, String, String, String);
+
+fn seen(r: &Record) -> Seen {
+    (r.revision, r.time.clone(), r.id.clone(), r.action.clone())
+}
+
+/// A replicator's side of its store's log: the records it logged of
+/// revisions past the one its store records, which a watch may give it
+/// again.
 #[derive(Debug, Default)]
 pub struct Log {
-    /// The last revision logged; read from the log once, when first needed.
-    last: Option<i64>,
+    /// Read from the log once, when first needed.
+    held: Option<std::collections::HashSet<Seen>>,
 }
 
 impl Log {
-    /// The last revision the log of `dir` holds.
-    pub fn last(&mut self, dir: &Path) -> Result<i64> {
-        match self.last {
-            Some(r) => Ok(r),
-            None => {
-                let r = keycache::audit::last_revision(dir)?;
-                self.last = Some(r);
-                Ok(r)
-            }
-        }
-    }
-
-    /// Appends the records of `found` above the last revision logged to
-    /// the log of `dir`, in revision order (the keys of one revision in
-    /// the order found), in one append; how many.
-    pub fn append(&mut self, dir: &Path, mut found: Found) -> Result<usize> {
+    /// Appends to the log of `dir`, in one append, the records of `found`
+    /// past `applied` (the revision the store records) that the log does
+    /// not hold yet, in revision order (the records of one revision in the
+    /// order found); how many. A replicator killed after an append and
+    /// before it recorded the revision is given the batch again; one
+    /// killed in the middle of an append left some records of a revision
+    /// whole and one torn: the records held are passed over, the others
+    /// appended.
+    pub fn append(&mut self, dir: &Path, mut found: Found, applied: i64) -> Result<usize> {
         if found.is_empty() {
             return Ok(0);
         }
-        let last = self.last(dir)?;
+        let held = match &mut self.held {
+            Some(h) => h,
+            None => self.held.insert(
+                keycache::audit::logged_after(dir, applied)?
+                    .iter()
+                    .map(seen)
+                    .collect(),
+            ),
+        };
+        held.retain(|s| s.0.unwrap_or(0) > applied);
         found.sort_by_key(|(rev, _)| *rev);
-        let mut top = last;
+        let mut new = std::collections::HashSet::new();
         let mut out = Vec::new();
-        for (rev, v) in found.iter().filter(|(rev, _)| *rev > last) {
-            out.extend(records(v, *rev));
-            top = top.max(*rev);
+        for (rev, v) in found.iter().filter(|(rev, _)| *rev > applied) {
+            for r in records(v, *rev) {
+                let s = seen(&r);
+                if !held.contains(&s) && new.insert(s) {
+                    out.push(r);
+                }
+            }
         }
         keycache::audit::append(dir, &out)?;
-        self.last = Some(top);
+        held.extend(new);
         Ok(out.len())
     }
 
-    /// Appends the records of a list at `revision`: each record the log
-    /// does not hold yet (by revision, time, id and action, not by revision
-    /// alone: etcd restored from a backup commits new changes at revisions
-    /// the log already went past), in revision order; the watch that
-    /// follows starts after `revision`, so that is the last logged.
-    pub fn append_listed(&mut self, dir: &Path, mut found: Found, revision: i64) -> Result<usize> {
-        type Seen = (Option<i64>, String, String, String);
-        let key =
-            |r: &Record| -> Seen { (r.revision, r.time.clone(), r.id.clone(), r.action.clone()) };
+    /// Appends the records of a list: each record the log does not hold
+    /// yet (compared whole, not by revision alone: etcd restored from a
+    /// backup commits new changes at revisions the log already went past),
+    /// in revision order; how many. The watch that follows starts after
+    /// the list's revision, which the store then records.
+    pub fn append_listed(&mut self, dir: &Path, mut found: Found) -> Result<usize> {
         let mut out = Vec::new();
         if !found.is_empty() {
             let (held, _) = keycache::audit::read(dir)?;
-            let held: std::collections::HashSet<Seen> = held.iter().map(key).collect();
+            let held: std::collections::HashSet<Seen> = held.iter().map(seen).collect();
             found.sort_by_key(|(rev, _)| *rev);
             for (rev, v) in &found {
                 out.extend(
                     records(v, *rev)
                         .into_iter()
-                        .filter(|r| !held.contains(&key(r))),
+                        .filter(|r| !held.contains(&seen(r))),
                 );
             }
             keycache::audit::append(dir, &out)?;
         }
-        self.last = Some(revision);
+        self.held = Some(Default::default());
         Ok(out.len())
     }
 }
@@ -227,26 +242,74 @@ mod tests {
         let mut log = Log::default();
         let v = |id: &str| value(&[record(id)]);
         assert_eq!(
-            log.append(d.path(), vec![(7, v("b")), (5, v("a"))])
+            log.append(d.path(), vec![(7, v("b")), (5, v("a"))], 0)
                 .expect("append"),
             2
         );
         // A replay, and one new revision.
         assert_eq!(
-            log.append(d.path(), vec![(5, v("a")), (7, v("b")), (8, v("c"))])
+            log.append(d.path(), vec![(5, v("a")), (7, v("b")), (8, v("c"))], 4)
                 .expect("append"),
             1
         );
         // A new replicator reads the last revision from the log.
         let mut again = Log::default();
         assert_eq!(
-            again.append(d.path(), vec![(8, v("c"))]).expect("append"),
+            again
+                .append(d.path(), vec![(8, v("c"))], 7)
+                .expect("append"),
             0
         );
         let (all, _) = keycache::audit::read(d.path()).expect("read");
         let ids: Vec<(&str, Option<i64>)> =
             all.iter().map(|r| (r.id.as_str(), r.revision)).collect();
         assert_eq!(ids, [("a", Some(5)), ("b", Some(7)), ("c", Some(8))]);
+    }
+
+    /// A replicator killed in the middle of an append leaves the records of
+    /// one revision partly logged, the last of them torn: the next one
+    /// appends the records of that revision the log lacks, and only those.
+    #[test]
+    fn a_revision_torn_by_a_kill_is_finished_by_the_next_replicator() {
+        let d = tempfile::tempdir().expect("dir");
+        let v = value(&[record("a"), record("b"), record("c")]);
+        let mut log = Log::default();
+        log.append(d.path(), vec![(5, value(&[record("z")]))], 0)
+            .expect("append");
+        // The kill: revision 9's "a" whole, "b" torn, "c" never written.
+        let whole = records(&v, 9);
+        let mut bytes = whole[0].to_line().into_bytes();
+        let b = whole[1].to_line();
+        bytes.extend_from_slice(&b.as_bytes()[..b.len() / 2]);
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(keycache::audit::path(d.path()))
+            .expect("open");
+        std::io::Write::write_all(&mut f, &bytes).expect("write");
+        drop(f);
+        // The next replicator's watch replays revisions 5 and 9, then 10.
+        let mut again = Log::default();
+        let found = vec![
+            (5, value(&[record("z")])),
+            (9, v),
+            (10, value(&[record("d")])),
+        ];
+        assert_eq!(again.append(d.path(), found.clone(), 4).expect("append"), 3);
+        assert_eq!(again.append(d.path(), found, 4).expect("replay"), 0);
+        let (all, torn) = keycache::audit::read(d.path()).expect("read");
+        assert_eq!(torn, 1);
+        let ids: Vec<(&str, Option<i64>)> =
+            all.iter().map(|r| (r.id.as_str(), r.revision)).collect();
+        assert_eq!(
+            ids,
+            [
+                ("z", Some(5)),
+                ("a", Some(9)),
+                ("b", Some(9)),
+                ("c", Some(9)),
+                ("d", Some(10))
+            ]
+        );
     }
 
     /// etcd restored from a backup commits new changes at revisions the
@@ -257,15 +320,18 @@ mod tests {
         let d = tempfile::tempdir().expect("dir");
         let mut log = Log::default();
         let v = |id: &str| value(&[record(id)]);
-        log.append(d.path(), vec![(5, v("a")), (7, v("b")), (9, v("c"))])
+        log.append(d.path(), vec![(5, v("a")), (7, v("b")), (9, v("c"))], 0)
             .expect("append");
         // The backup held revision 5; the restored etcd committed "x" at 7.
         assert_eq!(
-            log.append_listed(d.path(), vec![(5, v("a")), (7, v("x"))], 7)
+            log.append_listed(d.path(), vec![(5, v("a")), (7, v("x"))])
                 .expect("list"),
             1
         );
-        assert_eq!(log.append(d.path(), vec![(8, v("y"))]).expect("watch"), 1);
+        assert_eq!(
+            log.append(d.path(), vec![(8, v("y"))], 7).expect("watch"),
+            1
+        );
         let (all, _) = keycache::audit::read(d.path()).expect("read");
         let ids: Vec<(&str, Option<i64>)> =
             all.iter().map(|r| (r.id.as_str(), r.revision)).collect();

@@ -402,10 +402,14 @@ pub fn read(dir: &Path) -> Result<(Vec<Record>, usize)> {
     Ok((out, torn))
 }
 
-/// The highest etcd revision the log of `dir` records (0: none): the
-/// records of later revisions are the ones a replicator has yet to append.
-pub fn last_revision(dir: &Path) -> Result<i64> {
-    // The current log holds the newest; a log just rotated holds none.
+/// The records the log of `dir` holds of etcd revisions after `revision`,
+/// oldest first: those a replicator whose store records `revision` may be
+/// given again (it appends before it records the revision applied), and
+/// must not log twice.
+pub fn logged_after(dir: &Path, revision: i64) -> Result<Vec<Record>> {
+    let mut out: Vec<Record> = Vec::new();
+    // The current log holds the newest; the rotated one is read too when
+    // the current may not reach back that far (a log just rotated).
     for p in [path(dir), rotated(dir, 1)] {
         let mut f = match crate::files::open_regular(&p, false) {
             Ok(f) => f,
@@ -415,16 +419,25 @@ pub fn last_revision(dir: &Path) -> Result<i64> {
         let mut b = Vec::new();
         f.read_to_end(&mut b)
             .map_err(|e| Error::io(&p, "read", e))?;
-        let best = String::from_utf8_lossy(&b)
+        let logged: Vec<Record> = String::from_utf8_lossy(&b)
             .lines()
             .filter_map(Record::from_line)
-            .filter_map(|r| r.revision)
-            .max();
-        if let Some(r) = best {
-            return Ok(r);
+            .filter(|r| r.revision.is_some())
+            .collect();
+        let reaches_back = logged
+            .first()
+            .is_some_and(|r| r.revision.unwrap_or(0) <= revision);
+        let mut after: Vec<Record> = logged
+            .into_iter()
+            .filter(|r| r.revision.unwrap_or(0) > revision)
+            .collect();
+        after.append(&mut out);
+        out = after;
+        if reaches_back {
+            break;
         }
     }
-    Ok(0)
+    Ok(out)
 }
 
 #[cfg(test)]

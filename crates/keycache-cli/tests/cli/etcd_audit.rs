@@ -225,12 +225,22 @@ fn a_replicator_killed_at_random_moments_logs_every_record_once_in_revision_orde
     );
     if got != want {
         let dup = got.windows(2).find(|w| w[0] == w[1]);
+        let at = got.iter().zip(&want).position(|(g, w)| g != w);
+        let near = |v: &[Record]| {
+            let i = at.unwrap_or(v.len().min(want.len())).saturating_sub(2);
+            v.iter()
+                .skip(i)
+                .take(5)
+                .map(|r| format!("{:?} {} {}\n", r.revision, r.id, r.action))
+                .collect::<String>()
+        };
         panic!(
             "A's log holds {} records, etcd {}; first repeated: {dup:?}; first difference at \
-             {:?}\nA said:\n{}",
+             {at:?}\nA's log there:\n{}etcd's:\n{}A said:\n{}",
             got.len(),
             want.len(),
-            got.iter().zip(&want).position(|(g, w)| g != w),
+            near(&got),
+            near(&want),
             a.logs()
         );
     }

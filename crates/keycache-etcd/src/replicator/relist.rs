@@ -129,7 +129,7 @@ impl Replicator {
         // The audit records listed that the log lacks, before the store
         // changes and the revision is recorded.
         self.audit
-            .append_listed(self.store.dir(), std::mem::take(&mut l.audit), l.revision)?;
+            .append_listed(self.store.dir(), std::mem::take(&mut l.audit))?;
         // Recorded before the store changes: a kill in between leaves a
         // store at this revision and a record behind it (`catch_up`).
         self.record_applying(l.revision)?;

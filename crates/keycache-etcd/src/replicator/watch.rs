@@ -274,7 +274,8 @@ impl Replicator {
             }
             // The batch's audit records, before the store changes and its
             // revision is recorded (see the module's header).
-            self.audit.append(self.store.dir(), audit)?;
+            self.audit
+                .append(self.store.dir(), audit, self.state.revision)?;
             let t = std::time::Instant::now();
             if !changes.is_empty() {
                 // Recorded before the store changes (see `catch_up`).

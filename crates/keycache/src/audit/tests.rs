@@ -175,15 +175,29 @@ fn the_log_reads_back_skips_torn_lines_and_rotates() {
     let (all, torn) = read(d.path()).unwrap();
     assert_eq!(all, vec![r.clone(), r2.clone()]);
     assert_eq!(torn, 1);
-    assert_eq!(last_revision(d.path()).unwrap(), 9);
+    assert_eq!(logged_after(d.path(), 7).unwrap(), vec![r2.clone()]);
+    assert_eq!(
+        logged_after(d.path(), 6).unwrap(),
+        vec![r.clone(), r2.clone()]
+    );
+    assert_eq!(logged_after(d.path(), 9).unwrap(), vec![]);
     // Past the size, the log moves to .1 and a new one begins.
     let big = Record {
         reason: Some("x".repeat(ROTATE_AT as usize)),
         ..r2.clone()
     };
     append(d.path(), std::slice::from_ref(&big)).unwrap();
-    append(d.path(), std::slice::from_ref(&r)).unwrap();
     assert!(rotated(d.path(), 1).exists());
+    // The new log does not reach back to revision 8: the rotated one is
+    // read too.
+    let after: Vec<String> = logged_after(d.path(), 8)
+        .unwrap()
+        .into_iter()
+        .map(|r| r.id)
+        .collect();
+    assert_eq!(after, ["m2", "m2"]);
+    assert_eq!(logged_after(d.path(), 9).unwrap(), vec![]);
+    append(d.path(), std::slice::from_ref(&r)).unwrap();
     let (all, _) = read(d.path()).unwrap();
     assert_eq!(all.last(), Some(&r));
     assert_eq!(all.len(), 4);
