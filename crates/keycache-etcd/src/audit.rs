@@ -345,5 +345,23 @@ mod tests {
                 ("y", Some(8))
             ]
         );
+        // A replicator started after the list, its store at revision 8:
+        // the restored etcd's revision 9 is another change than the one
+        // the log holds at 9 (another time), and is logged.
+        let later = |id: &str| {
+            let mut r = record(id);
+            r.time = "2026-11-29T05:00:00.000Z".into();
+            value(&[r])
+        };
+        let mut again = Log::default();
+        let found = vec![(8, v("y")), (9, later("c")), (10, later("z"))];
+        assert_eq!(again.append(d.path(), found, 8).expect("watch"), 2);
+        let (all, _) = keycache::audit::read(d.path()).expect("read");
+        let tail: Vec<(&str, Option<i64>, &str)> = all
+            .iter()
+            .skip(5)
+            .map(|r| (r.id.as_str(), r.revision, &r.time[11..13]))
+            .collect();
+        assert_eq!(tail, [("c", Some(9), "05"), ("z", Some(10), "05")]);
     }
 }
