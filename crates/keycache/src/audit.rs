@@ -307,7 +307,7 @@ fn open_append(p: &Path, dir: &Path) -> Result<(std::fs::File, bool)> {
         .create(true)
         .read(true)
         .mode(crate::files::DEFAULT_MODE)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+        .custom_flags(crate::files::NO_FOLLOW)
         .open(p)
         .map_err(|e| Error::io(p, "open", e))?;
     let meta = f.metadata().map_err(|e| Error::io(p, "stat", e))?;

@@ -70,12 +70,17 @@ impl Refused {
     }
 }
 
-/// Opens `path` without following a symlink (`O_NOFOLLOW`; `O_NONBLOCK`
-/// keeps a FIFO planted under the name from blocking the open, and
-/// `O_NOCTTY` a terminal from becoming the process's controlling one; both
-/// have no effect on regular files) and checks on the descriptor that it
-/// is a regular file. The one place that decides what such an open
-/// refuses.
+/// The flags of every open of a name under a store or a pki tree that an
+/// attacker may have planted something under: no symlink followed
+/// (`O_NOFOLLOW`), `O_NONBLOCK` so that a FIFO does not block the open,
+/// `O_NOCTTY` so that a terminal does not become the process's controlling
+/// one (both have no effect on regular files), `O_CLOEXEC`. The caller
+/// still checks on the descriptor that it opened a regular file.
+pub const NO_FOLLOW: libc::c_int =
+    libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK | libc::O_NOCTTY;
+
+/// Opens `path` with [`NO_FOLLOW`] and checks on the descriptor that it is
+/// a regular file. The one place that decides what such an open refuses.
 pub fn open_no_follow(
     path: &Path,
     write: bool,
@@ -83,7 +88,7 @@ pub fn open_no_follow(
     let f = OpenOptions::new()
         .read(true)
         .write(write)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK | libc::O_NOCTTY)
+        .custom_flags(NO_FOLLOW)
         .open(path)
         .map_err(refused_open)?;
     regular(f)

@@ -112,7 +112,7 @@ fn open_append(dir: &Path) -> Result<(std::fs::File, PathBuf, bool)> {
         .append(true)
         .create(true)
         .mode(crate::files::DEFAULT_MODE)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+        .custom_flags(crate::files::NO_FOLLOW)
         .open(&path)
         .map_err(|e| Error::io(&path, "open", e))?;
     let meta = f.metadata().map_err(|e| Error::io(&path, "stat", e))?;

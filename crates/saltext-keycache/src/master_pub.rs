@@ -98,7 +98,7 @@ impl MasterPub {
         use std::io::Read;
         let mut f = std::fs::OpenOptions::new()
             .read(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .custom_flags(keycache::files::NO_FOLLOW)
             .open(&self.path)
             .ok()?;
         let m = f.metadata().ok()?;

@@ -18,7 +18,7 @@ pub(super) fn tighten(index: &Path) -> Result<Vec<PathBuf>> {
     for p in format::bank_files(index) {
         let f = match std::fs::OpenOptions::new()
             .read(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+            .custom_flags(crate::files::NO_FOLLOW)
             .open(&p)
         {
             Ok(f) => f,
