@@ -93,6 +93,11 @@ fn compare(root: &Dir, w: &Wanted, dirs: &[TreeDir]) -> Result<Vec<TreeDisagreem
             store: id.and_then(|id| held(w.states.get(id).copied(), w.denied.contains(id), td)),
             path,
         };
+        // A directory a killed writer was filling (none is being filled
+        // while the lock is held).
+        for n in root.filled_dirs(name, false)? {
+            out.push(dis(TreeProblem::TempFile, None, root.shown(n)));
+        }
         let dir = match root.sub(name) {
             Ok(dir) => dir,
             Err(Error::NotARegularFile { path, .. }) => {
@@ -307,8 +312,23 @@ pub fn mend(store: &dyn KeySource) -> Result<TreeRepair> {
     }
     // An explicit repair leaves every directory durable.
     write_many(&dirs, &items, DURABLE_ALL, W)?;
-    // 3. The other directories' strays, and leftover temporaries.
+    // 3. The other directories' strays, and leftover temporaries: the
+    // directories a killed writer was filling among them.
     let mut removed = [false; 4];
+    let mut removed_filled = false;
+    for x in found
+        .iter()
+        .filter(|x| x.path.parent() == Some(store.dir()))
+    {
+        if x.problem == TreeProblem::TempFile {
+            root.remove_filled(&name_of(x))?;
+            out.removed.push(x.path.clone());
+            removed_filled = true;
+        }
+    }
+    if removed_filled {
+        root.sync()?;
+    }
     for x in found.iter().filter(|x| x.dir != TreeDir::Minions) {
         if !removal(x) {
             continue;

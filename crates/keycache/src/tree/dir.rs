@@ -18,6 +18,10 @@ pub(crate) struct Dir {
     by: Writer,
     /// The path, for messages.
     path: PathBuf,
+    /// A state directory being filled under a temporary name before it is
+    /// renamed into place ([`Dir::create_filled`]): its files are created
+    /// under their own names, with no temporary of their own.
+    fill: bool,
 }
 
 /// What is under a name in a directory (not followed).
@@ -96,6 +100,7 @@ impl Dir {
             fd,
             by,
             path: path.to_path_buf(),
+            fill: false,
         })
     }
 
@@ -117,6 +122,7 @@ impl Dir {
                 fd: File::from(fd),
                 by: self.by,
                 path: shown,
+                fill: false,
             })),
             Err(rustix::io::Errno::NOENT) => Ok(None),
             Err(rustix::io::Errno::LOOP | rustix::io::Errno::NOTDIR) => {
@@ -133,28 +139,159 @@ impl Dir {
             return Ok(d);
         }
         let shown = self.shown(name);
-        match rustix::fs::mkdirat(&self.fd, name, rustix::fs::Mode::from_raw_mode(0o755)) {
-            Ok(()) => {
-                let d = self
-                    .sub(name)?
-                    .ok_or_else(|| Error::io(&shown, "open directory", not_found()))?;
-                if let Some((uid, gid)) = own.owner {
-                    let m = d.fd.metadata().map_err(|e| Error::io(&shown, "stat", e))?;
-                    if (m.uid(), m.gid()) != (uid, gid) {
-                        match std::os::unix::fs::fchown(&d.fd, Some(uid), Some(gid)) {
-                            Ok(()) => {}
-                            Err(e) if e.raw_os_error() == Some(libc::EPERM) => {}
-                            Err(e) => return Err(Error::io(&shown, "chown", e)),
-                        }
-                    }
-                }
+        match self.mkdir(name, own) {
+            Ok(d) => {
                 self.sync()?;
                 Ok(d)
             }
-            Err(rustix::io::Errno::EXIST) => self
-                .sub(name)?
-                .ok_or_else(|| Error::io(&shown, "open directory", not_found())),
-            Err(e) => Err(Error::io(&shown, "create directory", e.into())),
+            Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::AlreadyExists => {
+                self.sub(name)?
+                    .ok_or_else(|| Error::io(&shown, "open directory", not_found()))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Creates the directory `name` (0755, `own`'s owner) and opens it.
+    fn mkdir(&self, name: &str, own: &Ownership) -> Result<Dir> {
+        let shown = self.shown(name);
+        rustix::fs::mkdirat(&self.fd, name, rustix::fs::Mode::from_raw_mode(0o755))
+            .map_err(|e| Error::io(&shown, "create directory", e.into()))?;
+        let d = self
+            .sub(name)?
+            .ok_or_else(|| Error::io(&shown, "open directory", not_found()))?;
+        if let Some((uid, gid)) = own.owner {
+            let m = d.fd.metadata().map_err(|e| Error::io(&shown, "stat", e))?;
+            if (m.uid(), m.gid()) != (uid, gid) {
+                match std::os::unix::fs::fchown(&d.fd, Some(uid), Some(gid)) {
+                    Ok(()) => {}
+                    Err(e) if e.raw_os_error() == Some(libc::EPERM) => {}
+                    Err(e) => return Err(Error::io(&shown, "chown", e)),
+                }
+            }
+        }
+        Ok(d)
+    }
+
+    /// The state directory `name`, absent, made anew under a temporary name
+    /// of this process ([`filled_name`]) to be filled whole and then
+    /// renamed into place ([`Dir::place_filled`]): Salt sees no directory,
+    /// then every file, never a partial one. Messages name the directory by
+    /// the name it will have. One left by an earlier failure of this
+    /// process is removed first.
+    pub(crate) fn create_filled(&self, name: &str, own: &Ownership) -> Result<Dir> {
+        let tmp = filled_name(std::process::id(), name);
+        if let Node::Other(_) = self.entry(&tmp)? {
+            self.remove_filled(&tmp)?;
+        }
+        let mut d = self.mkdir(&tmp, own)?;
+        d.path = self.shown(name);
+        d.fill = true;
+        Ok(d)
+    }
+
+    /// Renames the filled directory `filled` ([`Dir::create_filled`] of
+    /// `name`) into place, without replacing anything, and makes that
+    /// durable. When `name` was taken meanwhile (by Salt making its state
+    /// directories, say) or the filesystem cannot rename without
+    /// replacing, each of `names` is moved into that directory instead
+    /// (one not regular there is refused), and the filled one removed.
+    /// Returns the directory now under `name`.
+    pub(crate) fn place_filled(
+        &self,
+        filled: Dir,
+        name: &str,
+        names: &[&str],
+        own: &Ownership,
+        op: &'static str,
+    ) -> Result<Dir> {
+        let tmp = filled_name(std::process::id(), name);
+        let shown = self.shown(name);
+        match rustix::fs::renameat_with(
+            &self.fd,
+            tmp.as_str(),
+            &self.fd,
+            name,
+            rustix::fs::RenameFlags::NOREPLACE,
+        ) {
+            Ok(()) => {
+                self.sync()?;
+                return Ok(Dir {
+                    fill: false,
+                    ..filled
+                });
+            }
+            Err(rustix::io::Errno::EXIST | rustix::io::Errno::INVAL) => {}
+            Err(e) => return Err(Error::io(&shown, op, e.into())),
+        }
+        let to = self.sub_or_create(name, own)?;
+        for n in names {
+            match rustix::fs::renameat_with(
+                &filled.fd,
+                *n,
+                &to.fd,
+                *n,
+                rustix::fs::RenameFlags::NOREPLACE,
+            ) {
+                Ok(()) => continue,
+                Err(rustix::io::Errno::EXIST | rustix::io::Errno::INVAL) => {}
+                Err(e) => return Err(Error::io(to.shown(n), op, e.into())),
+            }
+            match to.entry(n)? {
+                Node::Other(m) => {
+                    return Err(self.by.not_a_key_file(&to.shown(n), m.not_regular()))
+                }
+                _ => filled
+                    .rename_to(n, &to, n)
+                    .map_err(|e| Error::io(to.shown(n), op, e))?,
+            }
+        }
+        self.remove_filled(&tmp)?;
+        Ok(to)
+    }
+
+    /// The directories of this one (the pki dir) that a writer was filling
+    /// for state directory `dir` ([`Dir::create_filled`]) and never placed;
+    /// with `dead_only`, only those of writers that are gone
+    /// ([`is_dead_temporary`]).
+    pub(crate) fn filled_dirs(&self, dir: &str, dead_only: bool) -> Result<Vec<String>> {
+        let mut out = Vec::new();
+        for name in self.names()? {
+            let Some(n) = name.to_str() else { continue };
+            let Some((pid, of)) = n.strip_prefix(TEMP_PREFIX).and_then(|r| r.split_once('.'))
+            else {
+                continue;
+            };
+            if of != dir || pid.parse::<u32>().is_err() || (dead_only && !is_dead_temporary(n)) {
+                continue;
+            }
+            if let Node::Other(m) = self.entry(n)? {
+                if m.mode & libc::S_IFMT == libc::S_IFDIR {
+                    out.push(n.to_owned());
+                }
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    /// Removes the directory `name` of this one, a filled directory never
+    /// placed ([`Dir::create_filled`]): its entries (none followed), then
+    /// itself. A directory inside it is refused.
+    pub(crate) fn remove_filled(&self, name: &str) -> Result<()> {
+        let shown = self.shown(name);
+        let Some(d) = self.sub(name)? else {
+            return Ok(());
+        };
+        for n in d.names()? {
+            match rustix::fs::unlinkat(&d.fd, n.as_os_str(), rustix::fs::AtFlags::empty()) {
+                Ok(()) | Err(rustix::io::Errno::NOENT) => {}
+                Err(e) => return Err(Error::io(d.shown(&n), "remove", e.into())),
+            }
+        }
+        match rustix::fs::unlinkat(&self.fd, name, rustix::fs::AtFlags::REMOVEDIR) {
+            Ok(()) | Err(rustix::io::Errno::NOENT) => Ok(()),
+            Err(e) => Err(Error::io(&shown, "remove directory", e.into())),
         }
     }
 
@@ -261,7 +398,10 @@ impl Dir {
             Node::Absent => (item.own, true),
         };
         own.mode = self.by.key_mode(own.mode);
-        let tmp = format!("{TEMP_PREFIX}{pid}.{name}");
+        let tmp = match self.fill {
+            true => name.to_owned(),
+            false => format!("{TEMP_PREFIX}{pid}.{name}"),
+        };
         let tmp_shown = self.shown(&tmp);
         let create = || {
             rustix::fs::openat(
@@ -317,6 +457,11 @@ impl Dir {
         let done = data
             .map_err(|e| Error::io(self.shown(&st.tmp), op, e))
             .and_then(|()| {
+                if self.fill {
+                    // Under its own name already: the directory is what
+                    // is renamed into place.
+                    return Ok(());
+                }
                 if st.fresh {
                     match rustix::fs::renameat_with(
                         &self.fd,
@@ -592,6 +737,13 @@ pub(crate) fn write_many(
 
 fn not_found() -> std::io::Error {
     std::io::ErrorKind::NotFound.into()
+}
+
+/// The temporary name of state directory `dir` being filled by process
+/// `pid` ([`Dir::create_filled`]): `.keycache-tree.<pid>.<dir>`, a dot-name
+/// Salt passes over, which [`is_dead_temporary`] tells once `pid` is gone.
+pub(crate) fn filled_name(pid: u32, dir: &str) -> String {
+    format!("{TEMP_PREFIX}{pid}.{dir}")
 }
 
 /// Whether `name` is the temporary of a tree write (`.keycache-tree.<pid>.<id>`,

@@ -40,6 +40,19 @@
 //! [`check`] reports and [`mend`] writes again. A pending key renamed into
 //! `minions/` on its accept has its data made durable before the rename.
 //!
+//! A state directory that was absent when the batch began and that the
+//! batch writes many files into (a new replica's tree, a migration into
+//! another directory) is filled under a temporary name in the pki dir
+//! (`.keycache-tree.<pid>.<dir>`, a dot-name Salt passes over), its files
+//! created under their own names, then made durable at once when it is
+//! `minions/` (one write-back of the filesystem), and renamed into place
+//! without replacing anything, the pki dir fsynced: one rename instead of
+//! one a file, and a reader finds no directory, then every file. Should the
+//! directory appear meanwhile (Salt's `verify_env` makes the four), each
+//! file is moved into it instead. A kill before the rename leaves the
+//! temporary directory: the next writer removes it as it finishes the
+//! killed writer's tree, [`check`] reports it and [`mend`] removes it.
+//!
 //! Each entry of the batch's ids is looked at once, in 1 (`Sync::plan`);
 //! in 3 only the entries found then are looked at again, and `minions/`
 //! always: keycache's writers hold the `keys` bank's lock from 1 to 3, and

@@ -250,20 +250,71 @@ impl Sync {
     /// fsyncing the files and entries of `minions/` (the others are left
     /// to the page cache).
     pub(crate) fn after(mut self, wants: &[(MinionId, Want)]) -> Result<TreeChanges> {
-        const W: &str = super::AFTER_WRITE;
         const R: &str = super::AFTER_REMOVE;
         // Whether `minions/` gained an entry (the only directory fsynced).
         let mut touched = false;
         let mut flushed = false;
+        // A state directory absent when the batch was planned, into which
+        // it writes many files (a new replica's tree, a migration's into
+        // another directory), is filled under a temporary name and renamed
+        // into place: one rename instead of one a file, and Salt sees no
+        // directory, then every file. A kill before the rename leaves the
+        // temporary directory, which the next writer's resume removes.
+        let mut filled = [false; 4];
         for td in TreeDir::ALL {
             let d = td.index();
-            if self.scope & (1 << d) != 0
-                && wants.iter().any(|(_, w)| w[d].is_some())
-                && self.dirs[d].is_none()
-            {
+            if self.scope & (1 << d) == 0 || self.dirs[d].is_some() {
+                continue;
+            }
+            let files = wants.iter().filter(|(_, w)| w[d].is_some()).count();
+            if files >= super::dir::SYNC_WHOLE {
+                self.dirs[d] = Some(self.root.create_filled(td.name(), &self.own)?);
+                filled[d] = true;
+            } else if files > 0 {
                 self.dirs[d] = Some(self.root.sub_or_create(td.name(), &self.own)?);
             }
         }
+        let written = self.write(wants, &filled, &mut touched, &mut flushed);
+        if written.is_err() {
+            for td in TreeDir::ALL.iter().filter(|td| filled[td.index()]) {
+                let _ = self
+                    .root
+                    .remove_filled(&super::dir::filled_name(std::process::id(), td.name()));
+            }
+        }
+        written?;
+        if let (true, Some(dir)) = (touched, &self.dirs[MINIONS]) {
+            dir.sync()?;
+        }
+        let mut removed = false;
+        for (id, want) in wants {
+            let id = id.as_str();
+            let found = self.found_in(id) | MINIONS_BIT;
+            for (d, dir) in self.dirs.iter().enumerate() {
+                let Some(dir) = dir else { continue };
+                if want[d].is_none() && found & (1 << d) != 0 && dir.remove(id, R)? {
+                    self.changes.removed.push(dir.shown(id));
+                    removed |= d == MINIONS;
+                }
+            }
+        }
+        if let (true, Some(dir)) = (removed, &self.dirs[MINIONS]) {
+            dir.sync()?;
+        }
+        super::intent::clear(&self.store_dir)?;
+        Ok(self.changes)
+    }
+
+    /// [`Sync::after`]'s writes: the files moved or written, and the
+    /// directories `filled` renamed into place.
+    fn write(
+        &mut self,
+        wants: &[(MinionId, Want)],
+        filled: &[bool; 4],
+        touched: &mut bool,
+        flushed: &mut bool,
+    ) -> Result<()> {
+        const W: &str = super::AFTER_WRITE;
         let mut items: Vec<Item<'_>> = Vec::new();
         for (id, want) in wants {
             let id = id.as_str();
@@ -275,7 +326,12 @@ impl Sync {
                 if found & (1 << d) != 0 && dir.holds(id, pem)? {
                     continue;
                 }
-                let from = self.movable(id, d, want, pem)?;
+                // Nothing is moved into a directory being filled: its
+                // files appear together.
+                let from = match filled[d] {
+                    true => None,
+                    false => self.movable(id, d, want, pem)?,
+                };
                 if let Some((from, f, src)) =
                     from.and_then(|(from, f)| Some((from, f, self.dirs[from].as_ref()?)))
                 {
@@ -287,11 +343,11 @@ impl Sync {
                     if d == MINIONS {
                         if wants.len() < super::dir::SYNC_WHOLE {
                             f.sync_data(&src.shown(id), W)?;
-                        } else if !flushed {
+                        } else if !*flushed {
                             // Every source was written before this batch:
                             // one write-back covers them all.
                             src.sync_filesystem(W)?;
-                            flushed = true;
+                            *flushed = true;
                         }
                     }
                     src.rename_to(id, dir, id)
@@ -303,7 +359,7 @@ impl Sync {
                     } else {
                         self.changes.written.push(dir.shown(id));
                         self.changes.removed.push(src.shown(id));
-                        touched |= d == MINIONS;
+                        *touched |= d == MINIONS;
                         // Gone from `from`: the removals below need not
                         // look there again.
                         if let Some(mask) = self.found.get_mut(id) {
@@ -327,47 +383,64 @@ impl Sync {
                     pem,
                     own,
                     // The plan looked (or listed the directory) and found
-                    // no entry; not moved here from another directory.
-                    absent: found & (1 << d) == 0,
+                    // no entry, or the directory is new; not moved here
+                    // from another directory.
+                    absent: found & (1 << d) == 0 || filled[d],
                 });
                 self.changes.written.push(dir.shown(id));
-                touched |= d == MINIONS;
+                *touched |= d == MINIONS;
             }
         }
         // Only `minions/` is made durable, files and entries: a file of
         // another state directory lets no minion in, and one lost to a
         // power cut is a finding of `verify` that its repair mends (a kill
-        // loses nothing the page cache holds).
-        write_many(&self.dirs, &items, DURABLE_MINIONS, W)?;
-        if let (true, Some(dir)) = (touched, &self.dirs[MINIONS]) {
-            dir.sync()?;
-        }
-        let mut removed = false;
-        for (id, want) in wants {
-            let id = id.as_str();
-            let found = self.found_in(id) | MINIONS_BIT;
-            for (d, dir) in self.dirs.iter().enumerate() {
-                let Some(dir) = dir else { continue };
-                if want[d].is_none() && found & (1 << d) != 0 && dir.remove(id, R)? {
-                    self.changes.removed.push(dir.shown(id));
-                    removed |= d == MINIONS;
-                }
+        // loses nothing the page cache holds). A filled `minions/` is made
+        // durable whole, once, before it is renamed into place.
+        let mask = filled
+            .iter()
+            .enumerate()
+            .fold(0u8, |m, (d, f)| if *f { m | 1 << d } else { m });
+        write_many(&self.dirs, &items, DURABLE_MINIONS & !mask, W)?;
+        if filled[MINIONS] {
+            if let Some(dir) = &self.dirs[MINIONS] {
+                dir.sync_filesystem(W)?;
             }
         }
-        if let (true, Some(dir)) = (removed, &self.dirs[MINIONS]) {
-            dir.sync()?;
+        for td in TreeDir::ALL {
+            let d = td.index();
+            let Some(dir) = self.dirs[d].take_if(|_| filled[d]) else {
+                continue;
+            };
+            let names: Vec<&str> = items
+                .iter()
+                .filter(|it| it.dir == d)
+                .map(|it| it.name)
+                .collect();
+            self.dirs[d] = Some(
+                self.root
+                    .place_filled(dir, td.name(), &names, &self.own, W)?,
+            );
         }
-        super::intent::clear(&self.store_dir)?;
-        Ok(self.changes)
+        Ok(())
     }
 }
 
 /// Removes the temporaries that killed tree writers left in the state
-/// directories of `store` that it keeps in step; returns their paths.
+/// directories of `store` that it keeps in step, and the state directories
+/// they were filling; returns their paths.
 pub(crate) fn remove_dead_temporaries(store: &dyn KeySource) -> Result<Vec<PathBuf>> {
     let root = Dir::open_root(store.dir(), Writer::Tree)?;
     let mut out = Vec::new();
     for td in store.tree_dirs() {
+        // A state directory a killed writer was filling.
+        let filled = root.filled_dirs(td.name(), true)?;
+        for n in &filled {
+            root.remove_filled(n)?;
+            out.push(root.shown(n));
+        }
+        if !filled.is_empty() {
+            root.sync()?;
+        }
         if let Some(dir) = root.sub(td.name())? {
             let gone = dir.remove_dead_temporaries(super::AFTER_REMOVE)?;
             if !gone.is_empty() {
