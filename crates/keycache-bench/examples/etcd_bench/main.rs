@@ -261,7 +261,7 @@ fn run() -> Res<()> {
                         floor2 = tree_floor(new_keys, 2)?;
                         settle()?;
                         println!(
-                            "the same floor, each group's creates and renames on 2 threads: {:.2} s",
+                            "the same floor, its creates on 2 threads: {:.2} s",
                             floor2.as_secs_f64()
                         );
                     }
@@ -270,7 +270,7 @@ fn run() -> Res<()> {
                         settle()?;
                         println!(
                             "the file system's floor for a key tree of {new_keys} files \
-                             (created, written, renamed; a syncfs per 4,096): {:.2} s",
+                             (each created under its name and written, then one syncfs): {:.2} s",
                             floor.as_secs_f64()
                         );
                     }
