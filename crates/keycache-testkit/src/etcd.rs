@@ -530,11 +530,19 @@ impl Cluster {
     }
 
     /// Saves a snapshot of member `i`'s data to `to` (`etcdctl snapshot
-    /// save`).
+    /// save`). Up to three tries, a second apart: on a loaded machine
+    /// etcdctl's dial can time out while the member itself is well.
     pub fn snapshot_save(&self, i: usize, to: &Path) {
-        let to = to.to_str().expect("a UTF-8 path");
-        self.etcdctl_at(i, &["snapshot", "save", to])
-            .unwrap_or_else(|e| panic!("etcdctl snapshot save: {e}"));
+        let path = to.to_str().expect("a UTF-8 path");
+        let mut errors = Vec::new();
+        for _ in 0..3 {
+            match self.etcdctl_at(i, &["snapshot", "save", path]) {
+                Ok(_) => return,
+                Err(e) => errors.push(e),
+            }
+            std::thread::sleep(Duration::from_secs(1));
+        }
+        panic!("etcdctl snapshot save, 3 tries: {}", errors.join(" | "));
     }
 
     /// Replaces stopped member `i`'s data directory by a restore of

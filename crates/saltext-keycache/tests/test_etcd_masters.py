@@ -18,7 +18,9 @@ The same checks on both:
 - the minion's key arrives pending on both masters, through etcd (etcd holds
   it pending, and each store holds what etcd holds);
 - ``salt-key -a <id> -y`` on A only: ``salt <id> test.ping`` run on B answers
-  True (B's replica got the accept from etcd);
+  True (B's replica got the accept from etcd); then A serves it too and both
+  masters take its request, so that the minion has signed in to both before
+  the delete;
 - ``salt-key -d <id> -y`` on B: a request the minion sends the moment it
   returns is refused by A (validate_token's refusal in A's log within 1 s,
   never on A's event bus; B refuses it too), and ``minions/<id>`` is gone
@@ -91,6 +93,13 @@ def _checks(pair, etcd, prefix, phase):
     assert states() == ("minions", "minions")
     assert b.accept_key_file() == minion_pub
     phase("accepted on A, test.ping on B True")
+    # The minion signs in to each master on its own schedule: to A it may
+    # still be waiting out a pending answer (acceptance_wait_time) when B
+    # already serves it. A request can be refused by A only once the minion
+    # has a session with A, so both must take its request before the delete.
+    pair.assert_serves(a)
+    pair.assert_probe("kcetcd/probe/accepted", {"A": True, "B": True})
+    phase("served by A, its request taken by both")
 
     # ---- deleted on B: A refuses the minion's next request within a second
     result = pair.probe_after("kcetcd/probe/deleted-on-B", lambda: _salt_key(b, "-d", MID, "-y"))
